@@ -1,0 +1,65 @@
+package kvtransport
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// ErrTimeout is returned when a wait ends without a message.
+var ErrTimeout = errors.New("kvtransport: timed out")
+
+// Context owns one libzmq context. Sockets made from it must be closed
+// before Close is called.
+type Context struct {
+	zctx *zmq.Context
+	ids  idSource
+}
+
+// NewContext creates a libzmq context with its own I/O thread.
+func NewContext() (*Context, error) {
+	zctx, err := zmq.NewContext()
+	if err != nil {
+		return nil, fmt.Errorf("kvtransport: new context: %w", err)
+	}
+	return &Context{zctx: zctx}, nil
+}
+
+// Close terminates the context. It blocks until every socket made from it
+// has been closed; sockets are created with LINGER 0 so that is prompt.
+func (c *Context) Close() error {
+	if err := c.zctx.Term(); err != nil {
+		return fmt.Errorf("kvtransport: terminate context: %w", err)
+	}
+	return nil
+}
+
+// nextID returns a number unique within this context, for inproc names.
+func (c *Context) nextID() uint64 { return c.ids.next() }
+
+// newSocket creates a socket with the options every KV channel socket
+// shares: no linger on close, so a closing stream never waits for a peer.
+func (c *Context) newSocket(t zmq.Type) (*zmq.Socket, error) {
+	s, err := c.zctx.NewSocket(t)
+	if err != nil {
+		return nil, fmt.Errorf("kvtransport: new %v socket: %w", t, err)
+	}
+	if err := s.SetLinger(0); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("kvtransport: set linger: %w", err)
+	}
+	return s, nil
+}
+
+// pollOne waits up to timeout for s to become readable.
+func pollOne(s *zmq.Socket, timeout time.Duration) (bool, error) {
+	p := zmq.NewPoller()
+	p.Add(s, zmq.POLLIN)
+	ready, err := p.Poll(timeout)
+	if err != nil {
+		return false, fmt.Errorf("kvtransport: poll: %w", err)
+	}
+	return len(ready) > 0, nil
+}

@@ -1,0 +1,103 @@
+package kvtransport
+
+import (
+	"fmt"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// ReplayOptions tunes the snapshot-channel socket.
+type ReplayOptions struct {
+	// MaxMessageBytes bounds one reply frame (see SubscriberOptions).
+	MaxMessageBytes int64
+	// ReceiveHWM must hold a whole snapshot's batches queued between
+	// polls; libzmq drops past it.
+	ReceiveHWM int
+}
+
+// Replayer is a DEALER connected to one engine's ROUTER. One Replayer
+// serves one snapshot attempt: a new attempt uses a new Replayer, so a
+// late reply to an abandoned request can never be mistaken for the
+// current one.
+type Replayer struct {
+	endpoint string
+	dealer   *zmq.Socket
+	poller   *zmq.Poller
+	pollSub  *Subscriber
+}
+
+// DialReplay connects a DEALER to endpoint. The connection is made in
+// the background; a request sent before it is up is queued.
+func (c *Context) DialReplay(endpoint string, o ReplayOptions) (*Replayer, error) {
+	d, err := c.newSocket(zmq.DEALER)
+	if err != nil {
+		return nil, err
+	}
+	r := &Replayer{endpoint: endpoint, dealer: d}
+	fail := func(what string, err error) (*Replayer, error) {
+		r.Close()
+		return nil, fmt.Errorf("kvtransport: replay %s: %s: %w", endpoint, what, err)
+	}
+	if o.MaxMessageBytes > 0 {
+		if err := d.SetMaxmsgsize(o.MaxMessageBytes); err != nil {
+			return fail("set max message size", err)
+		}
+	}
+	hwm := o.ReceiveHWM
+	if hwm <= 0 {
+		hwm = 100000
+	}
+	if err := d.SetRcvhwm(hwm); err != nil {
+		return fail("set receive hwm", err)
+	}
+	if err := d.Connect(endpoint); err != nil {
+		return fail("connect", err)
+	}
+	return r, nil
+}
+
+// Endpoint is the address the replayer connects to.
+func (r *Replayer) Endpoint() string { return r.endpoint }
+
+// Send queues a request without waiting for the peer.
+func (r *Replayer) Send(frames [][]byte) error {
+	parts := make([]any, len(frames))
+	for i, f := range frames {
+		parts[i] = f
+	}
+	if _, err := r.dealer.SendMessageDontwait(parts...); err != nil {
+		return fmt.Errorf("kvtransport: replay request %s: %w", r.endpoint, err)
+	}
+	return nil
+}
+
+// Recv returns the next reply without waiting, or nil when none is queued.
+func (r *Replayer) Recv() ([][]byte, error) {
+	return recvNoWait(r.dealer, "replay")
+}
+
+// Close closes the socket, discarding anything still queued.
+func (r *Replayer) Close() error {
+	if r.dealer == nil {
+		return nil
+	}
+	err := r.dealer.Close()
+	r.dealer = nil
+	if err != nil {
+		return fmt.Errorf("kvtransport: close replay %s: %w", r.endpoint, err)
+	}
+	return nil
+}
+
+// pollerWith returns a poller over s's sockets and the dealer, built once
+// per (replayer, subscriber) pair.
+func (r *Replayer) pollerWith(s *Subscriber) *zmq.Poller {
+	if r.poller == nil || r.pollSub != s {
+		p := zmq.NewPoller()
+		p.Add(s.sub, zmq.POLLIN)
+		p.Add(s.mon, zmq.POLLIN)
+		p.Add(r.dealer, zmq.POLLIN)
+		r.poller, r.pollSub = p, s
+	}
+	return r.poller
+}
