@@ -1,0 +1,167 @@
+package kvdir
+
+import (
+	"fmt"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/kvevent"
+	"github.com/kvcar/kvcar/internal/kvindex"
+)
+
+const benchBlockSize = 128
+
+// promptTokens returns n tokens of prompt p, distinct across prompts.
+func promptTokens(p, n int) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = uint32(p*1_000_003+i) % 151_000
+	}
+	return t
+}
+
+// storedBatch builds one batch of BlockStored events for the full blocks
+// of tokens, chained from the root, eventsPerBatch blocks per event.
+func storedBatch(tokens []uint32, hashBase uint64, blocksPerEvent int) *kvevent.Batch {
+	b := &kvevent.Batch{}
+	n := len(tokens) / benchBlockSize
+	hashes := make([]kvevent.EngineHash, n)
+	for i := range hashes {
+		hashes[i] = kvevent.EngineHash(hashBase + uint64(i))
+	}
+	for i := 0; i < n; i += blocksPerEvent {
+		j := min(i+blocksPerEvent, n)
+		var parent kvevent.EngineHash
+		if i > 0 {
+			parent = hashes[i-1]
+		}
+		b.AddStored(hashes[i:j], parent, i > 0, tokens[i*benchBlockSize:j*benchBlockSize], benchBlockSize, kvevent.Device)
+	}
+	return b
+}
+
+// syncedStreams builds n published stream views, each holding the first
+// shared blocks of prompt 0 and then its own continuation, as engines
+// behind one shared system prompt do.
+func syncedStreams(tb testing.TB, n, shared, total int) []*stream {
+	tb.Helper()
+	streams := make([]*stream, n)
+	for i := range streams {
+		tokens := slices.Concat(promptTokens(0, shared*benchBlockSize), promptTokens(i+1, (total-shared)*benchBlockSize))
+		ix := kvindex.New(kvindex.Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: 262144})
+		b := storedBatch(tokens, uint64(i)<<32, 16)
+		for e := range b.Events {
+			if err := ix.Apply(&b.Events[e], kvindex.Delta); err != nil {
+				tb.Fatal(err)
+			}
+		}
+		s := newStream(StreamSpec{InstanceName: fmt.Sprintf("10.0.0.%d:8000", i), BlockSize: benchBlockSize, HashSeed: 1024})
+		s.publish(ix, 1)
+		streams[i] = s
+	}
+	return streams
+}
+
+func viewOf(streams []*stream) *Directory {
+	d := &Directory{}
+	set := &streamSet{streams: streams, groups: []keyGroup{{benchBlockSize, 1024}}}
+	d.set.Store(set)
+	d.scratch.New = func() any { return &queryScratch{} }
+	return d
+}
+
+// BenchmarkQuery128Streams measures a query of an 8k-token prompt over
+// 128 synchronised streams (R-DIR-4: in-process only). "shared16" is the
+// common case: every stream holds the same 16-block system prompt and
+// then its own history, so each walk stops after 17 blocks; "allhit" is
+// the worst case: every stream holds the whole 64-block prompt.
+func BenchmarkQuery128Streams(b *testing.B) {
+	for _, tc := range []struct {
+		name   string
+		shared int
+	}{{"shared16", 16}, {"allhit", 64}} {
+		b.Run(tc.name, func(b *testing.B) {
+			d := viewOf(syncedStreams(b, 128, tc.shared, 64))
+			prompt := slices.Concat(promptTokens(0, tc.shared*benchBlockSize), promptTokens(9999, (64-tc.shared)*benchBlockSize))
+			dst := make([]Match, 0, 128)
+			dst = d.Query(prompt, dst[:0])
+			if dst[0].DeviceHitTokens != tc.shared*benchBlockSize {
+				b.Fatalf("hit %d tokens, want %d", dst[0].DeviceHitTokens, tc.shared*benchBlockSize)
+			}
+			lat := make([]time.Duration, 0, b.N)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				t0 := time.Now()
+				dst = d.Query(prompt, dst[:0])
+				lat = append(lat, time.Since(t0))
+			}
+			b.StopTimer()
+			slices.Sort(lat)
+			b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "p99-ns")
+			b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns")
+		})
+	}
+}
+
+// BenchmarkDecodeApply measures the stream goroutine's steady work on one
+// core: decode a live payload of 128-token BlockStored blocks and apply it
+// to the index.
+func BenchmarkDecodeApply(b *testing.B) {
+	const blocks = 64
+	tokens := promptTokens(1, blocks*benchBlockSize)
+	for _, per := range []int{1, 16} {
+		b.Run(fmt.Sprintf("blocks_per_event=%d", per), func(b *testing.B) {
+			payload := kvevent.AppendBatch(nil, storedBatch(tokens, 1, per), kvevent.Shape{})
+			dec := kvevent.NewDecoder(8 << 20)
+			var batch kvevent.Batch
+			ix := kvindex.New(kvindex.Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: 262144})
+			b.SetBytes(int64(len(payload)))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				if err := dec.DecodeBatch(payload, &batch); err != nil {
+					b.Fatal(err)
+				}
+				for e := range batch.Events {
+					if err := ix.Apply(&batch.Events[e], kvindex.Delta); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportMetric(float64(b.N)*blocks/b.Elapsed().Seconds(), "blocks/s")
+		})
+	}
+}
+
+// BenchmarkIndexHeap262144 reports the heap held by one stream's index at
+// the default max_blocks_per_stream, per resident block.
+func BenchmarkIndexHeap262144(b *testing.B) {
+	const blocks = 262144
+	tokens := promptTokens(3, 4096*benchBlockSize)
+	for range b.N {
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		ix := kvindex.New(kvindex.Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: blocks})
+		// 64 distinct chains of 4096 blocks: 262,144 resident blocks.
+		for c := range 64 {
+			bt := storedBatch(tokens, uint64(c)<<40, 64)
+			bt.Events[0].TokenIDs[0] = uint32(c) // distinct roots
+			for e := range bt.Events {
+				if err := ix.Apply(&bt.Events[e], kvindex.Delta); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		if d, _ := ix.Counts(); d != blocks {
+			b.Fatalf("resident %d blocks, want %d", d, blocks)
+		}
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/blocks, "B/block")
+		runtime.KeepAlive(ix)
+	}
+}

@@ -1,0 +1,199 @@
+package kvdir
+
+import (
+	"cmp"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvcar/kvcar/internal/kvevent"
+	"github.com/kvcar/kvcar/internal/kvindex"
+	"github.com/kvcar/kvcar/internal/kvtransport"
+)
+
+// Options are the directory's collaborators.
+type Options struct {
+	Logger *slog.Logger
+}
+
+// Directory is the set of streams and the query view over them.
+type Directory struct {
+	lim  Limits
+	log  *slog.Logger
+	tctx *kvtransport.Context
+
+	// set is replaced whole on every change so queries read it without a
+	// lock (copy on write; changes are rare, queries are constant).
+	set atomic.Pointer[streamSet]
+
+	mu     sync.Mutex // serialises SetStreams and Close
+	closed bool
+
+	scratch sync.Pool // *queryScratch
+}
+
+// streamSet is an immutable list of streams sorted by instance then DP
+// rank, with the distinct (block size, seed) pairs their keys need.
+type streamSet struct {
+	streams []*stream
+	groups  []keyGroup
+}
+
+type keyGroup struct {
+	blockSize int
+	seed      uint64
+}
+
+// queryScratch holds the content keys of one query, one slice per key
+// group, reused across queries so the request path does not allocate.
+type queryScratch struct {
+	keys [][]kvindex.Key
+}
+
+// New creates an empty directory. Streams are added with SetStreams.
+func New(lim Limits, opts Options) (*Directory, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	tctx, err := kvtransport.NewContext()
+	if err != nil {
+		return nil, fmt.Errorf("kvdir: %w", err)
+	}
+	d := &Directory{lim: lim, log: opts.Logger, tctx: tctx}
+	d.set.Store(&streamSet{})
+	d.scratch.New = func() any { return &queryScratch{} }
+	return d, nil
+}
+
+// SetStreams makes specs the directory's streams: new ones start, missing
+// ones stop, and a spec that changed in any field replaces its stream,
+// which then serves no hits until its own snapshot (R-DISC-5).
+func (d *Directory) SetStreams(specs []StreamSpec) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return fmt.Errorf("kvdir: directory closed")
+	}
+	old := d.set.Load()
+	byKey := make(map[StreamKey]*stream, len(old.streams))
+	for _, s := range old.streams {
+		byKey[s.spec.Key()] = s
+	}
+	seen := make(map[StreamKey]bool, len(specs))
+	next := &streamSet{streams: make([]*stream, 0, len(specs))}
+	var retired []*stream
+	for _, spec := range specs {
+		k := spec.Key()
+		if seen[k] {
+			return fmt.Errorf("kvdir: duplicate stream %s", spec)
+		}
+		seen[k] = true
+		if s, ok := byKey[k]; ok && s.spec == spec {
+			next.streams = append(next.streams, s)
+			continue
+		}
+		next.streams = append(next.streams, newStream(spec))
+	}
+	kept := make(map[*stream]bool, len(next.streams))
+	for _, s := range next.streams {
+		kept[s] = true
+	}
+	for _, s := range old.streams {
+		if !kept[s] {
+			retired = append(retired, s)
+		}
+	}
+	slices.SortFunc(next.streams, func(a, b *stream) int {
+		return cmp.Or(cmp.Compare(a.spec.InstanceName, b.spec.InstanceName), cmp.Compare(a.spec.DPRank, b.spec.DPRank))
+	})
+	for _, s := range next.streams {
+		g := keyGroup{s.spec.BlockSize, s.spec.HashSeed}
+		i := slices.Index(next.groups, g)
+		if i < 0 {
+			i = len(next.groups)
+			next.groups = append(next.groups, g)
+		}
+		s.group = i
+	}
+	// Publish the new set before stopping retired streams so no query
+	// sees a stream that is going away.
+	d.set.Store(next)
+	stopAll(retired)
+	for _, s := range next.streams {
+		if byKey[s.spec.Key()] != s {
+			d.start(s)
+		}
+	}
+	return nil
+}
+
+func (d *Directory) start(s *stream) {
+	y := &syncer{
+		s:    s,
+		lim:  d.lim,
+		log:  d.log,
+		tctx: d.tctx,
+		dec:  kvevent.NewDecoder(d.lim.MaxMessageBytes),
+	}
+	go y.run()
+}
+
+func stopAll(streams []*stream) {
+	for _, s := range streams {
+		close(s.stop)
+	}
+	for _, s := range streams {
+		<-s.done
+	}
+}
+
+// Close stops every stream goroutine and releases the sockets.
+func (d *Directory) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil
+	}
+	d.closed = true
+	stopAll(d.set.Load().streams)
+	d.set.Store(&streamSet{})
+	if err := d.tctx.Close(); err != nil {
+		return fmt.Errorf("kvdir: %w", err)
+	}
+	return nil
+}
+
+// Query appends one Match per stream to dst, sorted by instance then DP
+// rank: the contiguous prefix of tokenIDs each stream holds, or, for
+// empty tokenIDs, just its status and resident counts (R-API-3/4). It
+// reads in-process state only and does not allocate when dst has room.
+func (d *Directory) Query(tokenIDs []uint32, dst []Match) []Match {
+	set := d.set.Load()
+	var qs *queryScratch
+	if len(tokenIDs) > 0 && len(set.groups) > 0 {
+		qs = d.scratch.Get().(*queryScratch)
+		for len(qs.keys) < len(set.groups) {
+			qs.keys = append(qs.keys, nil)
+		}
+		for i, g := range set.groups {
+			qs.keys[i] = kvindex.KeysFor(tokenIDs, g.blockSize, g.seed, qs.keys[i][:0])
+		}
+	}
+	for _, s := range set.streams {
+		dst = append(dst, Match{})
+		var keys []kvindex.Key
+		if qs != nil {
+			keys = qs.keys[s.group]
+		}
+		s.match(keys, &dst[len(dst)-1])
+	}
+	if qs != nil {
+		d.scratch.Put(qs)
+	}
+	return dst
+}
+
+// Len returns the number of streams.
+func (d *Directory) Len() int { return len(d.set.Load().streams) }

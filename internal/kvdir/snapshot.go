@@ -1,0 +1,249 @@
+package kvdir
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/kvevent"
+	"github.com/kvcar/kvcar/internal/kvindex"
+	"github.com/kvcar/kvcar/internal/kvtransport"
+)
+
+// snapshot is one replay attempt: a fresh index being filled from the
+// engine's full state while live deltas queue beside it (R-REC-2).
+type snapshot struct {
+	rep      *kvtransport.Replayer
+	deadline time.Time
+	started  time.Time
+	idx      *kvindex.Index
+	// calibrate is true for a periodic resync of a synchronised stream,
+	// which keeps serving its current view until the new one is ready.
+	calibrate bool
+
+	haveWatermark bool
+	watermark     uint64
+	batches       int
+
+	buffered      []bufferedBatch
+	bufferedBytes int
+}
+
+type bufferedBatch struct {
+	seq   uint64
+	batch *kvevent.Batch
+}
+
+func (y *syncer) startSnapshot(calibrate bool) {
+	rep, err := y.tctx.DialReplay(y.s.spec.ReplayEndpoint, kvtransport.ReplayOptions{
+		MaxMessageBytes: int64(y.lim.MaxMessageBytes),
+	})
+	if err == nil {
+		// The engine answers with its current full state whatever the
+		// start sequence (R-WIRE-3); 0 asks for everything.
+		err = rep.Send(kvevent.ReplayRequest(0))
+		if err != nil {
+			rep.Close()
+		}
+	}
+	now := time.Now()
+	if err != nil {
+		y.s.counters.snapshotsFailed.Add(1)
+		if !calibrate {
+			y.fail(fmt.Sprintf("snapshot request: %v", err))
+		}
+		y.pause(now)
+		y.nextResync = time.Time{}
+		return
+	}
+	y.s.counters.snapshotsStarted.Add(1)
+	y.snap = &snapshot{
+		rep:       rep,
+		started:   now,
+		deadline:  now.Add(y.lim.ReplayTimeout),
+		calibrate: calibrate,
+		idx:       y.newIndex(),
+	}
+	y.retryAt = time.Time{}
+	if !calibrate {
+		y.setReason("snapshot in progress")
+	}
+}
+
+func (y *syncer) newIndex() *kvindex.Index {
+	return kvindex.New(kvindex.Config{
+		BlockSize: y.s.spec.BlockSize,
+		HashSeed:  y.s.spec.HashSeed,
+		MaxBlocks: y.lim.MaxBlocksPerStream,
+	})
+}
+
+// setReason updates the reason of an unsynchronised stream without
+// touching its view.
+func (y *syncer) setReason(reason string) {
+	y.s.mu.Lock()
+	if !y.s.synced {
+		y.s.reason = reason
+	}
+	y.s.mu.Unlock()
+}
+
+func (y *syncer) drainReplay() {
+	for y.snap != nil {
+		frames, err := y.snap.rep.Recv()
+		if err != nil {
+			y.snapshotFailed(fmt.Sprintf("snapshot receive: %v", err))
+			return
+		}
+		if frames == nil {
+			return
+		}
+		y.onReplay(frames)
+	}
+}
+
+func (y *syncer) onReplay(frames [][]byte) {
+	sn := y.snap
+	seq, payload, end, err := kvevent.ParseReplay(frames)
+	if err != nil {
+		y.s.counters.decodeErrors.Add(1)
+		y.snapshotFailed(fmt.Sprintf("bad snapshot frame: %v", err))
+		return
+	}
+	if end {
+		y.finishSnapshot()
+		return
+	}
+	// Every batch of one snapshot carries its watermark; an engine that
+	// numbers its batches must number them consecutively. Anything else
+	// means a reply was dropped on the way (the ROUTER drops past HWM).
+	if sn.haveWatermark && seq != sn.watermark && seq != sn.watermark+1 {
+		y.snapshotFailed(fmt.Sprintf("snapshot sequence jumped from %d to %d", sn.watermark, seq))
+		return
+	}
+	sn.haveWatermark, sn.watermark = true, seq
+	sn.batches++
+	if err := y.dec.DecodeBatch(payload, &y.batch); err != nil {
+		y.s.counters.decodeErrors.Add(1)
+		y.snapshotFailed(fmt.Sprintf("snapshot batch %d: decode: %v", sn.batches, err))
+		return
+	}
+	if err := checkRank(&y.batch, y.s.spec.DPRank); err != nil {
+		y.snapshotFailed(fmt.Sprintf("snapshot batch %d: %v", sn.batches, err))
+		return
+	}
+	for i := range y.batch.Events {
+		if err := sn.idx.Apply(&y.batch.Events[i], kvindex.Snapshot); err != nil {
+			y.snapshotFailed(fmt.Sprintf("snapshot batch %d event %d: %v", sn.batches, i, err))
+			return
+		}
+	}
+}
+
+// bufferLive queues the live delta in y.batch, which arrived during a
+// snapshot, within max_buffered_bytes counted as wire bytes plus decoded
+// size (R-REC-2).
+func (y *syncer) bufferLive(seq uint64, wireBytes int) {
+	sn := y.snap
+	cost := wireBytes + y.batch.DecodedBytes()
+	if sn.bufferedBytes+cost > y.lim.MaxBufferedBytes {
+		y.snapshotFailed(fmt.Sprintf("live deltas during snapshot exceeded max_buffered_bytes (%d)", y.lim.MaxBufferedBytes))
+		return
+	}
+	sn.bufferedBytes += cost
+	y.s.counters.bufferedBytes.Add(int64(cost))
+	sn.buffered = append(sn.buffered, bufferedBatch{seq: seq, batch: y.batch.Clone()})
+	y.s.counters.bufferedBatches.Add(1)
+}
+
+// finishSnapshot merges the buffered deltas after the watermark into the
+// new index and publishes it in one step.
+func (y *syncer) finishSnapshot() {
+	sn := y.snap
+	next, any := uint64(0), !sn.haveWatermark
+	if sn.haveWatermark {
+		next = sn.watermark + 1
+	}
+	for _, bb := range sn.buffered {
+		if sn.haveWatermark && bb.seq <= sn.watermark {
+			y.s.counters.coveredBatches.Add(1)
+			continue // already reflected in the snapshot
+		}
+		if !any && bb.seq != next {
+			y.s.counters.gaps.Add(1)
+			y.snapshotFailed(fmt.Sprintf("live deltas after snapshot watermark %d: %s", sn.watermark, seqFault(next, bb.seq)))
+			return
+		}
+		any = false
+		for i := range bb.batch.Events {
+			if err := sn.idx.Apply(&bb.batch.Events[i], kvindex.Delta); err != nil {
+				y.snapshotFailed(fmt.Sprintf("merging live delta %d: %v", bb.seq, err))
+				return
+			}
+		}
+		y.s.counters.eventsApplied.Add(uint64(len(bb.batch.Events)))
+		next = bb.seq + 1
+	}
+	published := next - 1
+	if any {
+		published = 0
+	}
+	y.releaseSnapshot()
+	y.s.counters.snapshotsOK.Add(1)
+	y.synchronised(sn.idx, published, next, any, fmt.Sprintf("snapshot of %d batches in %v", sn.batches, time.Since(sn.started).Round(time.Millisecond)))
+}
+
+// synchronised publishes ix as the stream's view at seq and resets the
+// live sequence tracking: next is the sequence expected next, or any
+// sequence when expectAny.
+func (y *syncer) synchronised(ix *kvindex.Index, seq, next uint64, expectAny bool, how string) {
+	y.s.publish(ix, seq)
+	y.expected, y.expectAny = next, expectAny
+	y.dedupUpTo, y.dedupActive = seq, !expectAny
+	y.backoff = 0
+	y.retryAt = time.Time{}
+	y.nextResync = time.Time{}
+	if y.lim.ResyncInterval > 0 {
+		y.nextResync = time.Now().Add(y.lim.ResyncInterval)
+	}
+	if y.lastReason != "" {
+		d, h := ix.Counts()
+		y.log.Info("stream synchronised", "stream", y.s.spec.String(), "sequence", seq,
+			"device_blocks", d, "host_blocks", h, "by", how)
+		y.lastReason = ""
+	}
+}
+
+// snapshotFailed abandons the attempt and schedules a retry with backoff.
+// A failed calibration leaves the served view alone.
+func (y *syncer) snapshotFailed(reason string) {
+	calibrate := y.snap != nil && y.snap.calibrate
+	y.abortSnapshot()
+	y.s.counters.snapshotsFailed.Add(1)
+	now := time.Now()
+	if calibrate {
+		y.log.Warn("calibration snapshot failed; keeping the current view", "stream", y.s.spec.String(), "reason", reason)
+		y.nextResync = now.Add(y.lim.ResyncInterval)
+		return
+	}
+	y.invalidate(reason)
+	y.pause(now)
+}
+
+func (y *syncer) abortSnapshot() {
+	if y.snap == nil {
+		return
+	}
+	y.releaseSnapshot()
+}
+
+func (y *syncer) releaseSnapshot() {
+	sn := y.snap
+	y.snap = nil
+	y.s.counters.bufferedBytes.Add(-int64(sn.bufferedBytes))
+	if sn.rep == nil {
+		return
+	}
+	if err := sn.rep.Close(); err != nil {
+		y.log.Debug("close replay socket", "stream", y.s.spec.String(), "err", err)
+	}
+}

@@ -1,0 +1,75 @@
+package kvdir
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/config"
+)
+
+// StreamSpec says where one instance/DP stream is published and how its
+// blocks are keyed. Two specs with the same Key but any other field
+// different describe different streams: the old one is retired.
+type StreamSpec struct {
+	InstanceName   string
+	DPRank         int
+	Endpoint       string
+	ReplayEndpoint string
+	Topic          string
+	BlockSize      int
+	HashSeed       uint64
+	// Incarnation identifies the engine process when the registry knows
+	// it (incarnation_id, else register_ts_ms); empty for static streams.
+	Incarnation string
+}
+
+// StreamKey names a stream in the directory.
+type StreamKey struct {
+	InstanceName string
+	DPRank       int
+}
+
+// Key returns the directory key of the spec.
+func (s StreamSpec) Key() StreamKey { return StreamKey{s.InstanceName, s.DPRank} }
+
+func (s StreamSpec) String() string {
+	return fmt.Sprintf("%s/dp%d", s.InstanceName, s.DPRank)
+}
+
+// Limits are the per-stream resource bounds and recovery timings
+// (R-CFG-2).
+type Limits struct {
+	MaxBlocksPerStream int
+	MaxMessageBytes    int
+	MaxBufferedBytes   int
+	ReplayTimeout      time.Duration
+	ResyncInterval     time.Duration
+}
+
+// LimitsFromConfig takes the top-level bounds of a parsed config.
+func LimitsFromConfig(c *config.Config) Limits {
+	return Limits{
+		MaxBlocksPerStream: c.MaxBlocksPerStream,
+		MaxMessageBytes:    c.MaxMessageBytes,
+		MaxBufferedBytes:   c.MaxBufferedBytes,
+		ReplayTimeout:      c.ReplayTimeout,
+		ResyncInterval:     c.ResyncInterval,
+	}
+}
+
+// StaticSpecs turns the config's static streams into specs.
+func StaticSpecs(c *config.Config) []StreamSpec {
+	specs := make([]StreamSpec, 0, len(c.Streams))
+	for _, st := range c.Streams {
+		specs = append(specs, StreamSpec{
+			InstanceName:   st.InstanceName,
+			DPRank:         st.DPRank,
+			Endpoint:       st.Endpoint,
+			ReplayEndpoint: st.ReplayEndpoint,
+			Topic:          st.Topic,
+			BlockSize:      st.BlockSize,
+			HashSeed:       st.HashSeed,
+		})
+	}
+	return specs
+}

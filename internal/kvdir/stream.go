@@ -1,0 +1,102 @@
+package kvdir
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvcar/kvcar/internal/kvindex"
+)
+
+// stream is one instance/DP event stream. The fields under mu form the
+// published view that queries read; everything else about the stream's
+// progress lives in its syncer, owned by the stream goroutine.
+type stream struct {
+	spec  StreamSpec
+	group int // index into streamSet.groups: streams sharing block size and seed
+
+	mu sync.RWMutex
+	// idx is nil whenever the stream is not synchronised, so a stale view
+	// can never be served (R-REC-1).
+	idx    *kvindex.Index
+	synced bool
+	seq    uint64
+	reason string
+
+	counters streamCounters
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// streamCounters are monotonic totals, readable without the lock.
+type streamCounters struct {
+	batchesApplied   atomic.Uint64
+	eventsApplied    atomic.Uint64
+	decodeErrors     atomic.Uint64
+	gaps             atomic.Uint64
+	snapshotsStarted atomic.Uint64
+	snapshotsOK      atomic.Uint64
+	snapshotsFailed  atomic.Uint64
+	topicMismatches  atomic.Uint64
+	duplicates       atomic.Uint64
+	// bufferedBatches counts live deltas queued during snapshots and
+	// coveredBatches those of them the snapshot already reflected.
+	bufferedBatches atomic.Uint64
+	coveredBatches  atomic.Uint64
+	fullStateSyncs  atomic.Uint64
+	bufferedBytes   atomic.Int64
+}
+
+func newStream(spec StreamSpec) *stream {
+	return &stream{
+		spec:   spec,
+		reason: "waiting for first snapshot",
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
+	}
+}
+
+// match fills m with the stream's view for keys. It holds the read lock
+// only for the walk over the index.
+func (s *stream) match(keys []kvindex.Key, m *Match) {
+	m.InstanceName = s.spec.InstanceName
+	m.DPRank = s.spec.DPRank
+	m.Incarnation = s.spec.Incarnation
+	s.mu.RLock()
+	m.Synchronized = s.synced
+	m.Sequence = s.seq
+	m.Error = s.reason
+	if s.synced && s.idx != nil {
+		if len(keys) > 0 {
+			hit := s.idx.Match(keys)
+			bs := s.spec.BlockSize
+			m.DeviceHitTokens = hit.DeviceBlocks * bs
+			m.HostOnlyHitTokens = hit.HostOnlyBlocks * bs
+			m.ReusablePrefixTokens = m.DeviceHitTokens + m.HostOnlyHitTokens
+		}
+		m.DeviceBlocks, m.HostBlocks = s.idx.Counts()
+	}
+	s.mu.RUnlock()
+}
+
+// publish makes idx the stream's view at sequence seq (R-REC-2: the whole
+// snapshot becomes visible at once).
+func (s *stream) publish(idx *kvindex.Index, seq uint64) {
+	s.mu.Lock()
+	s.idx, s.synced, s.seq, s.reason = idx, true, seq, ""
+	s.mu.Unlock()
+}
+
+// invalidate withdraws the view: queries report zero hits and reason.
+func (s *stream) invalidate(reason string) {
+	s.mu.Lock()
+	s.idx, s.synced, s.reason = nil, false, reason
+	s.mu.Unlock()
+}
+
+// status returns the published state for logs and tests.
+func (s *stream) status() (synced bool, seq uint64, reason string) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.synced, s.seq, s.reason
+}

@@ -1,0 +1,365 @@
+package kvdir
+
+import (
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/kvevent"
+	"github.com/kvcar/kvcar/internal/kvindex"
+	"github.com/kvcar/kvcar/internal/kvtransport"
+)
+
+const (
+	// pollInterval bounds how long the stream goroutine waits on its
+	// sockets before it looks at its timers and its stop channel.
+	pollInterval = 50 * time.Millisecond
+	backoffMin   = 100 * time.Millisecond
+	backoffMax   = 5 * time.Second
+)
+
+// syncer is the stream goroutine's private state: sockets, decoder,
+// sequence tracking and the snapshot in progress.
+type syncer struct {
+	s      *stream
+	lim    Limits
+	log    *slog.Logger
+	tctx   *kvtransport.Context
+	sub    *kvtransport.Subscriber
+	dec    *kvevent.Decoder
+	batch  kvevent.Batch
+	linkUp bool
+
+	// Live sequence tracking while synchronised.
+	expected uint64
+	// expectAny accepts any next sequence: set after an empty snapshot
+	// from an engine that had published nothing, where every later
+	// message counts.
+	expectAny bool
+	// dedupUpTo drops live messages at or below the last snapshot's
+	// watermark that were still queued when the snapshot was published.
+	dedupUpTo   uint64
+	dedupActive bool
+
+	snap       *snapshot
+	retryAt    time.Time
+	backoff    time.Duration
+	nextResync time.Time
+	// lastReason avoids logging the same state change once per message.
+	lastReason string
+}
+
+// run is the stream goroutine. It returns when s.stop is closed.
+func (y *syncer) run() {
+	defer close(y.s.done)
+	defer y.closeSockets()
+
+	sub, err := y.tctx.Subscribe(y.s.spec.Endpoint, y.s.spec.Topic, kvtransport.SubscriberOptions{
+		MaxMessageBytes: int64(y.lim.MaxMessageBytes),
+	})
+	if err != nil {
+		// A spec that cannot even make a socket (bad endpoint syntax) is
+		// reported and left unsynchronised; nothing else to retry.
+		y.fail(fmt.Sprintf("subscribe: %v", err))
+		<-y.s.stop
+		return
+	}
+	y.sub = sub
+	y.retryAt = time.Now()
+
+	for {
+		select {
+		case <-y.s.stop:
+			return
+		default:
+		}
+		now := time.Now()
+		y.onTimers(now)
+		rd, err := y.sub.Wait(y.replayer(), y.waitFor(now))
+		if err != nil {
+			y.fail(fmt.Sprintf("poll: %v", err))
+			y.pause(time.Now())
+			continue
+		}
+		if rd.Link {
+			y.drainLink()
+		}
+		if rd.Replay {
+			y.drainReplay()
+		}
+		if rd.Live {
+			y.drainLive()
+		}
+	}
+}
+
+func (y *syncer) replayer() *kvtransport.Replayer {
+	if y.snap == nil {
+		return nil
+	}
+	return y.snap.rep
+}
+
+// waitFor returns how long the next poll may block.
+func (y *syncer) waitFor(now time.Time) time.Duration {
+	d := pollInterval
+	for _, t := range []time.Time{y.retryAt, y.nextResync, y.snapDeadline()} {
+		if !t.IsZero() {
+			if until := t.Sub(now); until < d {
+				d = max(until, 0)
+			}
+		}
+	}
+	return d
+}
+
+func (y *syncer) snapDeadline() time.Time {
+	if y.snap == nil {
+		return time.Time{}
+	}
+	return y.snap.deadline
+}
+
+// onTimers starts snapshots that are due and expires one that is late.
+func (y *syncer) onTimers(now time.Time) {
+	if y.snap != nil {
+		if now.After(y.snap.deadline) {
+			y.snapshotFailed(fmt.Sprintf("snapshot timed out after %v without end marker", y.lim.ReplayTimeout))
+		}
+		return
+	}
+	synced, _, _ := y.s.status()
+	switch {
+	case !synced && y.linkUp && !y.retryAt.IsZero() && !now.Before(y.retryAt):
+		y.startSnapshot(false)
+	case synced && !y.nextResync.IsZero() && !now.Before(y.nextResync):
+		// R-REC-4: calibrate against the engine's full state to find
+		// silently lost tail events; keep serving meanwhile.
+		y.startSnapshot(true)
+	}
+}
+
+func (y *syncer) drainLink() {
+	for {
+		ev, ok, err := y.sub.RecvLink()
+		if err != nil {
+			y.log.Warn("link monitor failed", "stream", y.s.spec.String(), "err", err)
+			return
+		}
+		if !ok {
+			return
+		}
+		switch ev {
+		case kvtransport.LinkConnected:
+			y.linkUp = true
+			if y.retryAt.IsZero() {
+				y.retryAt = time.Now()
+			}
+		case kvtransport.LinkDisconnected:
+			y.linkUp = false
+			// R-REC-3: subscription loss. Whatever was published while
+			// down is gone, so the view and any snapshot in progress are
+			// void; a new snapshot starts once the link is back.
+			y.abortSnapshot()
+			y.invalidate("publisher disconnected")
+			y.retryAt = time.Now()
+		}
+	}
+}
+
+func (y *syncer) drainLive() {
+	for {
+		frames, err := y.sub.RecvLive()
+		if err != nil {
+			y.fault(fmt.Sprintf("receive: %v", err))
+			return
+		}
+		if frames == nil {
+			return
+		}
+		y.onLive(frames)
+	}
+}
+
+func (y *syncer) onLive(frames [][]byte) {
+	topic, seq, payload, err := kvevent.ParseLive(frames)
+	if err != nil {
+		y.s.counters.decodeErrors.Add(1)
+		y.fault(fmt.Sprintf("bad live envelope: %v", err))
+		return
+	}
+	if string(topic) != y.s.spec.Topic {
+		// SUB filters by prefix; the topic must match exactly (R-CFG-4).
+		if y.s.counters.topicMismatches.Add(1) == 1 {
+			y.log.Warn("ignoring messages of another topic", "stream", y.s.spec.String(),
+				"topic", string(topic), "want", y.s.spec.Topic)
+		}
+		return
+	}
+	synced, _, _ := y.s.status()
+	if err := y.decode(payload); err != nil {
+		if synced || y.snap != nil {
+			// During a snapshot the message is not buffered: if the
+			// snapshot does not cover seq, the merge finds the hole.
+			y.fault(err.Error())
+		}
+		return
+	}
+	if isFullState(&y.batch) {
+		y.recoverFromLive(seq)
+		return
+	}
+	switch {
+	case y.snap != nil:
+		if synced {
+			// Calibration: keep the served view current as well.
+			y.applyLive(seq)
+		}
+		if y.snap != nil {
+			y.bufferLive(seq, len(payload))
+		}
+	case synced:
+		y.applyLive(seq)
+	default:
+		// Unsynchronised and between attempts: the next snapshot covers
+		// whatever this message carried.
+	}
+}
+
+// isFullState reports a batch that starts with AllBlocksCleared: what
+// follows it is the engine's whole state (R-WIRE-4).
+func isFullState(b *kvevent.Batch) bool {
+	return len(b.Events) > 0 && b.Events[0].Kind == kvevent.AllBlocksCleared
+}
+
+// recoverFromLive replaces the view with the full-state batch in y.batch,
+// whatever came before it: it (re)synchronises the stream at seq without
+// a snapshot, and is published in one step like one.
+func (y *syncer) recoverFromLive(seq uint64) {
+	ix := y.newIndex()
+	for i := range y.batch.Events {
+		if err := ix.Apply(&y.batch.Events[i], kvindex.Snapshot); err != nil {
+			y.fault(fmt.Sprintf("full-state batch %d event %d: %v", seq, i, err))
+			return
+		}
+	}
+	y.abortSnapshot()
+	y.s.counters.eventsApplied.Add(uint64(len(y.batch.Events)))
+	y.s.counters.batchesApplied.Add(1)
+	y.s.counters.fullStateSyncs.Add(1)
+	y.synchronised(ix, seq, seq+1, false, "full-state batch")
+}
+
+// applyLive applies the live message in y.batch to the published view.
+func (y *syncer) applyLive(seq uint64) {
+	if y.dedupActive && seq <= y.dedupUpTo {
+		y.s.counters.duplicates.Add(1)
+		return
+	}
+	y.dedupActive = false
+	if !y.expectAny && seq != y.expected {
+		y.s.counters.gaps.Add(1)
+		y.fault(seqFault(y.expected, seq))
+		return
+	}
+	if err := y.applyBatch(y.s, &y.batch); err != nil {
+		y.fault(err.Error())
+		return
+	}
+	y.expectAny = false
+	y.expected = seq + 1
+	y.s.mu.Lock()
+	y.s.seq = seq
+	y.s.mu.Unlock()
+	y.s.counters.batchesApplied.Add(1)
+}
+
+func seqFault(expected, got uint64) string {
+	if got < expected {
+		return fmt.Sprintf("sequence went back from %d to %d (publisher restarted)", expected, got)
+	}
+	return fmt.Sprintf("sequence gap: expected %d, got %d", expected, got)
+}
+
+// decode parses payload into y.batch and checks it belongs to this DP.
+func (y *syncer) decode(payload []byte) error {
+	if err := y.dec.DecodeBatch(payload, &y.batch); err != nil {
+		y.s.counters.decodeErrors.Add(1)
+		return fmt.Errorf("decode: %w", err)
+	}
+	return checkRank(&y.batch, y.s.spec.DPRank)
+}
+
+func checkRank(b *kvevent.Batch, rank int) error {
+	if b.HasDPRank && b.DPRank != rank {
+		return fmt.Errorf("batch dp_rank %d on the stream of dp_rank %d", b.DPRank, rank)
+	}
+	return nil
+}
+
+// applyBatch applies b to the published index of s, one event per lock
+// hold so that a large batch never stalls queries for long.
+func (y *syncer) applyBatch(s *stream, b *kvevent.Batch) error {
+	for i := range b.Events {
+		s.mu.Lock()
+		var err error
+		if s.idx != nil {
+			err = s.idx.Apply(&b.Events[i], kvindex.Delta)
+		}
+		s.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("event %d (%v): %w", i, b.Events[i].Kind, err)
+		}
+	}
+	s.counters.eventsApplied.Add(uint64(len(b.Events)))
+	return nil
+}
+
+// fault invalidates the stream and schedules recovery (R-REC-3). A
+// calibration in progress turns into the recovery snapshot.
+func (y *syncer) fault(reason string) {
+	y.invalidate(reason)
+	if y.snap != nil {
+		if y.snap.calibrate {
+			y.snap.calibrate = false
+		}
+		return
+	}
+	y.retryAt = time.Now()
+}
+
+// fail invalidates with a reason and no retry scheduling change.
+func (y *syncer) fail(reason string) { y.invalidate(reason) }
+
+func (y *syncer) invalidate(reason string) {
+	y.s.invalidate(reason)
+	y.dedupActive = false
+	y.nextResync = time.Time{}
+	if reason != y.lastReason {
+		y.log.Warn("stream unsynchronised", "stream", y.s.spec.String(), "reason", reason)
+		y.lastReason = reason
+	}
+}
+
+// pause delays the next attempt with jittered exponential backoff
+// (R-REC-5).
+func (y *syncer) pause(now time.Time) {
+	if y.backoff == 0 {
+		y.backoff = backoffMin
+	} else {
+		y.backoff = min(2*y.backoff, backoffMax)
+	}
+	jitter := time.Duration(rand.Int64N(int64(y.backoff)/5 + 1))
+	y.retryAt = now.Add(y.backoff + jitter)
+}
+
+func (y *syncer) closeSockets() {
+	y.abortSnapshot()
+	if y.sub != nil {
+		if err := y.sub.Close(); err != nil {
+			y.log.Debug("close subscriber", "stream", y.s.spec.String(), "err", err)
+		}
+		y.sub = nil
+	}
+}

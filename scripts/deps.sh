@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs the system packages kvcar needs on a fresh Debian machine:
+# libzmq (cgo, through pkg-config) and Debian's python3-zmq, which the
+# interop tests use as a reference libzmq publisher. Idempotent.
+set -euo pipefail
+
+need=()
+pkg-config --exists libzmq 2>/dev/null || need+=(libzmq3-dev pkg-config)
+/usr/bin/python3 -c 'import zmq' 2>/dev/null || need+=(python3-zmq)
+[ ${#need[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+	SUDO=sudo
+else
+	SUDO=
+fi
+echo "installing: ${need[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"
