@@ -136,6 +136,8 @@ func (d *Directory) start(s *stream) {
 		log:  d.log,
 		tctx: d.tctx,
 		dec:  kvevent.NewDecoder(d.lim.MaxMessageBytes),
+		// The first synchronisation is logged like a recovery.
+		lastReason: s.reason,
 	}
 	go y.run()
 }

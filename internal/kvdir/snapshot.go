@@ -133,7 +133,7 @@ func (y *syncer) onReplay(frames [][]byte) {
 	}
 	for i := range y.batch.Events {
 		if err := sn.idx.Apply(&y.batch.Events[i], kvindex.Snapshot); err != nil {
-			y.snapshotFailed(fmt.Sprintf("snapshot batch %d event %d: %v", sn.batches, i, err))
+			y.snapshotFailed(fmt.Sprintf("snapshot batch %d event %d: %v", sn.batches, i, y.limitErr(err)))
 			return
 		}
 	}
@@ -176,7 +176,7 @@ func (y *syncer) finishSnapshot() {
 		any = false
 		for i := range bb.batch.Events {
 			if err := sn.idx.Apply(&bb.batch.Events[i], kvindex.Delta); err != nil {
-				y.snapshotFailed(fmt.Sprintf("merging live delta %d: %v", bb.seq, err))
+				y.snapshotFailed(fmt.Sprintf("merging live delta %d: %v", bb.seq, y.limitErr(err)))
 				return
 			}
 		}

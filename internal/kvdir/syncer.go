@@ -1,6 +1,7 @@
 package kvdir
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -55,18 +56,11 @@ func (y *syncer) run() {
 	defer close(y.s.done)
 	defer y.closeSockets()
 
-	sub, err := y.tctx.Subscribe(y.s.spec.Endpoint, y.s.spec.Topic, kvtransport.SubscriberOptions{
-		MaxMessageBytes: int64(y.lim.MaxMessageBytes),
-	})
-	if err != nil {
-		// A spec that cannot even make a socket (bad endpoint syntax) is
-		// reported and left unsynchronised; nothing else to retry.
-		y.fail(fmt.Sprintf("subscribe: %v", err))
-		<-y.s.stop
-		return
-	}
-	y.sub = sub
 	y.retryAt = time.Now()
+	if err := y.subscribe(); err != nil {
+		y.fail(err.Error())
+		y.pause(time.Now())
+	}
 
 	for {
 		select {
@@ -75,6 +69,10 @@ func (y *syncer) run() {
 		default:
 		}
 		now := time.Now()
+		if y.sub == nil {
+			y.resubscribeLater(now)
+			continue
+		}
 		y.onTimers(now)
 		rd, err := y.sub.Wait(y.replayer(), y.waitFor(now))
 		if err != nil {
@@ -91,6 +89,42 @@ func (y *syncer) run() {
 		if rd.Live {
 			y.drainLive()
 		}
+	}
+}
+
+// subscribe (re)creates the SUB socket. libzmq never reconnects a link it
+// dropped for a protocol error, such as a frame over max_message_bytes,
+// so every disconnect gets a fresh socket rather than trusting the old
+// one to come back.
+func (y *syncer) subscribe() error {
+	if y.sub != nil {
+		if err := y.sub.Close(); err != nil {
+			y.log.Debug("close subscriber", "stream", y.s.spec.String(), "err", err)
+		}
+		y.sub = nil
+	}
+	sub, err := y.tctx.Subscribe(y.s.spec.Endpoint, y.s.spec.Topic, kvtransport.SubscriberOptions{
+		MaxMessageBytes: int64(y.lim.MaxMessageBytes),
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe: %w", err)
+	}
+	y.sub = sub
+	y.linkUp = false
+	return nil
+}
+
+// resubscribeLater retries a failed socket creation when its backoff is
+// due, waiting on the stop channel meanwhile.
+func (y *syncer) resubscribeLater(now time.Time) {
+	select {
+	case <-y.s.stop:
+		return
+	case <-time.After(max(y.retryAt.Sub(now), 0)):
+	}
+	if err := y.subscribe(); err != nil {
+		y.fail(err.Error())
+		y.pause(time.Now())
 	}
 }
 
@@ -157,13 +191,17 @@ func (y *syncer) drainLink() {
 				y.retryAt = time.Now()
 			}
 		case kvtransport.LinkDisconnected:
-			y.linkUp = false
 			// R-REC-3: subscription loss. Whatever was published while
 			// down is gone, so the view and any snapshot in progress are
 			// void; a new snapshot starts once the link is back.
 			y.abortSnapshot()
 			y.invalidate("publisher disconnected")
 			y.retryAt = time.Now()
+			if err := y.subscribe(); err != nil {
+				y.fail(err.Error())
+				y.pause(time.Now())
+			}
+			return
 		}
 	}
 }
@@ -240,7 +278,7 @@ func (y *syncer) recoverFromLive(seq uint64) {
 	ix := y.newIndex()
 	for i := range y.batch.Events {
 		if err := ix.Apply(&y.batch.Events[i], kvindex.Snapshot); err != nil {
-			y.fault(fmt.Sprintf("full-state batch %d event %d: %v", seq, i, err))
+			y.fault(fmt.Sprintf("full-state batch %d event %d: %v", seq, i, y.limitErr(err)))
 			return
 		}
 	}
@@ -309,11 +347,20 @@ func (y *syncer) applyBatch(s *stream, b *kvevent.Batch) error {
 		}
 		s.mu.Unlock()
 		if err != nil {
-			return fmt.Errorf("event %d (%v): %w", i, b.Events[i].Kind, err)
+			return fmt.Errorf("event %d (%v): %w", i, b.Events[i].Kind, y.limitErr(err))
 		}
 	}
 	s.counters.eventsApplied.Add(uint64(len(b.Events)))
 	return nil
+}
+
+// limitErr names the config key behind a capacity error so the reason a
+// stream reports tells the operator what to raise.
+func (y *syncer) limitErr(err error) error {
+	if errors.Is(err, kvindex.ErrCapacity) {
+		return fmt.Errorf("max_blocks_per_stream (%d) reached: %w", y.lim.MaxBlocksPerStream, err)
+	}
+	return err
 }
 
 // fault invalidates the stream and schedules recovery (R-REC-3). A

@@ -1,0 +1,172 @@
+package kvdir
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/enginesim"
+	"github.com/kvcar/kvcar/internal/kvevent"
+)
+
+// waitReason waits until stream k is unsynchronised with a reason that
+// contains want, and checks that it serves no hits meanwhile (R-REC-1).
+func waitReason(t *testing.T, d *Directory, k StreamKey, want string, probe []uint32) {
+	t.Helper()
+	eventually(t, "unsynchronised because of "+want, 10*time.Second, func() (bool, string) {
+		m := matchOf(t, d, k, probe)
+		if !m.Synchronized && m.ReusablePrefixTokens != 0 {
+			t.Fatalf("unsynchronised stream serves hits: %s", describe(m))
+		}
+		return !m.Synchronized && strings.Contains(m.Error, want), describe(m)
+	})
+}
+
+// TestMessageLimit covers R-REC-3 and R-CFG-2 max_message_bytes: an
+// oversize live message is refused without being allocated (libzmq drops
+// the link), the stream recovers by snapshot, and nothing is lost.
+func TestMessageLimit(t *testing.T) {
+	e := startEngine(t, enginesim.Config{DeviceBlocks: 64})
+	lim := testLimits()
+	lim.MaxMessageBytes = 16 << 10
+	d := newDirectory(t, lim, specOf(e, 0))
+	k := StreamKey{e.Name(), 0}
+	prompt := seqTokens(1, 3*testBlock)
+	if _, _, err := e.Prefill(0, prompt); err != nil {
+		t.Fatal(err)
+	}
+	waitCaughtUp(t, d, e, 0)
+	s := d.streamOf(k)
+	okBefore := s.counters.snapshotsOK.Load()
+	if err := e.SendOversize(0, 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "recovery snapshot after the oversize message", 10*time.Second, func() (bool, string) {
+		if _, _, err := e.Prefill(0, prompt); err != nil {
+			t.Fatal(err)
+		}
+		m := matchOf(t, d, k, nil)
+		return s.counters.snapshotsOK.Load() > okBefore && m.Synchronized && m.Sequence+1 == e.Seq(0), describe(m)
+	})
+	assertMatchesEngine(t, d, e, 0)
+	assertQueryMatchesOracle(t, d, e, 0, prompt)
+}
+
+// TestBufferLimit covers R-REC-2 max_buffered_bytes: live deltas beyond
+// the budget during a snapshot abandon it with a clear reason, and a
+// later attempt succeeds once the burst is over.
+func TestBufferLimit(t *testing.T) {
+	e := startEngine(t, enginesim.Config{DeviceBlocks: 512, ReplaySlowDelay: 200 * time.Millisecond})
+	if _, _, err := e.Prefill(0, seqTokens(1, 4*testBlock)); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.SetReplayMode(0, enginesim.ReplaySlow); err != nil {
+		t.Fatal(err)
+	}
+	lim := testLimits()
+	lim.MaxBufferedBytes = 2 << 10
+	lim.ReplayTimeout = 2 * time.Second
+	d := newDirectory(t, lim, specOf(e, 0))
+	k := StreamKey{e.Name(), 0}
+	s := d.streamOf(k)
+	eventually(t, "snapshot started", 5*time.Second, func() (bool, string) {
+		return s.counters.snapshotsStarted.Load() > 0, describe(matchOf(t, d, k, nil))
+	})
+	for i := 0; !strings.Contains(matchOf(t, d, k, nil).Error, "max_buffered_bytes"); i++ {
+		if i == 500 {
+			t.Fatalf("buffer limit never hit: %s", describe(matchOf(t, d, k, nil)))
+		}
+		if _, _, err := e.Prefill(0, seqTokens(10_000+i*100, 4*testBlock)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitCaughtUp(t, d, e, 0)
+	assertMatchesEngine(t, d, e, 0)
+}
+
+// TestBlockLimit covers R-CFG-2 max_blocks_per_stream: an engine holding
+// more blocks than allowed leaves the stream unsynchronised naming the
+// key, and it synchronises again once the engine is back under the bound.
+func TestBlockLimit(t *testing.T) {
+	e := startEngine(t, enginesim.Config{DeviceBlocks: 64})
+	lim := testLimits()
+	lim.MaxBlocksPerStream = 8
+	d := newDirectory(t, lim, specOf(e, 0))
+	k := StreamKey{e.Name(), 0}
+	waitSynced(t, d, k, 0)
+	prompt := seqTokens(1, 12*testBlock)
+	hashes, err := e.StoreChain(0, prompt, kvevent.Device)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitReason(t, d, k, "max_blocks_per_stream (8)", prompt)
+	// The snapshot retries also exceed the bound until the engine evicts.
+	if err := e.Remove(0, hashes[6:], kvevent.Device); err != nil {
+		t.Fatal(err)
+	}
+	waitCaughtUp(t, d, e, 0)
+	assertMatchesEngine(t, d, e, 0)
+	assertQueryMatchesOracle(t, d, e, 0, prompt)
+}
+
+// TestUnknownParentInDelta covers R-IDX-5: a live BlockStored whose
+// parent the stream never saw triggers a snapshot recovery.
+func TestUnknownParentInDelta(t *testing.T) {
+	e := startEngine(t, enginesim.Config{DeviceBlocks: 64})
+	d := newDirectory(t, testLimits(), specOf(e, 0))
+	k := StreamKey{e.Name(), 0}
+	prompt := seqTokens(1, 3*testBlock)
+	if _, _, err := e.Prefill(0, prompt); err != nil {
+		t.Fatal(err)
+	}
+	waitCaughtUp(t, d, e, 0)
+	s := d.streamOf(k)
+	okBefore := s.counters.snapshotsOK.Load()
+	if err := e.SendUnknownParent(0); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "recovered by snapshot", 10*time.Second, func() (bool, string) {
+		m := matchOf(t, d, k, nil)
+		return s.counters.snapshotsOK.Load() > okBefore && m.Synchronized, describe(m)
+	})
+	waitCaughtUp(t, d, e, 0)
+	assertMatchesEngine(t, d, e, 0)
+}
+
+// TestWrongRankAndBlockSize covers R-CFG-4: a batch claiming another DP
+// rank, or a BlockStored of another block size, invalidates the stream
+// with a reason saying so, and snapshots keep failing until the engine is
+// consistent again.
+func TestWrongRankAndBlockSize(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		set    func(e *enginesim.Engine, on bool) error
+		reason string
+	}{
+		{"dp_rank", func(e *enginesim.Engine, on bool) error { return e.SetWrongDPRank(0, on) }, "dp_rank"},
+		{"block_size", func(e *enginesim.Engine, on bool) error { return e.SetWrongBlockSize(0, on) }, "block size"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := startEngine(t, enginesim.Config{DeviceBlocks: 64})
+			d := newDirectory(t, testLimits(), specOf(e, 0))
+			k := StreamKey{e.Name(), 0}
+			prompt := seqTokens(1, 3*testBlock)
+			if _, _, err := e.Prefill(0, prompt); err != nil {
+				t.Fatal(err)
+			}
+			waitCaughtUp(t, d, e, 0)
+			if err := tc.set(e, true); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := e.Prefill(0, seqTokens(500, 2*testBlock)); err != nil {
+				t.Fatal(err)
+			}
+			waitReason(t, d, k, tc.reason, prompt)
+			if err := tc.set(e, false); err != nil {
+				t.Fatal(err)
+			}
+			waitCaughtUp(t, d, e, 0)
+			assertMatchesEngine(t, d, e, 0)
+		})
+	}
+}
