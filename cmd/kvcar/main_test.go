@@ -1,0 +1,233 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/enginesim"
+)
+
+type queryResponse struct {
+	IndexEnabled bool `json:"index_enabled"`
+	Matches      []struct {
+		InstanceName         string `json:"instance_name"`
+		DPRank               int    `json:"dp_rank"`
+		Synchronized         bool   `json:"synchronized"`
+		Sequence             uint64 `json:"sequence"`
+		DeviceHitTokens      int    `json:"device_hit_tokens"`
+		HostOnlyHitTokens    int    `json:"host_only_hit_tokens"`
+		ReusablePrefixTokens int    `json:"reusable_prefix_tokens"`
+		DeviceBlocks         int    `json:"device_blocks"`
+		HostBlocks           int    `json:"host_blocks"`
+		Error                string `json:"error"`
+	} `json:"matches"`
+}
+
+// startKVCar runs the real command in-process and returns its address.
+func startKVCar(t *testing.T, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	errc := make(chan error, 1)
+	go func() { errc <- run(ctx, append([]string{"--port=0", "--log_level=warn"}, args...), t.Output(), ready) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-errc; err != nil {
+			t.Errorf("kvcar exited: %v", err)
+		}
+	})
+	select {
+	case addr := <-ready:
+		return addr
+	case err := <-errc:
+		t.Fatalf("kvcar did not start: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("kvcar did not start within 10s")
+	}
+	return ""
+}
+
+func writeConfig(t *testing.T, cfg string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "kv_events.json")
+	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func query(t *testing.T, addr, token, body string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/internal/kv-cache/query", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("X-Internal-Token", token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, b
+}
+
+func tokensJSON(tokens []uint32) string {
+	b, _ := json.Marshal(map[string][]uint32{"token_ids": tokens})
+	return string(b)
+}
+
+// TestQueryEndToEnd covers R-API-1..5 through the real command: static
+// streams from a config file, emulated engines over TCP, HTTP queries
+// with auth, input validation, and hits equal to what the engines reuse.
+func TestQueryEndToEnd(t *testing.T) {
+	const block = 16
+	var engines []*enginesim.Engine
+	for i, dp := range []int{1, 2} {
+		e, err := enginesim.New(enginesim.Config{Name: fmt.Sprintf("127.0.0.1:%d", 8100+i), DPSize: dp, BlockSize: block,
+			DeviceBlocks: 128, HostBlocks: 128, Topic: "xllm-kv"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		engines = append(engines, e)
+	}
+	var streams []string
+	for _, e := range engines {
+		for dp := range e.DPSize() {
+			streams = append(streams, fmt.Sprintf(`{"instance_name":%q,"dp_rank":%d,"block_size":%d,"endpoint":%q,"replay_endpoint":%q,"topic":"xllm-kv"}`,
+				e.Name(), dp, block, e.EventEndpoint(dp), e.ReplayEndpoint(dp)))
+		}
+	}
+	cfg := writeConfig(t, `{"replay_timeout_ms":1000,"streams":[`+strings.Join(streams, ",")+`]}`)
+	addr := startKVCar(t, "--kv_events_config_file="+cfg, "--internal_api_token=s3cret")
+
+	prompt := make([]uint32, 5*block+3)
+	for i := range prompt {
+		prompt[i] = uint32(1000 + i)
+	}
+	if _, _, err := engines[0].Prefill(0, prompt); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := engines[1].Prefill(1, prompt[:2*block]); err != nil {
+		t.Fatal(err)
+	}
+
+	// R-API-2: auth.
+	for _, tok := range []string{"", "wrong", "s3cre", "s3crett"} {
+		if code, body := query(t, addr, tok, `{"token_ids":[]}`); code != http.StatusUnauthorized || !strings.Contains(string(body), `"error"`) {
+			t.Fatalf("token %q: %d %s", tok, code, body)
+		}
+	}
+
+	var resp queryResponse
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, body := query(t, addr, "s3cret", tokensJSON(prompt))
+		if code != http.StatusOK {
+			t.Fatalf("query: %d %s", code, body)
+		}
+		resp = queryResponse{}
+		if err := json.Unmarshal(body, &resp); err != nil {
+			t.Fatalf("response %s: %v", body, err)
+		}
+		if len(resp.Matches) == 3 && resp.Matches[0].DeviceHitTokens == 5*block && resp.Matches[2].DeviceHitTokens == 2*block {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("hits not visible: %s", body)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !resp.IndexEnabled {
+		t.Fatal("index_enabled false")
+	}
+	want := []struct {
+		e  *enginesim.Engine
+		dp int
+	}{{engines[0], 0}, {engines[1], 0}, {engines[1], 1}}
+	for i, w := range want {
+		m := resp.Matches[i]
+		dev, host := w.e.Oracle(w.dp, prompt)
+		if m.InstanceName != w.e.Name() || m.DPRank != w.dp || !m.Synchronized ||
+			m.DeviceHitTokens != dev || m.HostOnlyHitTokens != host || m.ReusablePrefixTokens != dev+host || m.Error != "" {
+			t.Errorf("match %d = %+v, engine reuses device=%d host=%d", i, m, dev, host)
+		}
+	}
+
+	// R-API-3: empty token_ids gives status and resident counts.
+	code, body := query(t, addr, "s3cret", `{"token_ids":[]}`)
+	resp = queryResponse{}
+	if err := json.Unmarshal(body, &resp); code != http.StatusOK || err != nil {
+		t.Fatalf("status query: %d %s %v", code, body, err)
+	}
+	if resp.Matches[0].DeviceBlocks != 5 || resp.Matches[0].DeviceHitTokens != 0 || resp.Matches[2].DeviceBlocks != 2 {
+		t.Fatalf("status: %s", body)
+	}
+
+	// R-API-5: bad input gets a 4xx naming the problem and changes nothing.
+	for _, tc := range []struct {
+		body string
+		code int
+		want string
+	}{
+		{`not json`, 400, ""},
+		{`{"token_ids":"1,2"}`, 400, "token_ids"},
+		{`{"token_ids":[1,-2]}`, 400, "token_ids[1]"},
+		{`{"token_ids":[4294967296]}`, 400, "token_ids[0]"},
+		{`{"token_ids":[1.5]}`, 400, "token_ids[0]"},
+		{`{"tokens":[1]}`, 400, "tokens"},
+		{`{"token_ids":[1]} x`, 400, ""},
+		{`{"token_ids":[` + strings.Repeat("1,", 6<<20) + `1]}`, 413, ""},
+	} {
+		code, body := query(t, addr, "s3cret", tc.body)
+		if code != tc.code || !strings.Contains(string(body), tc.want) || !strings.Contains(string(body), `"message"`) {
+			t.Errorf("body %.40q: %d %s", tc.body, code, body)
+		}
+	}
+	code, body = query(t, addr, "s3cret", `{"token_ids":[]}`)
+	after := queryResponse{}
+	if err := json.Unmarshal(body, &after); code != 200 || err != nil || after.Matches[0].DeviceBlocks != 5 {
+		t.Fatalf("directory changed by bad input: %s", body)
+	}
+}
+
+// TestBadConfigFailsAtStartup covers R-CFG-5: a bad config stops the
+// command before it serves, naming the key and the allowed range.
+func TestBadConfigFailsAtStartup(t *testing.T) {
+	cfg := writeConfig(t, `{"max_streams":500}`)
+	err := run(context.Background(), []string{"--port=0", "--kv_events_config_file=" + cfg}, io.Discard, nil)
+	if err == nil || !strings.Contains(err.Error(), "max_streams") || !strings.Contains(err.Error(), "128") {
+		t.Fatalf("err = %v", err)
+	}
+	if err := run(context.Background(), []string{"--port=70000"}, io.Discard, nil); err == nil || !strings.Contains(err.Error(), "--port") {
+		t.Fatalf("bad port: %v", err)
+	}
+}
+
+// TestIndexDisabled covers R-CFG-1: without a config file kvcar serves
+// and reports the index as disabled.
+func TestIndexDisabled(t *testing.T) {
+	addr := startKVCar(t)
+	code, body := query(t, addr, "", `{"token_ids":[1,2,3]}`)
+	if code != http.StatusOK || !strings.Contains(string(body), `"index_enabled":false`) {
+		t.Fatalf("%d %s", code, body)
+	}
+}

@@ -1,0 +1,31 @@
+// Package server owns kvcar's HTTP surface: the internal KV cache query
+// endpoint POST /v1/internal/kv-cache/query (R-API), and the health and
+// readiness endpoints. Further routes (the OpenAI-compatible request
+// path, /metrics) are registered in the same place, Server.routes.
+//
+// The query path reads only the in-process directory through the
+// KVDirectory interface (R-DIR-4): it never does network I/O, never
+// changes the directory, and reuses its request and response buffers
+// across requests so that a query allocates next to nothing.
+//
+// Request policy of the query endpoint (R-API-5):
+//   - The body must be one JSON object with exactly one member,
+//     "token_ids", an array of integers in [0, 4294967295]. The key is
+//     matched exactly (encoding/json would also accept "TOKEN_IDS").
+//   - Unknown members are rejected with 400 naming the member, so that a
+//     misspelt key is reported instead of silently querying nothing.
+//     A repeated "token_ids" member is rejected too.
+//   - Numbers written with a fraction or exponent (1.5, 1.0, 1e3) are not
+//     integers and are rejected; -0 is the integer 0 and is accepted.
+//     Strings, booleans, null, arrays and objects as elements are
+//     rejected naming their index.
+//   - "token_ids": null and a missing "token_ids" are rejected; an empty
+//     array is a status query (R-API-3).
+//   - Anything after the object other than JSON whitespace is rejected.
+//
+// Every error, on every route, has the body
+// {"error":{"code":<status>,"message":"<text>"}}.
+//
+// The package must not subscribe to engines, decode KV events or hold
+// directory state: it validates, asks the directory, and encodes.
+package server

@@ -1,0 +1,207 @@
+package server
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+)
+
+// DefaultMaxTokenIDs bounds the ids of one query: 1M tokens is far above
+// any model context in use.
+const DefaultMaxTokenIDs = 1 << 20
+
+// bytesPerTokenID is the widest compact encoding of one id, "4294967295,".
+const bytesPerTokenID = 11
+
+// bodySlack covers the object framing and moderate whitespace.
+const bodySlack = 64 << 10
+
+// readChunk is the size of the pooled buffer a body is read through.
+const readChunk = 32 << 10
+
+// QueryPath is the route of the internal KV cache query (R-API-1).
+const QueryPath = "/v1/internal/kv-cache/query"
+
+// Options configures a Server.
+type Options struct {
+	// Directory answers queries; nil means the index is disabled
+	// (R-CFG-1) and queries return no matches.
+	Directory KVDirectory
+	// InternalAPIToken, when not empty, must be sent in the
+	// X-Internal-Token header of every query (R-API-2).
+	InternalAPIToken string
+	// Logger receives request diagnostics; nil discards them.
+	Logger *slog.Logger
+	// MaxBodyBytes bounds a query body. Zero or less selects
+	// 11 bytes per allowed id plus 64 KiB, so that MaxTokenIDs ids fit in
+	// compact JSON (about 11 MiB for the default 1M ids).
+	MaxBodyBytes int64
+	// MaxTokenIDs bounds the ids of one query; zero or less selects
+	// DefaultMaxTokenIDs.
+	MaxTokenIDs int
+}
+
+// Server serves kvcar's HTTP API. Its methods are safe for concurrent use.
+type Server struct {
+	dir         KVDirectory
+	tokenSet    bool
+	tokenDigest [sha256.Size]byte
+	log         *slog.Logger
+	maxBody     int64
+	maxIDs      int
+	ready       atomic.Bool
+	buffers     sync.Pool
+	mux         *http.ServeMux
+}
+
+// queryBuffers are the per-request buffers reused across queries.
+type queryBuffers struct {
+	read    []byte
+	ids     []uint32
+	matches []Match
+	out     []byte
+}
+
+// New returns a Server that is not yet ready: until SetReady(true) the
+// query endpoint answers 503.
+func New(opts Options) *Server {
+	s := &Server{
+		dir:     opts.Directory,
+		log:     opts.Logger,
+		maxIDs:  opts.MaxTokenIDs,
+		maxBody: opts.MaxBodyBytes,
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.maxIDs <= 0 {
+		s.maxIDs = DefaultMaxTokenIDs
+	}
+	if s.maxBody <= 0 {
+		s.maxBody = int64(s.maxIDs)*bytesPerTokenID + bodySlack
+	}
+	if opts.InternalAPIToken != "" {
+		s.tokenSet = true
+		s.tokenDigest = sha256.Sum256([]byte(opts.InternalAPIToken))
+	}
+	s.buffers.New = func() any { return &queryBuffers{read: make([]byte, readChunk)} }
+	s.mux = http.NewServeMux()
+	s.routes()
+	return s
+}
+
+// routes registers every route of the service.
+func (s *Server) routes() {
+	s.mux.HandleFunc("/health", allow("GET", s.handleHealth))
+	s.mux.HandleFunc("/ready", allow("GET", s.handleReady))
+	s.mux.HandleFunc(QueryPath, allow("POST", s.handleQuery))
+}
+
+// Handler returns the HTTP handler of all routes.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+// SetReady opens (true) or closes (false) the routes that are served only
+// once the service is ready (R-API-1).
+func (s *Server) SetReady(ready bool) { s.ready.Store(ready) }
+
+// allow rejects other methods with 405 and a JSON body; GET also admits
+// HEAD, as probes commonly use it.
+func allow(method string, h http.HandlerFunc) http.HandlerFunc {
+	allowHeader := method
+	if method == http.MethodGet {
+		allowHeader = "GET, HEAD"
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != method && (method != http.MethodGet || r.Method != http.MethodHead) {
+			w.Header().Set("Allow", allowHeader)
+			writeError(w, http.StatusMethodNotAllowed, "method "+r.Method+" not allowed; use "+allowHeader)
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, []byte(`{"status":"ok"}`+"\n"))
+}
+
+func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
+	if !s.ready.Load() {
+		writeError(w, http.StatusServiceUnavailable, "service is not ready")
+		return
+	}
+	writeJSON(w, http.StatusOK, []byte(`{"ready":true}`+"\n"))
+}
+
+// authorized compares digests, not the tokens themselves, so that the
+// comparison time depends on neither the token's content nor its length.
+func (s *Server) authorized(r *http.Request) (bool, string) {
+	if !s.tokenSet {
+		return true, ""
+	}
+	got, present := r.Header["X-Internal-Token"]
+	if !present || len(got) == 0 {
+		return false, "missing X-Internal-Token header"
+	}
+	d := sha256.Sum256([]byte(got[0]))
+	if subtle.ConstantTimeCompare(d[:], s.tokenDigest[:]) != 1 || len(got) != 1 {
+		return false, "invalid X-Internal-Token header"
+	}
+	return true, ""
+}
+
+func (s *Server) reject(w http.ResponseWriter, r *http.Request, code int, message string) {
+	s.log.Debug("kv cache query rejected", "remote", r.RemoteAddr, "status", code, "reason", message)
+	writeError(w, code, message)
+}
+
+// handleQuery serves POST /v1/internal/kv-cache/query (R-API).
+func (s *Server) handleQuery(w http.ResponseWriter, r *http.Request) {
+	if ok, why := s.authorized(r); !ok {
+		s.reject(w, r, http.StatusUnauthorized, why)
+		return
+	}
+	if !s.ready.Load() {
+		w.Header().Set("Retry-After", "1")
+		s.reject(w, r, http.StatusServiceUnavailable, "service is not ready")
+		return
+	}
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+			s.reject(w, r, http.StatusUnsupportedMediaType, "Content-Type must be application/json, got "+strconv.Quote(ct))
+			return
+		}
+	}
+	if r.ContentLength > s.maxBody {
+		s.reject(w, r, http.StatusRequestEntityTooLarge, "request body exceeds "+strconv.FormatInt(s.maxBody, 10)+" bytes")
+		return
+	}
+
+	buf := s.buffers.Get().(*queryBuffers)
+	defer s.buffers.Put(buf)
+	sc := scanner{r: http.MaxBytesReader(w, r.Body, s.maxBody), buf: buf.read, limit: s.maxBody}
+	ids, perr := parseQuery(&sc, buf.ids[:0], s.maxIDs)
+	buf.ids = ids[:0]
+	if perr != nil {
+		s.reject(w, r, perr.status, perr.message)
+		return
+	}
+
+	out := append(buf.out[:0], `{"matches":`...)
+	if s.dir == nil {
+		out = append(out, `[],"index_enabled":false}`...)
+	} else {
+		ms := queryDirectory(s.dir, ids, buf.matches)
+		out = appendMatches(out, ms)
+		out = append(out, `,"index_enabled":true}`...)
+		buf.matches = releaseMatches(ms)
+	}
+	out = append(out, '\n')
+	buf.out = out[:0]
+	writeJSON(w, http.StatusOK, out)
+}
