@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/enginesim"
 	"github.com/kvcar/kvcar/internal/kvevent"
 	"github.com/kvcar/kvcar/internal/kvindex"
 )
@@ -164,4 +165,113 @@ func BenchmarkIndexHeap262144(b *testing.B) {
 		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/blocks, "B/block")
 		runtime.KeepAlive(ix)
 	}
+}
+
+// snapshotPayloads encodes blocks resident blocks as replay batches of
+// perBatch blocks each, parent first, in chains of 4096 blocks.
+func snapshotPayloads(blocks, perBatch int) [][]byte {
+	const chain = 4096
+	var out [][]byte
+	b := &kvevent.Batch{}
+	for c := 0; c < blocks/chain; c++ {
+		tokens := promptTokens(c+1, chain*benchBlockSize)
+		full := storedBatch(tokens, uint64(c)<<40, perBatch)
+		for e := range full.Events {
+			b.Reset()
+			ev := &full.Events[e]
+			b.AddStored(ev.BlockHashes, ev.ParentHash, ev.HasParent, ev.TokenIDs, ev.BlockSize, ev.Medium)
+			out = append(out, kvevent.AppendBatch(nil, b, kvevent.Shape{}))
+		}
+	}
+	return out
+}
+
+// BenchmarkSnapshotApply262144 measures kvcar's side of a full snapshot
+// at the default max_blocks_per_stream: decode 262,144 blocks of 128
+// tokens in replay batches of 512 blocks, build the new index in
+// snapshot mode and publish it (R-REC-2), without the network.
+func BenchmarkSnapshotApply262144(b *testing.B) {
+	payloads := snapshotPayloads(262144, 512)
+	wire := 0
+	for _, p := range payloads {
+		wire += len(p)
+	}
+	s := newStream(StreamSpec{InstanceName: "a", BlockSize: benchBlockSize, HashSeed: 1024})
+	dec := kvevent.NewDecoder(8 << 20)
+	var batch kvevent.Batch
+	b.SetBytes(int64(wire))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		ix := kvindex.New(kvindex.Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: 262144})
+		for _, p := range payloads {
+			if err := dec.DecodeBatch(p, &batch); err != nil {
+				b.Fatal(err)
+			}
+			for e := range batch.Events {
+				if err := ix.Apply(&batch.Events[e], kvindex.Snapshot); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		s.publish(ix, 1)
+	}
+	b.StopTimer()
+	if d, _ := s.idx.Counts(); d != 262144 {
+		b.Fatalf("published %d blocks", d)
+	}
+	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/snapshot")
+}
+
+// BenchmarkSnapshotOverTCP262144 measures a whole recovery over real TCP:
+// the engine emulator holds 262,144 blocks of 128 tokens; each iteration
+// subscribes a fresh directory and waits until the stream is published.
+// snapshot-ms is the request-to-publish time the stream records (it
+// includes the emulator encoding its reply); receive+apply-ms is kvcar's
+// own part, from the first reply batch to publish.
+func BenchmarkSnapshotOverTCP262144(b *testing.B) {
+	e, err := enginesim.New(enginesim.Config{Name: "127.0.0.1:8000", DeviceBlocks: 262144, BlockSize: benchBlockSize, Topic: "xllm-kv"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := e.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	for c := range 64 {
+		if _, err := e.StoreChain(0, promptTokens(c+1, 4096*benchBlockSize), kvevent.Device); err != nil {
+			b.Fatal(err)
+		}
+	}
+	lim := Limits{MaxBlocksPerStream: 262144, MaxMessageBytes: 8 << 20, MaxBufferedBytes: 16 << 20, ReplayTimeout: 30 * time.Second}
+	spec := StreamSpec{InstanceName: e.Name(), Endpoint: e.EventEndpoint(0), ReplayEndpoint: e.ReplayEndpoint(0),
+		Topic: "xllm-kv", BlockSize: benchBlockSize, HashSeed: 1024}
+	var snapNanos, recvNanos int64
+	b.ResetTimer()
+	for range b.N {
+		d, err := New(lim, Options{Logger: testLogger()})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := d.SetStreams([]StreamSpec{spec}); err != nil {
+			b.Fatal(err)
+		}
+		s := d.streamOf(spec.Key())
+		for {
+			if synced, _, _ := s.status(); synced {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		snapNanos += s.counters.lastSnapshot.Load()
+		recvNanos += s.counters.lastSnapshotReceive.Load()
+		b.StopTimer()
+		if m := d.Query(nil, nil); m[0].DeviceBlocks != 262144 {
+			b.Fatalf("published %d blocks", m[0].DeviceBlocks)
+		}
+		d.Close()
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(snapNanos)/float64(b.N)/1e6, "snapshot-ms")
+	b.ReportMetric(float64(recvNanos)/float64(b.N)/1e6, "receive+apply-ms")
 }

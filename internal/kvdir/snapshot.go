@@ -15,7 +15,9 @@ type snapshot struct {
 	rep      *kvtransport.Replayer
 	deadline time.Time
 	started  time.Time
-	idx      *kvindex.Index
+	// firstReply is when the first reply batch arrived.
+	firstReply time.Time
+	idx        *kvindex.Index
 	// calibrate is true for a periodic resync of a synchronised stream,
 	// which keeps serving its current view until the new one is ready.
 	calibrate bool
@@ -121,6 +123,9 @@ func (y *syncer) onReplay(frames [][]byte) {
 		return
 	}
 	sn.haveWatermark, sn.watermark = true, seq
+	if sn.batches == 0 {
+		sn.firstReply = time.Now()
+	}
 	sn.batches++
 	if err := y.dec.DecodeBatch(payload, &y.batch); err != nil {
 		y.s.counters.decodeErrors.Add(1)
@@ -189,6 +194,10 @@ func (y *syncer) finishSnapshot() {
 	}
 	y.releaseSnapshot()
 	y.s.counters.snapshotsOK.Add(1)
+	y.s.counters.lastSnapshot.Store(int64(time.Since(sn.started)))
+	if sn.batches > 0 {
+		y.s.counters.lastSnapshotReceive.Store(int64(time.Since(sn.firstReply)))
+	}
 	y.synchronised(sn.idx, published, next, any, fmt.Sprintf("snapshot of %d batches in %v", sn.batches, time.Since(sn.started).Round(time.Millisecond)))
 }
 

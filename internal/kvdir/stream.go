@@ -45,6 +45,12 @@ type streamCounters struct {
 	coveredBatches  atomic.Uint64
 	fullStateSyncs  atomic.Uint64
 	bufferedBytes   atomic.Int64
+	// lastSnapshot is how long the last successful snapshot took from
+	// request to publish, in nanoseconds.
+	lastSnapshot atomic.Int64
+	// lastSnapshotReceive is the part of it from the first reply batch
+	// to publish: kvcar's own receive, decode and apply work.
+	lastSnapshotReceive atomic.Int64
 }
 
 func newStream(spec StreamSpec) *stream {

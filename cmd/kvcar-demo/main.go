@@ -1,0 +1,289 @@
+// Command kvcar-demo runs a small local deployment: emulated xLLM engines
+// publishing KV events over TCP, the kvcar binary subscribed to them, and
+// a load generator that asks kvcar where each prompt's prefix is cached,
+// sends it there, and prints what kvcar predicted next to what the engine
+// actually reused.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/enginesim"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:]); err != nil && !errors.Is(err, context.Canceled) {
+		fmt.Fprintln(os.Stderr, "kvcar-demo:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	kvcar    string
+	port     int
+	requests int
+	seed     uint64
+	duration time.Duration
+}
+
+func run(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("kvcar-demo", flag.ContinueOnError)
+	o := options{}
+	self, _ := os.Executable()
+	fs.StringVar(&o.kvcar, "kvcar", filepath.Join(filepath.Dir(self), "kvcar"), "path of the kvcar binary")
+	fs.IntVar(&o.port, "port", 8888, "HTTP port for kvcar")
+	fs.IntVar(&o.requests, "requests", 40, "prompts the load generator sends")
+	fs.Uint64Var(&o.seed, "seed", 1, "workload seed")
+	fs.DurationVar(&o.duration, "duration", 0, "how long to keep serving after the load (0: until interrupted)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+
+	const blockSize = 16
+	engines, err := startEngines(blockSize)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, e := range engines {
+			e.Close()
+		}
+	}()
+
+	dir, err := os.MkdirTemp("", "kvcar-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	cfgPath := filepath.Join(dir, "kv_events_config.json")
+	if err := os.WriteFile(cfgPath, staticConfig(engines, blockSize), 0o600); err != nil {
+		return err
+	}
+
+	cmd := exec.CommandContext(ctx, o.kvcar, fmt.Sprintf("--port=%d", o.port), "--kv_events_config_file="+cfgPath)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s (run make build first): %w", o.kvcar, err)
+	}
+	defer cmd.Wait()
+
+	base := fmt.Sprintf("http://127.0.0.1:%d", o.port)
+	if err := waitReady(ctx, base, len(streamsOf(engines))); err != nil {
+		return err
+	}
+	fmt.Printf("\nkvcar is serving on %s with %d streams from %d emulated engines\n", base, len(streamsOf(engines)), len(engines))
+	fmt.Printf("query endpoint: curl -sS %s/v1/internal/kv-cache/query -d '{\"token_ids\":[]}'\n\n", base)
+
+	if err := load(ctx, base, engines, blockSize, o); err != nil {
+		return err
+	}
+	fmt.Printf("\nkvcar keeps serving on %s; ", base)
+	if o.duration > 0 {
+		fmt.Printf("stopping in %v\n", o.duration)
+		select {
+		case <-ctx.Done():
+		case <-time.After(o.duration):
+		}
+	} else {
+		fmt.Println("press Ctrl-C to stop")
+		<-ctx.Done()
+	}
+	return nil
+}
+
+func startEngines(blockSize int) ([]*enginesim.Engine, error) {
+	var engines []*enginesim.Engine
+	for i, dp := range []int{1, 1, 1, 2} {
+		e, err := enginesim.New(enginesim.Config{
+			Name: fmt.Sprintf("127.0.0.1:%d", 8001+i), DPSize: dp, BlockSize: blockSize,
+			DeviceBlocks: 256, HostBlocks: 512, Topic: "xllm-kv",
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		})
+		if err == nil {
+			err = e.Start()
+		}
+		if err != nil {
+			for _, o := range engines {
+				o.Close()
+			}
+			return nil, fmt.Errorf("engine %d: %w", i, err)
+		}
+		engines = append(engines, e)
+	}
+	return engines, nil
+}
+
+type streamRef struct {
+	e  *enginesim.Engine
+	dp int
+}
+
+func streamsOf(engines []*enginesim.Engine) []streamRef {
+	var out []streamRef
+	for _, e := range engines {
+		for dp := range e.DPSize() {
+			out = append(out, streamRef{e, dp})
+		}
+	}
+	return out
+}
+
+func staticConfig(engines []*enginesim.Engine, blockSize int) []byte {
+	type stream struct {
+		InstanceName   string `json:"instance_name"`
+		DPRank         int    `json:"dp_rank"`
+		BlockSize      int    `json:"block_size"`
+		Endpoint       string `json:"endpoint"`
+		ReplayEndpoint string `json:"replay_endpoint"`
+		Topic          string `json:"topic"`
+	}
+	var streams []stream
+	for _, s := range streamsOf(engines) {
+		streams = append(streams, stream{s.e.Name(), s.dp, blockSize, s.e.EventEndpoint(s.dp), s.e.ReplayEndpoint(s.dp), "xllm-kv"})
+	}
+	b, _ := json.MarshalIndent(map[string]any{"streams": streams}, "", "  ")
+	return b
+}
+
+type match struct {
+	InstanceName         string `json:"instance_name"`
+	DPRank               int    `json:"dp_rank"`
+	Synchronized         bool   `json:"synchronized"`
+	DeviceHitTokens      int    `json:"device_hit_tokens"`
+	HostOnlyHitTokens    int    `json:"host_only_hit_tokens"`
+	ReusablePrefixTokens int    `json:"reusable_prefix_tokens"`
+}
+
+func queryKV(ctx context.Context, base string, tokens []uint32) ([]match, error) {
+	body, _ := json.Marshal(map[string][]uint32{"token_ids": tokens})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/internal/kv-cache/query", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Matches []match `json:"matches"`
+	}
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return nil, fmt.Errorf("query: %s: %s", resp.Status, b)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, fmt.Errorf("query: %w", err)
+	}
+	return out.Matches, nil
+}
+
+func waitReady(ctx context.Context, base string, streams int) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		ms, err := queryKV(ctx, base, []uint32{})
+		if err == nil && len(ms) == streams {
+			synced := 0
+			for _, m := range ms {
+				if m.Synchronized {
+					synced++
+				}
+			}
+			if synced == streams {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return errors.New("kvcar did not synchronise every stream within 30s")
+}
+
+// load sends prompts that share system prompts and grow as multi-turn
+// sessions, each to the stream where kvcar reports the longest reusable
+// prefix (rotating on ties).
+func load(ctx context.Context, base string, engines []*enginesim.Engine, blockSize int, o options) error {
+	rng := rand.New(rand.NewPCG(o.seed, 0))
+	refs := streamsOf(engines)
+	systems := make([][]uint32, 3)
+	for i := range systems {
+		systems[i] = randTokens(rng, 8*blockSize)
+	}
+	sessions := make([][]uint32, 8)
+	var predicted, reused, total int
+	for i := range o.requests {
+		s := rng.IntN(len(sessions))
+		if sessions[s] == nil || rng.IntN(5) == 0 {
+			sessions[s] = append([]uint32(nil), systems[rng.IntN(len(systems))]...)
+		}
+		sessions[s] = append(sessions[s], randTokens(rng, (1+rng.IntN(3))*blockSize)...)
+		prompt := sessions[s]
+
+		ms, err := queryKV(ctx, base, prompt)
+		if err != nil {
+			return err
+		}
+		best, bestHit := i%len(ms), -1
+		for j := range ms {
+			k := (i + j) % len(ms)
+			if ms[k].ReusablePrefixTokens > bestHit {
+				best, bestHit = k, ms[k].ReusablePrefixTokens
+			}
+		}
+		m := ms[best]
+		var ref streamRef
+		for _, r := range refs {
+			if r.e.Name() == m.InstanceName && r.dp == m.DPRank {
+				ref = r
+			}
+		}
+		dev, host, err := ref.e.Prefill(ref.dp, prompt)
+		if err != nil {
+			return err
+		}
+		predicted += m.ReusablePrefixTokens
+		reused += dev + host
+		total += len(prompt)
+		fmt.Printf("request %3d: %5d tokens -> %s dp%d  kvcar predicted %5d reusable (device %d, host %d), engine reused %5d\n",
+			i+1, len(prompt), m.InstanceName, m.DPRank, m.ReusablePrefixTokens, m.DeviceHitTokens, m.HostOnlyHitTokens, dev+host)
+		// Give the events of this prefill time to reach kvcar.
+		time.Sleep(20 * time.Millisecond)
+	}
+	fmt.Printf("\n%d requests, %d prompt tokens: kvcar predicted %d reusable tokens, engines reused %d (%.1f%% of prompt tokens)\n",
+		o.requests, total, predicted, reused, 100*float64(reused)/float64(max(total, 1)))
+	if predicted != reused {
+		fmt.Println("(predictions can trail the engines by the events still in flight)")
+	}
+	return nil
+}
+
+func randTokens(rng *rand.Rand, n int) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = uint32(rng.IntN(150_000))
+	}
+	return t
+}

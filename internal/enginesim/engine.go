@@ -1,0 +1,340 @@
+package enginesim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/kvevent"
+	"github.com/kvcar/kvcar/internal/kvtransport"
+)
+
+// ErrNotRunning is returned by operations on an engine that has not been
+// started or has been closed.
+var ErrNotRunning = errors.New("enginesim: engine is not running")
+
+// rebindTimeout bounds how long Restart retries binding a port that the
+// previous sockets are still releasing in the background.
+const rebindTimeout = 3 * time.Second
+
+// BlockState is one block resident in the engine, on one or both tiers.
+type BlockState struct {
+	Hash      kvevent.EngineHash
+	Parent    kvevent.EngineHash
+	HasParent bool
+	// Tokens are this block's own tokens.
+	Tokens []uint32
+	Device bool
+	Host   bool
+}
+
+// Engine emulates the KV event side of one xLLM instance: per DP rank a
+// block cache, a live XPUB and a replay ROUTER. All methods are safe for
+// concurrent use; those that change the cache return once the resulting
+// live message has been handed to the socket.
+type Engine struct {
+	cfg Config
+
+	// mu is held shared by every operation on a rank and exclusively by
+	// Start and Close, so that a rank never goes away under a caller.
+	mu      sync.RWMutex
+	tctx    *kvtransport.Context
+	ranks   []*rank
+	running bool
+	// stopped is set once the engine has been closed: its ports are then
+	// concrete and may still be held by the old sockets for a moment.
+	stopped bool
+	events  []string
+	replays []string
+}
+
+// New validates cfg and fills in defaults. It binds nothing: see Start.
+func New(cfg Config) (*Engine, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Engine{
+		cfg:     c,
+		events:  append([]string(nil), c.EventEndpoints...),
+		replays: append([]string(nil), c.ReplayEndpoints...),
+	}, nil
+}
+
+// Name returns the configured instance name.
+func (e *Engine) Name() string { return e.cfg.Name }
+
+// DPSize returns the number of DP ranks.
+func (e *Engine) DPSize() int { return e.cfg.DPSize }
+
+// BlockSize returns the number of tokens per block.
+func (e *Engine) BlockSize() int { return e.cfg.BlockSize }
+
+// Start binds every rank's sockets and starts their goroutines. Ports
+// picked for port-0 endpoints are kept from then on, also when the engine
+// is started again after Close.
+func (e *Engine) Start() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.running {
+		return errors.New("enginesim: engine already started")
+	}
+	tctx, err := kvtransport.NewContext()
+	if err != nil {
+		return fmt.Errorf("enginesim: %s: %w", e.cfg.Name, err)
+	}
+	ranks := make([]*rank, e.cfg.DPSize)
+	results := make(chan error, e.cfg.DPSize)
+	var bindWait time.Duration
+	if e.stopped {
+		bindWait = rebindTimeout
+	}
+	for dp := range ranks {
+		ranks[dp] = newRank(dp, &e.cfg, tctx, e.events[dp], e.replays[dp])
+		go ranks[dp].run(bindWait, results)
+	}
+	var errs []error
+	for range ranks {
+		if err := <-results; err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		stopRanks(ranks)
+		if err := tctx.Close(); err != nil {
+			errs = append(errs, err)
+		}
+		return fmt.Errorf("enginesim: start %s: %w", e.cfg.Name, errors.Join(errs...))
+	}
+	for dp, r := range ranks {
+		e.events[dp], e.replays[dp] = r.eventEP, r.replayEP
+	}
+	e.tctx, e.ranks, e.running = tctx, ranks, true
+	return nil
+}
+
+// Close stops every rank goroutine, closes the sockets and waits for all
+// of it. Closing an engine that is not running does nothing.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.running {
+		return nil
+	}
+	stopRanks(e.ranks)
+	e.ranks, e.running, e.stopped = nil, false, true
+	err := e.tctx.Close()
+	e.tctx = nil
+	if err != nil {
+		return fmt.Errorf("enginesim: close %s: %w", e.cfg.Name, err)
+	}
+	return nil
+}
+
+func stopRanks(ranks []*rank) {
+	for _, r := range ranks {
+		close(r.quit)
+	}
+	for _, r := range ranks {
+		<-r.done
+	}
+}
+
+// EventEndpoint returns the live endpoint of rank dp, with the real port
+// once the engine has started.
+func (e *Engine) EventEndpoint(dp int) string {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if dp < 0 || dp >= len(e.events) {
+		return ""
+	}
+	return e.events[dp]
+}
+
+// ReplayEndpoint returns the replay endpoint of rank dp, with the real
+// port once the engine has started.
+func (e *Engine) ReplayEndpoint(dp int) string {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if dp < 0 || dp >= len(e.replays) {
+		return ""
+	}
+	return e.replays[dp]
+}
+
+// do runs fn on the goroutine that owns rank dp and waits for it.
+func (e *Engine) do(dp int, fn func(r *rank) error) error {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if !e.running {
+		return ErrNotRunning
+	}
+	if dp < 0 || dp >= len(e.ranks) {
+		return fmt.Errorf("enginesim: %s: dp rank %d out of range [0,%d)", e.cfg.Name, dp, len(e.ranks))
+	}
+	r := e.ranks[dp]
+	done := make(chan error, 1)
+	select {
+	case r.cmds <- func() { done <- fn(r) }:
+	case <-r.done:
+		return ErrNotRunning
+	}
+	select {
+	case err := <-done:
+		return err
+	case <-r.done:
+		return ErrNotRunning
+	}
+}
+
+// Prefill serves a prompt on rank dp: it reuses the contiguous cached
+// prefix of full blocks, loads Host-only blocks of it back to Device,
+// computes and stores the rest, evicts as needed and publishes everything
+// that changed as one live batch. It reports the tokens reused from each
+// tier. A partial last block is never cached. When every Device block
+// belongs to the prompt itself the remaining blocks are not cached.
+func (e *Engine) Prefill(dp int, tokens []uint32) (deviceHitTokens, hostHitTokens int, err error) {
+	err = e.do(dp, func(r *rank) error {
+		b := r.startBatch()
+		deviceHitTokens, hostHitTokens = r.cache.prefill(tokens, b)
+		return r.publish(b)
+	})
+	return deviceHitTokens, hostHitTokens, err
+}
+
+// StoreChain stores the full blocks of tokens on tier m as one chain from
+// the root, as one BlockStored with tokens, and returns the chain's
+// hashes. Storing on Host needs HostBlocks > 0.
+func (e *Engine) StoreChain(dp int, tokens []uint32, m kvevent.Medium) ([]kvevent.EngineHash, error) {
+	if m == kvevent.Host && e.cfg.HostBlocks == 0 {
+		return nil, fmt.Errorf("enginesim: %s: store on host: host offload is disabled", e.cfg.Name)
+	}
+	var hashes []kvevent.EngineHash
+	err := e.do(dp, func(r *rank) error {
+		b := r.startBatch()
+		hashes = r.cache.storeChain(tokens, m, b)
+		return r.publish(b)
+	})
+	return hashes, err
+}
+
+// Remove drops the tier-m copies of hashes and announces those that were
+// resident; nothing is published when none was.
+func (e *Engine) Remove(dp int, hashes []kvevent.EngineHash, m kvevent.Medium) error {
+	return e.do(dp, func(r *rank) error {
+		b := r.startBatch()
+		r.cache.remove(hashes, m, b)
+		return r.publish(b)
+	})
+}
+
+// Clear drops every block of rank dp and announces AllBlocksCleared.
+func (e *Engine) Clear(dp int) error {
+	return e.do(dp, func(r *rank) error {
+		b := r.startBatch()
+		r.cache.clear(b)
+		return r.publish(b)
+	})
+}
+
+// SendFullState publishes the whole state of rank dp as one live batch,
+// AllBlocksCleared followed by every block parent first, which by itself
+// resynchronises a subscriber (R-WIRE-4).
+func (e *Engine) SendFullState(dp int) error {
+	return e.do(dp, func(r *rank) error {
+		b := r.startBatch()
+		b.AddCleared()
+		r.appendState(b, r.cache.ordered())
+		return r.publish(b)
+	})
+}
+
+// State returns the blocks resident on rank dp, parent first. It is nil
+// when the engine is not running or dp is out of range.
+func (e *Engine) State(dp int) []BlockState {
+	var out []BlockState
+	_ = e.do(dp, func(r *rank) error {
+		for _, b := range r.cache.ordered() {
+			out = append(out, BlockState{
+				Hash:      b.hash,
+				Parent:    b.parent,
+				HasParent: b.hasParent,
+				Tokens:    append([]uint32(nil), b.tokens...),
+				Device:    b.dev != nil,
+				Host:      b.host != nil,
+			})
+		}
+		return nil
+	})
+	return out
+}
+
+// Oracle reports what rank dp would reuse for tokens right now, without
+// changing anything: Device tokens, and tokens found only on Host, of the
+// contiguous prefix of full blocks (R-IDX-3).
+func (e *Engine) Oracle(dp int, tokens []uint32) (deviceHitTokens, hostOnlyHitTokens int) {
+	_ = e.do(dp, func(r *rank) error {
+		deviceHitTokens, hostOnlyHitTokens = r.cache.oracle(tokens)
+		return nil
+	})
+	return deviceHitTokens, hostOnlyHitTokens
+}
+
+// Seq returns the sequence number the next live message of rank dp gets.
+func (e *Engine) Seq(dp int) uint64 {
+	var s uint64
+	_ = e.do(dp, func(r *rank) error {
+		s = r.next
+		return nil
+	})
+	return s
+}
+
+// Subscriptions returns how many subscribe requests rank dp's XPUB has
+// seen since it was last bound.
+func (e *Engine) Subscriptions(dp int) uint64 {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if !e.running || dp < 0 || dp >= len(e.ranks) {
+		return 0
+	}
+	return e.ranks[dp].subs.Load()
+}
+
+// WaitSubscribed waits until rank dp's XPUB has seen at least n subscribe
+// requests, so that a caller publishes only once its subscriber listens.
+// After a Restart a SUB sends its subscription again only once its owner
+// polls or reads it, so the subscriber must keep doing so meanwhile.
+func (e *Engine) WaitSubscribed(ctx context.Context, dp int, n uint64) error {
+	t := time.NewTicker(time.Millisecond)
+	defer t.Stop()
+	for {
+		if e.Subscriptions(dp) >= n {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("enginesim: %s dp %d: waiting for %d subscriptions (have %d): %w",
+				e.cfg.Name, dp, n, e.Subscriptions(dp), ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// Restart emulates a process restart: every rank closes its sockets,
+// forgets its cache, starts its sequence again at 0 and binds the same
+// ports again. Fault settings are harness configuration and are kept.
+func (e *Engine) Restart() error {
+	var errs []error
+	for dp := 0; dp < e.cfg.DPSize; dp++ {
+		if err := e.do(dp, (*rank).restart); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("enginesim: restart %s: %w", e.cfg.Name, errors.Join(errs...))
+	}
+	return nil
+}

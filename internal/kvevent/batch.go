@@ -1,0 +1,128 @@
+package kvevent
+
+import (
+	"encoding/binary"
+	"errors"
+	"unsafe"
+
+	"github.com/zeebo/xxh3"
+)
+
+var (
+	// ErrMalformed wraps every failure to parse frames or a payload.
+	ErrMalformed = errors.New("kvevent: malformed message")
+	// ErrTooLarge reports a payload above the decoder's size limit; it is
+	// returned before any byte of the payload is read.
+	ErrTooLarge = errors.New("kvevent: message too large")
+)
+
+// FoldBytesHash turns a byte-string engine hash into an EngineHash. An
+// 8-byte string is read as a big-endian uint64, so engines that ship an
+// integer hash as raw bytes agree with those that send the integer; any
+// other length is folded with XXH3-64.
+func FoldBytesHash(b []byte) EngineHash {
+	if len(b) == 8 {
+		return EngineHash(binary.BigEndian.Uint64(b))
+	}
+	return EngineHash(xxh3.Hash(b))
+}
+
+// Reset empties the batch and keeps its storage for reuse.
+func (b *Batch) Reset() {
+	b.Timestamp = 0
+	b.HasDPRank = false
+	b.DPRank = 0
+	clear(b.Events)
+	b.Events = b.Events[:0]
+	b.hashes = b.hashes[:0]
+	b.tokens = b.tokens[:0]
+}
+
+// appendHashes copies hs into the batch's storage and returns the copy.
+// Earlier events keep pointing at the old array when the storage grows,
+// which stays valid because nothing writes to it again.
+func (b *Batch) appendHashes(hs []EngineHash) []EngineHash {
+	start := len(b.hashes)
+	b.hashes = append(b.hashes, hs...)
+	return b.hashes[start:len(b.hashes):len(b.hashes)]
+}
+
+func (b *Batch) appendTokens(ts []uint32) []uint32 {
+	start := len(b.tokens)
+	b.tokens = append(b.tokens, ts...)
+	return b.tokens[start:len(b.tokens):len(b.tokens)]
+}
+
+// AddStored appends a plain-text BlockStored event, copying hashes and
+// tokens into the batch. Pass empty tokens and blockSize 0 for a tokenless
+// replica. Set PlainText to false on the appended event to mark LoRA or
+// multimodal context.
+func (b *Batch) AddStored(hashes []EngineHash, parent EngineHash, hasParent bool, tokens []uint32, blockSize int, m Medium) {
+	ev := Event{
+		Kind:        BlockStored,
+		Medium:      m,
+		BlockHashes: b.appendHashes(hashes),
+		HasParent:   hasParent,
+		TokenIDs:    b.appendTokens(tokens),
+		BlockSize:   blockSize,
+		PlainText:   true,
+	}
+	if hasParent {
+		ev.ParentHash = parent
+	}
+	b.Events = append(b.Events, ev)
+}
+
+// AddRemoved appends a BlockRemoved event, copying hashes.
+func (b *Batch) AddRemoved(hashes []EngineHash, m Medium) {
+	b.Events = append(b.Events, Event{
+		Kind:        BlockRemoved,
+		Medium:      m,
+		BlockHashes: b.appendHashes(hashes),
+		PlainText:   true,
+	})
+}
+
+// AddCleared appends an AllBlocksCleared event.
+func (b *Batch) AddCleared() {
+	b.Events = append(b.Events, Event{Kind: AllBlocksCleared, PlainText: true})
+}
+
+// Tokens returns the number of token ids carried by the batch.
+func (b *Batch) Tokens() int {
+	n := 0
+	for i := range b.Events {
+		n += len(b.Events[i].TokenIDs)
+	}
+	return n
+}
+
+// Clone returns a deep copy that shares nothing with b, so it survives
+// b being decoded into again (buffering live batches during a snapshot).
+func (b *Batch) Clone() *Batch {
+	c := &Batch{
+		Timestamp: b.Timestamp,
+		HasDPRank: b.HasDPRank,
+		DPRank:    b.DPRank,
+		Events:    make([]Event, len(b.Events)),
+		hashes:    make([]EngineHash, 0, b.Blocks()),
+		tokens:    make([]uint32, 0, b.Tokens()),
+	}
+	for i := range b.Events {
+		ev := b.Events[i]
+		ev.BlockHashes = c.appendHashes(ev.BlockHashes)
+		ev.TokenIDs = c.appendTokens(ev.TokenIDs)
+		c.Events[i] = ev
+	}
+	return c
+}
+
+// eventSize is the in-memory size of one decoded event record.
+const eventSize = int(unsafe.Sizeof(Event{}))
+
+// DecodedBytes estimates the memory the decoded records occupy (event
+// records, hashes and tokens), for budgets such as max_buffered_bytes that
+// count decoded state on top of wire bytes.
+func (b *Batch) DecodedBytes() int {
+	return len(b.Events)*eventSize + b.Blocks()*8 + b.Tokens()*4
+}

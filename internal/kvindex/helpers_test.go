@@ -1,0 +1,178 @@
+package kvindex
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/kvcar/kvcar/internal/kvevent"
+)
+
+const (
+	testBlockSize = 4
+	testSeed      = 1024
+)
+
+func newTestIndex(maxBlocks int) *Index {
+	return New(Config{BlockSize: testBlockSize, HashSeed: testSeed, MaxBlocks: maxBlocks})
+}
+
+// storedEv builds a BlockStored event with tokens; parent < 0 means a root.
+func storedEv(m kvevent.Medium, parent int64, tokens []uint32, hashes ...kvevent.EngineHash) *kvevent.Event {
+	ev := &kvevent.Event{
+		Kind:        kvevent.BlockStored,
+		Medium:      m,
+		BlockHashes: hashes,
+		TokenIDs:    tokens,
+		BlockSize:   testBlockSize,
+		PlainText:   true,
+	}
+	if parent >= 0 {
+		ev.HasParent, ev.ParentHash = true, kvevent.EngineHash(parent)
+	}
+	return ev
+}
+
+// tokenlessEv builds a hash-only BlockStored as engines send for Host
+// offload copies: no tokens, no parent, block size 0.
+func tokenlessEv(m kvevent.Medium, hashes ...kvevent.EngineHash) *kvevent.Event {
+	return &kvevent.Event{Kind: kvevent.BlockStored, Medium: m, BlockHashes: hashes, PlainText: true}
+}
+
+func removedEv(m kvevent.Medium, hashes ...kvevent.EngineHash) *kvevent.Event {
+	return &kvevent.Event{Kind: kvevent.BlockRemoved, Medium: m, BlockHashes: hashes}
+}
+
+// seq returns n tokens start, start+1, ...
+func seq(start, n int) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = uint32(start + i)
+	}
+	return t
+}
+
+func cat(parts ...[]uint32) []uint32 {
+	var out []uint32
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+func mustApply(t *testing.T, ix *Index, ev *kvevent.Event, mode Mode) {
+	t.Helper()
+	if err := ix.Apply(ev, mode); err != nil {
+		t.Fatalf("Apply(%v %v): %v", ev.Kind, ev.BlockHashes, err)
+	}
+}
+
+type entryState struct {
+	key       Key
+	dev, host bool
+}
+
+func snapshotState(ix *Index) map[kvevent.EngineHash]entryState {
+	m := make(map[kvevent.EngineHash]entryState)
+	ix.ForEach(func(h kvevent.EngineHash, k Key, d, hst bool) {
+		m[h] = entryState{key: k, dev: d, host: hst}
+	})
+	return m
+}
+
+func keysOf(tokens []uint32) []Key { return KeysFor(tokens, testBlockSize, testSeed, nil) }
+
+// checkInvariants verifies the internal structures against each other:
+// each entry is reachable once through each table, the ghost list holds
+// exactly the entries on neither tier in a consistent double chain, and the
+// replica counters add up.
+func checkInvariants(ix *Index) error {
+	n := len(ix.entries)
+	if n > ix.cfg.MaxBlocks {
+		return fmt.Errorf("%d entries over max %d", n, ix.cfg.MaxBlocks)
+	}
+	count := func(t *table) (map[uint32]int, error) {
+		seen := make(map[uint32]int)
+		for _, c := range t.cells {
+			if c == 0 {
+				continue
+			}
+			if int(cellSlot(c)) >= n {
+				return nil, fmt.Errorf("cell points at slot %d of %d", cellSlot(c), n)
+			}
+			seen[cellSlot(c)]++
+		}
+		return seen, nil
+	}
+	be, err := count(&ix.byEngine)
+	if err != nil {
+		return err
+	}
+	bk, err := count(&ix.byKey)
+	if err != nil {
+		return err
+	}
+	if len(be) != n || len(bk) != n {
+		return fmt.Errorf("tables hold %d/%d slots, entries %d", len(be), len(bk), n)
+	}
+	dev, host, ghosts := 0, 0, 0
+	for s := range ix.entries {
+		e := &ix.entries[s]
+		if be[uint32(s)] != 1 || bk[uint32(s)] != 1 {
+			return fmt.Errorf("slot %d appears %d/%d times", s, be[uint32(s)], bk[uint32(s)])
+		}
+		if got, ok := ix.findEngine(e.engine); !ok || got != uint32(s) {
+			return fmt.Errorf("engine %#x resolves to %d,%v, want %d", e.engine, got, ok, s)
+		}
+		if e.tiers()&tierDevice != 0 {
+			dev++
+		}
+		if e.tiers()&tierHost != 0 {
+			host++
+		}
+		if e.tiers() == 0 {
+			ghosts++
+		}
+		if home, _ := ix.byKey.keyHash(e.key); !reachable(&ix.byKey, home, uint32(s)) {
+			return fmt.Errorf("slot %d unreachable from its key's home", s)
+		}
+		if t := ix.keyTiers(e.key); t&tierDevice == 0 && t&e.tiers() != e.tiers() {
+			return fmt.Errorf("key of slot %d hides its tiers %b", s, e.tiers())
+		}
+	}
+	if dev != ix.device || host != ix.host {
+		return fmt.Errorf("counters %d/%d, entries %d/%d", ix.device, ix.host, dev, host)
+	}
+	listed := 0
+	prev := uint32(noSlot)
+	for s := ix.ghostHead; s != noSlot; s = ix.entries[s].next() {
+		if ix.entries[s].tiers() != 0 {
+			return fmt.Errorf("resident slot %d on the ghost list", s)
+		}
+		if ix.entries[s].prev != prev {
+			return fmt.Errorf("ghost %d has prev %d, want %d", s, ix.entries[s].prev, prev)
+		}
+		prev = s
+		listed++
+		if listed > n {
+			return fmt.Errorf("ghost list loops")
+		}
+	}
+	if prev != ix.ghostTail {
+		return fmt.Errorf("ghost tail %d, list ends at %d", ix.ghostTail, prev)
+	}
+	if listed != ghosts {
+		return fmt.Errorf("%d ghosts listed, %d entries on no tier", listed, ghosts)
+	}
+	return nil
+}
+
+// reachable reports whether a probe from home meets slot s before an
+// empty cell, which every lookup relies on.
+func reachable(t *table, home uint64, s uint32) bool {
+	for i := home; t.cells[i] != 0; i = (i + 1) & t.mask {
+		if cellSlot(t.cells[i]) == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,474 @@
+package kvindex
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvcar/kvcar/internal/kvevent"
+)
+
+// Defaults applied by New to zero or negative Config fields; they match
+// the service defaults of R-CFG-2 and R-CFG-3.
+const (
+	DefaultBlockSize = 128
+	DefaultMaxBlocks = 262144
+)
+
+var (
+	// ErrBlockSize reports a BlockStored event whose block size differs
+	// from the index's; its keys would never match a query.
+	ErrBlockSize = errors.New("block size mismatch")
+	// ErrTokenCount reports a BlockStored event whose token count is not
+	// its block count times its block size.
+	ErrTokenCount = errors.New("token count does not match block count")
+	// ErrUnknownParent reports a live BlockStored event whose parent the
+	// index does not know: an event was lost and the stream needs a
+	// snapshot (R-IDX-5).
+	ErrUnknownParent = errors.New("unknown parent block")
+	// ErrCapacity reports that a new entry was needed while MaxBlocks
+	// entries were held and none of them was a ghost to evict.
+	ErrCapacity = errors.New("block capacity exhausted")
+	// ErrEvent reports an event kind or medium the index does not know.
+	ErrEvent = errors.New("invalid event")
+)
+
+// Mode tells Apply whether an event is a live delta or part of a snapshot.
+type Mode uint8
+
+const (
+	// Delta is a live event: an unknown parent is a lost event and an error.
+	Delta Mode = iota
+	// Snapshot is a replayed full state, parent first: an unknown parent
+	// is a suffix orphaned by eviction and is skipped (R-IDX-5).
+	Snapshot
+)
+
+func (m Mode) String() string {
+	if m == Snapshot {
+		return "snapshot"
+	}
+	return "delta"
+}
+
+// Config sizes one index.
+type Config struct {
+	// BlockSize is the number of tokens per block; BlockStored events
+	// must carry the same size. Zero means DefaultBlockSize.
+	BlockSize int
+	// HashSeed seeds the content keys; it need not match the engine's.
+	HashSeed uint64
+	// MaxBlocks bounds the number of entries, ghosts included (R-CFG-2).
+	// Zero means DefaultMaxBlocks; values above 16,777,215 are clamped
+	// to it, since table cells address entries with 24 bits.
+	MaxBlocks int
+}
+
+// Match is the contiguous prefix of a query found in the index (R-IDX-3),
+// in blocks; callers multiply by the block size.
+type Match struct {
+	// DeviceBlocks counts prefix blocks with a Device replica.
+	DeviceBlocks int
+	// HostOnlyBlocks counts prefix blocks with a Host replica and no
+	// Device replica.
+	HostOnlyBlocks int
+}
+
+// Blocks returns the length of the matched prefix in blocks.
+func (m Match) Blocks() int { return m.DeviceBlocks + m.HostOnlyBlocks }
+
+// Stats counts events, or parts of events, that the index tolerated
+// without changing its state. Counters are cumulative over the index's
+// life, Clear included.
+type Stats struct {
+	// OrphanBlocks counts snapshot blocks skipped because their parent
+	// was unknown (R-IDX-5).
+	OrphanBlocks uint64
+	// UnresolvedReplicas counts tokenless BlockStored hashes that the
+	// index did not know, so it could not attach the replica to a key.
+	UnresolvedReplicas uint64
+	// UnknownRemovals counts BlockRemoved hashes that were unknown or
+	// not on the named tier.
+	UnknownRemovals uint64
+	// GhostEvictions counts ghosts dropped to make room for new entries.
+	GhostEvictions uint64
+	// NonPlainBlocks counts blocks of LoRA or multimodal BlockStored
+	// events, which are not indexed (R-WIRE-5).
+	NonPlainBlocks uint64
+}
+
+// Tier bits of an entry; bit i is kvevent.Medium i.
+const (
+	tierDevice uint8 = 1 << kvevent.Device
+	tierHost   uint8 = 1 << kvevent.Host
+)
+
+// flagDup marks an entry whose content key was seen on another entry when
+// it was inserted into the key table. It may stay set after the other
+// entry is gone; it only tells a query to look further for a Device copy.
+const flagDup uint8 = 1 << 2
+
+// noSlot terminates the ghost list; it is one past the largest slot.
+const noSlot uint32 = slotMask
+
+// entry is one engine block, 32 bytes. An entry on neither tier is a
+// ghost: it keeps its engine hash → key mapping so that children and
+// tokenless replicas can still resolve it, but it is not a hit, and it
+// sits on the ghost list in the order it became a ghost. Slots fit in 24
+// bits, so the top byte of nextMeta holds the tier bits and flagDup.
+type entry struct {
+	key      Key
+	engine   kvevent.EngineHash
+	prev     uint32
+	nextMeta uint32
+}
+
+const metaShift = slotBits
+
+func (e *entry) meta() uint8      { return uint8(e.nextMeta >> metaShift) }
+func (e *entry) tiers() uint8     { return e.meta() & (tierDevice | tierHost) }
+func (e *entry) setMeta(m uint8)  { e.nextMeta = e.nextMeta&slotMask | uint32(m)<<metaShift }
+func (e *entry) next() uint32     { return e.nextMeta & slotMask }
+func (e *entry) setNext(s uint32) { e.nextMeta = e.nextMeta&^slotMask | s }
+func newEntry(k Key, h kvevent.EngineHash, tiers uint8) entry {
+	return entry{key: k, engine: h, prev: noSlot, nextMeta: noSlot | uint32(tiers)<<metaShift}
+}
+
+// Index is the prefix index of one stream (one instance and DP rank).
+//
+// Entries live in one slice addressed by slot; two open-addressing tables
+// of slots find them by engine hash and by content key, which keeps a
+// resident block near 48 bytes of heap (a Go map keyed by 16-byte keys
+// would cost several times that). Several entries may share a content key
+// (engines with different hash seeds, or hash collisions): a query sees the
+// union of their tiers and each entry's removals touch only its own tiers.
+//
+// An Index is not safe for concurrent use; the directory serialises access.
+// Match, Counts, Len, Stats, Config and ForEach only read, so they may run
+// concurrently with each other under a shared (read) lock; Apply and Clear
+// need exclusive access.
+type Index struct {
+	cfg    Config
+	hasher Hasher
+
+	entries  []entry
+	byEngine table
+	byKey    table
+
+	ghostHead, ghostTail uint32
+
+	device, host int
+	stats        Stats
+
+	// chunk holds the keys of the blocks being stored; warmSink keeps the
+	// warming loads from being optimised away.
+	chunk    [16]Key
+	warmSink uint32
+}
+
+// New returns an empty index. It allocates little: storage grows by
+// doubling up to cfg.MaxBlocks entries.
+func New(cfg Config) *Index {
+	if cfg.BlockSize <= 0 {
+		cfg.BlockSize = DefaultBlockSize
+	}
+	if cfg.MaxBlocks <= 0 {
+		cfg.MaxBlocks = DefaultMaxBlocks
+	}
+	if cfg.MaxBlocks > maxSlots {
+		cfg.MaxBlocks = maxSlots
+	}
+	return &Index{
+		cfg:       cfg,
+		hasher:    *NewHasher(cfg.BlockSize, cfg.HashSeed),
+		ghostHead: noSlot,
+		ghostTail: noSlot,
+	}
+}
+
+// Config returns the configuration in effect, defaults applied.
+func (ix *Index) Config() Config { return ix.cfg }
+
+// Len returns the number of entries, ghosts included.
+func (ix *Index) Len() int { return len(ix.entries) }
+
+// Counts returns the number of Device and of Host replicas; a block on
+// both tiers counts in both. Entries sharing a content key count
+// separately, as the engine holds each of them.
+func (ix *Index) Counts() (deviceBlocks, hostBlocks int) { return ix.device, ix.host }
+
+// Stats returns the tolerated-anomaly counters.
+func (ix *Index) Stats() Stats { return ix.stats }
+
+// Clear drops every entry, ghosts included, keeping the storage for the
+// state that usually follows (an AllBlocksCleared is followed by a full
+// re-announcement). Stats are kept.
+func (ix *Index) Clear() {
+	ix.entries = ix.entries[:0]
+	ix.byEngine.reset()
+	ix.byKey.reset()
+	ix.ghostHead, ix.ghostTail = noSlot, noSlot
+	ix.device, ix.host = 0, 0
+}
+
+// ForEach calls fn for every entry, ghosts (on neither tier) included, in
+// no particular order. fn must not modify the index.
+func (ix *Index) ForEach(fn func(h kvevent.EngineHash, k Key, onDevice, onHost bool)) {
+	for i := range ix.entries {
+		e := &ix.entries[i]
+		t := e.tiers()
+		fn(e.engine, e.key, t&tierDevice != 0, t&tierHost != 0)
+	}
+}
+
+// Match walks keys in order and returns the contiguous prefix held on
+// either tier, stopping at the first key on neither (R-IDX-3). A block on
+// both tiers counts as Device.
+func (ix *Index) Match(keys []Key) Match {
+	var m Match
+	for _, k := range keys {
+		t := ix.keyTiers(k)
+		switch {
+		case t&tierDevice != 0:
+			m.DeviceBlocks++
+		case t&tierHost != 0:
+			m.HostOnlyBlocks++
+		default:
+			return m
+		}
+	}
+	return m
+}
+
+// Apply applies one event. Errors wrap ErrBlockSize, ErrTokenCount,
+// ErrUnknownParent, ErrCapacity or ErrEvent; any of them means the index
+// no longer mirrors the engine and the stream must be recovered from a
+// snapshot. Validation errors and ErrUnknownParent leave the index
+// untouched. ErrCapacity may leave the blocks before the failing one
+// applied; the index stays internally consistent.
+//
+// Tokenless BlockStored events (Host offload copies announced by hash)
+// attach their tier to the key already mapped to each hash. A hash the
+// index does not know is counted in Stats and otherwise ignored rather
+// than failing the stream: the replica is only a missed hit, and the
+// periodic snapshot resync repairs it.
+func (ix *Index) Apply(ev *kvevent.Event, mode Mode) error {
+	switch ev.Kind {
+	case kvevent.BlockStored:
+		return ix.applyStored(ev, mode)
+	case kvevent.BlockRemoved:
+		return ix.applyRemoved(ev)
+	case kvevent.AllBlocksCleared:
+		ix.Clear()
+		return nil
+	}
+	return fmt.Errorf("kvindex: event kind %d: %w", ev.Kind, ErrEvent)
+}
+
+func tierOf(m kvevent.Medium) (uint8, error) {
+	if m > kvevent.Host {
+		return 0, fmt.Errorf("kvindex: medium %d: %w", m, ErrEvent)
+	}
+	return 1 << m, nil
+}
+
+func (ix *Index) applyStored(ev *kvevent.Event, mode Mode) error {
+	if !ev.PlainText {
+		ix.stats.NonPlainBlocks += uint64(len(ev.BlockHashes))
+		return nil
+	}
+	tier, err := tierOf(ev.Medium)
+	if err != nil {
+		return err
+	}
+	if len(ev.TokenIDs) == 0 {
+		ix.warmEngine(ev.BlockHashes)
+		for _, h := range ev.BlockHashes {
+			if s, ok := ix.findEngine(h); ok {
+				ix.setTier(s, tier)
+			} else {
+				ix.stats.UnresolvedReplicas++
+			}
+		}
+		return nil
+	}
+	bs := ix.cfg.BlockSize
+	if ev.BlockSize != bs {
+		return fmt.Errorf("kvindex: stored event has block size %d, index has %d: %w", ev.BlockSize, bs, ErrBlockSize)
+	}
+	if len(ev.TokenIDs) != len(ev.BlockHashes)*bs {
+		return fmt.Errorf("kvindex: stored event has %d tokens for %d blocks of %d: %w",
+			len(ev.TokenIDs), len(ev.BlockHashes), bs, ErrTokenCount)
+	}
+	var parent Key
+	hasParent := false
+	if ev.HasParent {
+		s, ok := ix.findEngine(ev.ParentHash)
+		if !ok {
+			if mode == Snapshot {
+				ix.stats.OrphanBlocks += uint64(len(ev.BlockHashes))
+				return nil
+			}
+			return fmt.Errorf("kvindex: parent %#x of %d stored blocks: %w", uint64(ev.ParentHash), len(ev.BlockHashes), ErrUnknownParent)
+		}
+		parent, hasParent = ix.entries[s].key, true
+	}
+	// Blocks go in chunks: the table cells a chunk will probe are loaded
+	// up front so that their cache misses overlap each other and the
+	// hashing, instead of stalling every block in turn.
+	for base := 0; base < len(ev.BlockHashes); base += len(ix.chunk) {
+		hashes := ev.BlockHashes[base:min(base+len(ix.chunk), len(ev.BlockHashes))]
+		keys := ix.chunk[:len(hashes)]
+		ix.warmEngine(hashes)
+		for j := range keys {
+			b := base + j
+			keys[j] = ix.hasher.BlockKey(parent, hasParent, ev.TokenIDs[b*bs:(b+1)*bs])
+			parent, hasParent = keys[j], true
+		}
+		ix.warmKeys(keys)
+		for j, h := range hashes {
+			if err := ix.store(h, keys[j], tier); err != nil {
+				return fmt.Errorf("kvindex: stored block %d of %d (hash %#x): %w", base+j, len(ev.BlockHashes), uint64(h), err)
+			}
+		}
+	}
+	return nil
+}
+
+func (ix *Index) applyRemoved(ev *kvevent.Event) error {
+	tier, err := tierOf(ev.Medium)
+	if err != nil {
+		return err
+	}
+	ix.warmEngine(ev.BlockHashes)
+	for _, h := range ev.BlockHashes {
+		s, ok := ix.findEngine(h)
+		if !ok || !ix.clearTier(s, tier) {
+			ix.stats.UnknownRemovals++
+		}
+	}
+	return nil
+}
+
+// store maps h to k and sets tier on it, creating the entry if needed. It
+// changes nothing when it fails.
+func (ix *Index) store(h kvevent.EngineHash, k Key, tier uint8) error {
+	if s, ok := ix.findEngine(h); ok {
+		e := &ix.entries[s]
+		if e.key != k {
+			// The engine reused the hash for other content (for example
+			// after a hash seed change); follow it.
+			ix.deleteKey(s)
+			e.key = k
+			e.setMeta(e.meta() &^ flagDup)
+			ix.insertKey(s)
+		}
+		ix.setTier(s, tier)
+		return nil
+	}
+	s, err := ix.allocSlot()
+	if err != nil {
+		return err
+	}
+	ix.entries[s] = newEntry(k, h, tier)
+	ix.insertEngine(s)
+	ix.insertKey(s)
+	ix.addCount(tier, 1)
+	return nil
+}
+
+// allocSlot returns a slot for a new entry, growing storage or evicting
+// the oldest ghost. The returned slot is in no table and no list.
+func (ix *Index) allocSlot() (uint32, error) {
+	n := len(ix.entries)
+	if n < ix.cfg.MaxBlocks {
+		if ix.byEngine.needsGrow(n + 1) {
+			ix.rebuildTables(n + 1)
+		}
+		if n == cap(ix.entries) {
+			c := min(max(2*n, 16), ix.cfg.MaxBlocks)
+			grown := make([]entry, n, c)
+			copy(grown, ix.entries)
+			ix.entries = grown
+		}
+		ix.entries = ix.entries[:n+1]
+		return uint32(n), nil
+	}
+	s := ix.ghostHead
+	if s == noSlot {
+		return 0, fmt.Errorf("kvindex: %d entries, none a ghost: %w", n, ErrCapacity)
+	}
+	ix.unlinkGhost(s)
+	ix.deleteEngine(s)
+	ix.deleteKey(s)
+	ix.stats.GhostEvictions++
+	return s, nil
+}
+
+func (ix *Index) addCount(tier uint8, d int) {
+	if tier&tierDevice != 0 {
+		ix.device += d
+	}
+	if tier&tierHost != 0 {
+		ix.host += d
+	}
+}
+
+// setTier adds a replica on tier to slot s, reviving it if it was a ghost.
+func (ix *Index) setTier(s uint32, tier uint8) {
+	e := &ix.entries[s]
+	m := e.meta()
+	if m&tier != 0 {
+		return
+	}
+	if m&(tierDevice|tierHost) == 0 {
+		ix.unlinkGhost(s)
+	}
+	e.setMeta(m | tier)
+	ix.addCount(tier, 1)
+}
+
+// clearTier drops the replica on tier from slot s and reports whether it
+// was there. An entry left on neither tier becomes the newest ghost.
+func (ix *Index) clearTier(s uint32, tier uint8) bool {
+	e := &ix.entries[s]
+	m := e.meta()
+	if m&tier == 0 {
+		return false
+	}
+	m &^= tier
+	e.setMeta(m)
+	ix.addCount(tier, -1)
+	if m&(tierDevice|tierHost) == 0 {
+		ix.pushGhost(s)
+	}
+	return true
+}
+
+func (ix *Index) pushGhost(s uint32) {
+	e := &ix.entries[s]
+	e.prev = ix.ghostTail
+	e.setNext(noSlot)
+	if ix.ghostTail == noSlot {
+		ix.ghostHead = s
+	} else {
+		ix.entries[ix.ghostTail].setNext(s)
+	}
+	ix.ghostTail = s
+}
+
+func (ix *Index) unlinkGhost(s uint32) {
+	e := &ix.entries[s]
+	prev, next := e.prev, e.next()
+	if prev == noSlot {
+		ix.ghostHead = next
+	} else {
+		ix.entries[prev].setNext(next)
+	}
+	if next == noSlot {
+		ix.ghostTail = prev
+	} else {
+		ix.entries[next].prev = prev
+	}
+	e.prev = noSlot
+	e.setNext(noSlot)
+}

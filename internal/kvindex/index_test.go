@@ -1,0 +1,419 @@
+package kvindex
+
+import (
+	"errors"
+	"maps"
+	"testing"
+
+	"github.com/kvcar/kvcar/internal/kvevent"
+)
+
+// TestTieredReplicas_RIDX2: Device and Host copies are independent; removing
+// one leaves the other, and a block on both counts once, as Device.
+func TestTieredReplicas_RIDX2(t *testing.T) {
+	ix := newTestIndex(0)
+	tokens := seq(1, 3*testBlockSize)
+	keys := keysOf(tokens)
+	mustApply(t, ix, storedEv(kvevent.Device, -1, tokens, 10, 11, 12), Delta)
+	mustApply(t, ix, tokenlessEv(kvevent.Host, 10, 11, 12), Delta)
+
+	if m := ix.Match(keys); m != (Match{DeviceBlocks: 3}) {
+		t.Fatalf("both tiers: %+v, want 3 device", m)
+	}
+	if d, h := ix.Counts(); d != 3 || h != 3 {
+		t.Fatalf("Counts = %d, %d; want 3, 3", d, h)
+	}
+
+	mustApply(t, ix, removedEv(kvevent.Device, 11, 12), Delta)
+	if m := ix.Match(keys); m != (Match{DeviceBlocks: 1, HostOnlyBlocks: 2}) {
+		t.Fatalf("after Device removal: %+v, want 1 device + 2 host-only", m)
+	}
+
+	mustApply(t, ix, storedEv(kvevent.Device, 10, tokens[testBlockSize:], 11, 12), Delta)
+	mustApply(t, ix, removedEv(kvevent.Host, 10, 11, 12), Delta)
+	if m := ix.Match(keys); m != (Match{DeviceBlocks: 3}) {
+		t.Fatalf("after Host removal: %+v, want 3 device", m)
+	}
+	if d, h := ix.Counts(); d != 3 || h != 0 {
+		t.Fatalf("Counts = %d, %d; want 3, 0", d, h)
+	}
+	if err := checkInvariants(ix); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestContiguousPrefixStop_RIDX3: the walk stops at the first block on
+// neither tier even if later blocks are cached.
+func TestContiguousPrefixStop_RIDX3(t *testing.T) {
+	ix := newTestIndex(0)
+	tokens := seq(100, 4*testBlockSize)
+	keys := keysOf(tokens)
+	mustApply(t, ix, storedEv(kvevent.Device, -1, tokens, 1, 2, 3, 4), Delta)
+	mustApply(t, ix, tokenlessEv(kvevent.Host, 1), Delta)
+	mustApply(t, ix, removedEv(kvevent.Device, 1), Delta)
+	mustApply(t, ix, removedEv(kvevent.Device, 3), Delta)
+
+	if m := ix.Match(keys); m != (Match{DeviceBlocks: 1, HostOnlyBlocks: 1}) {
+		t.Fatalf("Match = %+v, want host-only 1 then device 1, stop at block 3", m)
+	}
+	// A query whose tokens diverge in block 2 stops there.
+	other := cat(tokens[:testBlockSize], seq(900, 3*testBlockSize))
+	if m := ix.Match(keysOf(other)); m != (Match{HostOnlyBlocks: 1}) {
+		t.Fatalf("diverging query: %+v, want 1 host-only", m)
+	}
+	// Partial trailing tokens never count (R-IDX-3).
+	if m := ix.Match(keysOf(cat(tokens[:2*testBlockSize], tokens[2*testBlockSize:2*testBlockSize+3]))); m.Blocks() != 2 {
+		t.Fatalf("partial tail: %+v, want 2 blocks", m)
+	}
+	if m := ix.Match(nil); m != (Match{}) {
+		t.Fatalf("empty query: %+v", m)
+	}
+}
+
+// TestUnknownParentDelta_RIDX5: a live store whose parent is unknown fails
+// with ErrUnknownParent and changes nothing.
+func TestUnknownParentDelta_RIDX5(t *testing.T) {
+	ix := newTestIndex(0)
+	mustApply(t, ix, storedEv(kvevent.Device, -1, seq(1, testBlockSize), 1), Delta)
+	before := snapshotState(ix)
+	err := ix.Apply(storedEv(kvevent.Device, 99, seq(50, 2*testBlockSize), 2, 3), Delta)
+	if !errors.Is(err, ErrUnknownParent) {
+		t.Fatalf("err = %v, want ErrUnknownParent", err)
+	}
+	if after := snapshotState(ix); !maps.Equal(before, after) {
+		t.Fatalf("state changed: %v -> %v", before, after)
+	}
+	if ix.Stats().OrphanBlocks != 0 {
+		t.Fatalf("delta error counted as orphan: %+v", ix.Stats())
+	}
+}
+
+// TestSnapshotOrphanSkipped_RIDX5: in a snapshot an orphan suffix is
+// skipped, its children too, and independent prefixes are still indexed.
+func TestSnapshotOrphanSkipped_RIDX5(t *testing.T) {
+	ix := newTestIndex(0)
+	a := seq(1, 2*testBlockSize)
+	b := seq(500, 2*testBlockSize)
+	mustApply(t, ix, storedEv(kvevent.Device, 77, seq(300, 2*testBlockSize), 20, 21), Snapshot) // parent 77 evicted
+	mustApply(t, ix, storedEv(kvevent.Device, 21, seq(400, testBlockSize), 22), Snapshot)       // child of the orphan
+	mustApply(t, ix, storedEv(kvevent.Device, -1, a, 1, 2), Snapshot)
+	mustApply(t, ix, storedEv(kvevent.Host, -1, b, 5, 6), Snapshot)
+
+	if ix.Len() != 4 {
+		t.Fatalf("Len = %d, want 4", ix.Len())
+	}
+	if st := ix.Stats(); st.OrphanBlocks != 3 {
+		t.Fatalf("OrphanBlocks = %d, want 3", st.OrphanBlocks)
+	}
+	if m := ix.Match(keysOf(a)); m != (Match{DeviceBlocks: 2}) {
+		t.Fatalf("prefix a: %+v", m)
+	}
+	if m := ix.Match(keysOf(b)); m != (Match{HostOnlyBlocks: 2}) {
+		t.Fatalf("prefix b: %+v", m)
+	}
+	if _, ok := snapshotState(ix)[20]; ok {
+		t.Fatal("orphan block indexed")
+	}
+}
+
+// TestTokenlessHostReplica_RIDX1: a hash-only Host announcement attaches to
+// the known block's key; an unknown hash is counted and ignored.
+func TestTokenlessHostReplica_RIDX1(t *testing.T) {
+	ix := newTestIndex(0)
+	tokens := seq(7, 2*testBlockSize)
+	mustApply(t, ix, storedEv(kvevent.Device, -1, tokens, 1, 2), Delta)
+	mustApply(t, ix, removedEv(kvevent.Device, 1, 2), Delta)
+	if m := ix.Match(keysOf(tokens)); m.Blocks() != 0 {
+		t.Fatalf("after removal: %+v", m)
+	}
+	mustApply(t, ix, tokenlessEv(kvevent.Host, 1, 2, 42), Delta)
+	if m := ix.Match(keysOf(tokens)); m != (Match{HostOnlyBlocks: 2}) {
+		t.Fatalf("after Host offload: %+v, want 2 host-only", m)
+	}
+	if st := ix.Stats(); st.UnresolvedReplicas != 1 {
+		t.Fatalf("UnresolvedReplicas = %d, want 1", st.UnresolvedReplicas)
+	}
+	if ix.Len() != 2 {
+		t.Fatalf("Len = %d: unresolved hash created an entry", ix.Len())
+	}
+}
+
+// TestGhostChaining_RIDX1: a parent dropped from both tiers still anchors
+// the key of a child stored later, but is not a hit itself.
+func TestGhostChaining_RIDX1(t *testing.T) {
+	ix := newTestIndex(0)
+	tokens := seq(1, 3*testBlockSize)
+	keys := keysOf(tokens)
+	mustApply(t, ix, storedEv(kvevent.Device, -1, tokens[:testBlockSize], 1), Delta)
+	mustApply(t, ix, removedEv(kvevent.Device, 1), Delta)
+	if ix.Len() != 1 {
+		t.Fatalf("ghost dropped: Len = %d", ix.Len())
+	}
+	mustApply(t, ix, storedEv(kvevent.Device, 1, tokens[testBlockSize:], 2, 3), Delta)
+
+	st := snapshotState(ix)
+	if st[2].key != keys[1] || st[3].key != keys[2] {
+		t.Fatalf("children keyed %#x %#x, want %#x %#x", st[2].key, st[3].key, keys[1], keys[2])
+	}
+	if m := ix.Match(keys); m.Blocks() != 0 {
+		t.Fatalf("ghost root counted: %+v", m)
+	}
+	mustApply(t, ix, tokenlessEv(kvevent.Host, 1), Delta)
+	if m := ix.Match(keys); m != (Match{HostOnlyBlocks: 1, DeviceBlocks: 2}) {
+		t.Fatalf("revived ghost: %+v", m)
+	}
+	if err := checkInvariants(ix); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCapacity_RCFG2: MaxBlocks counts ghosts; the oldest ghost is evicted
+// for a new entry, and with no ghost the store fails with ErrCapacity.
+func TestCapacity_RCFG2(t *testing.T) {
+	ix := newTestIndex(4)
+	mustApply(t, ix, storedEv(kvevent.Device, -1, seq(1, 4*testBlockSize), 1, 2, 3, 4), Delta)
+
+	before := snapshotState(ix)
+	err := ix.Apply(storedEv(kvevent.Device, 4, seq(100, testBlockSize), 5), Delta)
+	if !errors.Is(err, ErrCapacity) {
+		t.Fatalf("err = %v, want ErrCapacity", err)
+	}
+	if after := snapshotState(ix); !maps.Equal(before, after) {
+		t.Fatalf("failed store changed state: %v -> %v", before, after)
+	}
+	// Re-storing an existing hash needs no new entry.
+	mustApply(t, ix, tokenlessEv(kvevent.Host, 2), Delta)
+	mustApply(t, ix, storedEv(kvevent.Host, -1, seq(1, testBlockSize), 1), Delta)
+
+	mustApply(t, ix, removedEv(kvevent.Device, 3), Delta)
+	mustApply(t, ix, removedEv(kvevent.Host, 1), Delta)
+	mustApply(t, ix, removedEv(kvevent.Device, 1), Delta) // 3 is the older ghost, then 1
+	mustApply(t, ix, storedEv(kvevent.Device, 4, seq(100, testBlockSize), 5), Delta)
+	st := snapshotState(ix)
+	if _, ok := st[3]; ok {
+		t.Fatal("newer ghost evicted before the older one")
+	}
+	if _, ok := st[1]; !ok {
+		t.Fatal("ghost 1 evicted too early")
+	}
+	if ix.Len() != 4 || ix.Stats().GhostEvictions != 1 {
+		t.Fatalf("Len = %d, GhostEvictions = %d; want 4, 1", ix.Len(), ix.Stats().GhostEvictions)
+	}
+	// Block 5 chains from 4, so its key is the fifth key of the sequence.
+	if want := keysOf(cat(seq(1, 4*testBlockSize), seq(100, testBlockSize)))[4]; st[5].key != want {
+		t.Fatalf("block 5 key %#x, want %#x", st[5].key, want)
+	}
+	// The evicted hash is gone: a tokenless replica cannot resolve it.
+	mustApply(t, ix, tokenlessEv(kvevent.Host, 3), Delta)
+	if ix.Stats().UnresolvedReplicas != 1 {
+		t.Fatalf("evicted hash still resolves")
+	}
+
+	// A multi-block event fails part-way: earlier blocks stay, the
+	// structures stay consistent.
+	err = ix.Apply(storedEv(kvevent.Device, 5, seq(200, 2*testBlockSize), 6, 7), Delta)
+	if !errors.Is(err, ErrCapacity) {
+		t.Fatalf("err = %v, want ErrCapacity", err)
+	}
+	if _, ok := snapshotState(ix)[6]; !ok {
+		t.Fatal("block before the failing one not applied (documented behaviour)")
+	}
+	if err := checkInvariants(ix); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAllBlocksCleared(t *testing.T) {
+	ix := newTestIndex(0)
+	tokens := seq(1, 2*testBlockSize)
+	mustApply(t, ix, storedEv(kvevent.Device, -1, tokens, 1, 2), Delta)
+	mustApply(t, ix, tokenlessEv(kvevent.Host, 1), Delta)
+	mustApply(t, ix, removedEv(kvevent.Device, 2), Delta) // ghost
+	mustApply(t, ix, &kvevent.Event{Kind: kvevent.AllBlocksCleared}, Delta)
+	if ix.Len() != 0 {
+		t.Fatalf("Len = %d after clear", ix.Len())
+	}
+	if d, h := ix.Counts(); d != 0 || h != 0 {
+		t.Fatalf("Counts = %d, %d after clear", d, h)
+	}
+	if m := ix.Match(keysOf(tokens)); m.Blocks() != 0 {
+		t.Fatalf("Match after clear: %+v", m)
+	}
+	// Ghosts are gone too: the old root no longer anchors children.
+	if err := ix.Apply(storedEv(kvevent.Device, 2, seq(9, testBlockSize), 3), Delta); !errors.Is(err, ErrUnknownParent) {
+		t.Fatalf("err = %v, want ErrUnknownParent", err)
+	}
+	mustApply(t, ix, storedEv(kvevent.Host, -1, tokens, 1, 2), Delta)
+	if m := ix.Match(keysOf(tokens)); m != (Match{HostOnlyBlocks: 2}) {
+		t.Fatalf("refill after clear: %+v", m)
+	}
+	if err := checkInvariants(ix); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDuplicateContentKeys_RIDX2: two engine hashes with the same content
+// key are two holders; the query sees the union and each removal only
+// drops its own replica.
+func TestDuplicateContentKeys_RIDX2(t *testing.T) {
+	ix := newTestIndex(0)
+	tokens := seq(1, 2*testBlockSize)
+	keys := keysOf(tokens)
+	mustApply(t, ix, storedEv(kvevent.Host, -1, tokens, 1, 2), Delta)
+	mustApply(t, ix, storedEv(kvevent.Device, -1, tokens, 101, 102), Delta)
+	mustApply(t, ix, tokenlessEv(kvevent.Host, 101), Delta)
+
+	st := snapshotState(ix)
+	if st[1].key != st[101].key || st[2].key != st[102].key {
+		t.Fatal("same prefix under two hashes got different keys")
+	}
+	if m := ix.Match(keys); m != (Match{DeviceBlocks: 2}) {
+		t.Fatalf("union: %+v, want 2 device", m)
+	}
+	mustApply(t, ix, removedEv(kvevent.Device, 101, 102), Delta)
+	if m := ix.Match(keys); m != (Match{HostOnlyBlocks: 2}) {
+		t.Fatalf("after removing the Device holder: %+v, want 2 host-only", m)
+	}
+	mustApply(t, ix, removedEv(kvevent.Host, 1), Delta)
+	if m := ix.Match(keys); m != (Match{HostOnlyBlocks: 2}) {
+		t.Fatalf("after removing one Host holder: %+v, want 2 host-only via 101", m)
+	}
+	mustApply(t, ix, removedEv(kvevent.Host, 101), Delta)
+	if m := ix.Match(keys); m.Blocks() != 0 {
+		t.Fatalf("no holder left for block 1: %+v", m)
+	}
+	if d, h := ix.Counts(); d != 0 || h != 1 {
+		t.Fatalf("Counts = %d, %d; want 0, 1 (hash 2 on Host)", d, h)
+	}
+	if err := checkInvariants(ix); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRestoreRepoints: a hash stored again with other content follows it,
+// and the old key stops matching through that hash.
+func TestRestoreRepoints(t *testing.T) {
+	ix := newTestIndex(0)
+	a, b := seq(1, testBlockSize), seq(50, testBlockSize)
+	mustApply(t, ix, storedEv(kvevent.Device, -1, a, 1), Delta)
+	mustApply(t, ix, storedEv(kvevent.Device, -1, a, 1), Delta) // idempotent
+	if d, _ := ix.Counts(); d != 1 || ix.Len() != 1 {
+		t.Fatalf("idempotent re-store: device %d, len %d", d, ix.Len())
+	}
+	mustApply(t, ix, storedEv(kvevent.Host, -1, b, 1), Delta)
+	if m := ix.Match(keysOf(a)); m.Blocks() != 0 {
+		t.Fatalf("old content still matches: %+v", m)
+	}
+	// The re-pointed entry keeps its Device replica: the engine reported
+	// no removal, and the hash is what the engine's tiers are keyed by.
+	if m := ix.Match(keysOf(b)); m != (Match{DeviceBlocks: 1}) {
+		t.Fatalf("new content: %+v", m)
+	}
+	if err := checkInvariants(ix); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestBlockSizeMismatch(t *testing.T) {
+	ix := newTestIndex(0)
+	ev := storedEv(kvevent.Device, -1, seq(1, 16), 1, 2)
+	ev.BlockSize = 8
+	err := ix.Apply(ev, Delta)
+	if !errors.Is(err, ErrBlockSize) {
+		t.Fatalf("err = %v, want ErrBlockSize", err)
+	}
+	if ix.Len() != 0 {
+		t.Fatal("mismatched event applied")
+	}
+	ev = storedEv(kvevent.Device, -1, seq(1, 7), 1, 2)
+	if err := ix.Apply(ev, Snapshot); !errors.Is(err, ErrTokenCount) {
+		t.Fatalf("err = %v, want ErrTokenCount", err)
+	}
+}
+
+func TestNonPlainAndUnknownRemovals_RWIRE5(t *testing.T) {
+	ix := newTestIndex(0)
+	ev := storedEv(kvevent.Device, -1, seq(1, 2*testBlockSize), 1, 2)
+	ev.PlainText = false
+	mustApply(t, ix, ev, Delta)
+	if ix.Len() != 0 || ix.Stats().NonPlainBlocks != 2 {
+		t.Fatalf("LoRA blocks indexed: len %d, stats %+v", ix.Len(), ix.Stats())
+	}
+	mustApply(t, ix, storedEv(kvevent.Device, -1, seq(1, testBlockSize), 1), Delta)
+	mustApply(t, ix, removedEv(kvevent.Host, 1, 9), Delta) // wrong tier, unknown hash
+	if st := ix.Stats(); st.UnknownRemovals != 2 {
+		t.Fatalf("UnknownRemovals = %d, want 2", st.UnknownRemovals)
+	}
+	if err := ix.Apply(&kvevent.Event{Kind: 0}, Delta); !errors.Is(err, ErrEvent) {
+		t.Fatalf("err = %v, want ErrEvent", err)
+	}
+	if err := ix.Apply(&kvevent.Event{Kind: kvevent.BlockRemoved, Medium: 7}, Delta); !errors.Is(err, ErrEvent) {
+		t.Fatalf("err = %v, want ErrEvent", err)
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	c := New(Config{HashSeed: 5}).Config()
+	if c.BlockSize != DefaultBlockSize || c.MaxBlocks != DefaultMaxBlocks || c.HashSeed != 5 {
+		t.Fatalf("Config = %+v", c)
+	}
+	if c := New(Config{MaxBlocks: 1 << 30}).Config(); c.MaxBlocks != maxSlots {
+		t.Fatalf("MaxBlocks %d not clamped to %d", c.MaxBlocks, maxSlots)
+	}
+}
+
+// TestGrowthKeepsState: many blocks force several table rebuilds.
+func TestGrowthKeepsState(t *testing.T) {
+	ix := newTestIndex(0)
+	tokens := seq(1, 1000*testBlockSize)
+	hashes := make([]kvevent.EngineHash, 1000)
+	for i := range hashes {
+		hashes[i] = kvevent.EngineHash(i)
+	}
+	mustApply(t, ix, storedEv(kvevent.Device, -1, tokens, hashes...), Snapshot)
+	if m := ix.Match(keysOf(tokens)); m.DeviceBlocks != 1000 {
+		t.Fatalf("Match = %+v", m)
+	}
+	if err := checkInvariants(ix); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMatchNoAllocs_RIDX3(t *testing.T) {
+	ix := newTestIndex(0)
+	tokens := seq(1, 64*testBlockSize)
+	hashes := make([]kvevent.EngineHash, 64)
+	for i := range hashes {
+		hashes[i] = kvevent.EngineHash(i + 1)
+	}
+	mustApply(t, ix, storedEv(kvevent.Device, -1, tokens, hashes...), Delta)
+	keys := keysOf(tokens)
+	if n := testing.AllocsPerRun(20, func() { _ = ix.Match(keys) }); n != 0 {
+		t.Fatalf("Match allocates %v times", n)
+	}
+}
+
+// TestCapacityAcrossChunks_RCFG2: a long event that runs out of room keeps
+// exactly the blocks stored before the failing one, across the internal
+// chunking, and those blocks form a matching prefix.
+func TestCapacityAcrossChunks_RCFG2(t *testing.T) {
+	ix := newTestIndex(20)
+	tokens := seq(1, 40*testBlockSize)
+	hashes := make([]kvevent.EngineHash, 40)
+	for i := range hashes {
+		hashes[i] = kvevent.EngineHash(1000 + i)
+	}
+	err := ix.Apply(storedEv(kvevent.Host, -1, tokens, hashes...), Delta)
+	if !errors.Is(err, ErrCapacity) {
+		t.Fatalf("err = %v, want ErrCapacity", err)
+	}
+	if ix.Len() != 20 {
+		t.Fatalf("Len = %d, want 20", ix.Len())
+	}
+	if m := ix.Match(keysOf(tokens)); m != (Match{HostOnlyBlocks: 20}) {
+		t.Fatalf("Match = %+v, want 20 host-only", m)
+	}
+	if err := checkInvariants(ix); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,334 @@
+package kvindex
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/kvcar/kvcar/internal/kvevent"
+	"github.com/zeebo/xxh3"
+)
+
+// refModel is a deliberately naive reference of the index semantics: a Go
+// map from engine hash to entry, linear scans for queries and evictions,
+// and its own byte building for content keys.
+type refModel struct {
+	blockSize int
+	seed      uint64
+	max       int
+	entries   map[kvevent.EngineHash]*refEntry
+	clock     uint64
+	stats     Stats
+}
+
+type refEntry struct {
+	key       Key
+	dev, host bool
+	ghostAt   uint64
+}
+
+func newRefModel(cfg Config) *refModel {
+	return &refModel{blockSize: cfg.BlockSize, seed: cfg.HashSeed, max: cfg.MaxBlocks, entries: map[kvevent.EngineHash]*refEntry{}}
+}
+
+func (r *refModel) key(parent *Key, tokens []uint32) Key {
+	var b []byte
+	if parent != nil {
+		b = binary.BigEndian.AppendUint64(b, parent.Hi)
+		b = binary.BigEndian.AppendUint64(b, parent.Lo)
+	}
+	for _, t := range tokens {
+		b = binary.LittleEndian.AppendUint32(b, t)
+	}
+	u := xxh3.Hash128Seed(b, r.seed)
+	return Key{Hi: u.Hi, Lo: u.Lo}
+}
+
+func (r *refModel) set(e *refEntry, m kvevent.Medium) {
+	if m == kvevent.Host {
+		e.host = true
+	} else {
+		e.dev = true
+	}
+}
+
+// clear drops the replica and reports whether it was there.
+func (r *refModel) clear(e *refEntry, m kvevent.Medium) bool {
+	p := &e.dev
+	if m == kvevent.Host {
+		p = &e.host
+	}
+	if !*p {
+		return false
+	}
+	*p = false
+	if !e.dev && !e.host {
+		r.clock++
+		e.ghostAt = r.clock
+	}
+	return true
+}
+
+func (r *refModel) apply(ev *kvevent.Event, mode Mode) error {
+	switch ev.Kind {
+	case kvevent.AllBlocksCleared:
+		clear(r.entries)
+		return nil
+	case kvevent.BlockRemoved:
+		for _, h := range ev.BlockHashes {
+			e, ok := r.entries[h]
+			if !ok || !r.clear(e, ev.Medium) {
+				r.stats.UnknownRemovals++
+			}
+		}
+		return nil
+	}
+	if !ev.PlainText {
+		r.stats.NonPlainBlocks += uint64(len(ev.BlockHashes))
+		return nil
+	}
+	if len(ev.TokenIDs) == 0 {
+		for _, h := range ev.BlockHashes {
+			if e, ok := r.entries[h]; ok {
+				r.set(e, ev.Medium)
+			} else {
+				r.stats.UnresolvedReplicas++
+			}
+		}
+		return nil
+	}
+	if ev.BlockSize != r.blockSize {
+		return ErrBlockSize
+	}
+	var parent *Key
+	if ev.HasParent {
+		e, ok := r.entries[ev.ParentHash]
+		if !ok {
+			if mode == Snapshot {
+				r.stats.OrphanBlocks += uint64(len(ev.BlockHashes))
+				return nil
+			}
+			return ErrUnknownParent
+		}
+		k := e.key
+		parent = &k
+	}
+	for j, h := range ev.BlockHashes {
+		k := r.key(parent, ev.TokenIDs[j*r.blockSize:(j+1)*r.blockSize])
+		parent = &k
+		if e, ok := r.entries[h]; ok {
+			e.key = k
+			r.set(e, ev.Medium)
+			continue
+		}
+		if len(r.entries) >= r.max {
+			var victim kvevent.EngineHash
+			var oldest *refEntry
+			for vh, e := range r.entries {
+				if !e.dev && !e.host && (oldest == nil || e.ghostAt < oldest.ghostAt) {
+					victim, oldest = vh, e
+				}
+			}
+			if oldest == nil {
+				return ErrCapacity
+			}
+			delete(r.entries, victim)
+			r.stats.GhostEvictions++
+		}
+		e := &refEntry{key: k}
+		r.set(e, ev.Medium)
+		r.entries[h] = e
+	}
+	return nil
+}
+
+func (r *refModel) match(keys []Key) Match {
+	var m Match
+	for _, k := range keys {
+		dev, host := false, false
+		for _, e := range r.entries {
+			if e.key == k {
+				dev, host = dev || e.dev, host || e.host
+			}
+		}
+		switch {
+		case dev:
+			m.DeviceBlocks++
+		case host:
+			m.HostOnlyBlocks++
+		default:
+			return m
+		}
+	}
+	return m
+}
+
+func (r *refModel) counts() (int, int) {
+	d, h := 0, 0
+	for _, e := range r.entries {
+		if e.dev {
+			d++
+		}
+		if e.host {
+			h++
+		}
+	}
+	return d, h
+}
+
+func sentinel(err error) error {
+	for _, s := range []error{ErrBlockSize, ErrTokenCount, ErrUnknownParent, ErrCapacity, ErrEvent} {
+		if errors.Is(err, s) {
+			return s
+		}
+	}
+	return err
+}
+
+// randomEvent draws events over a small universe of engine hashes and a
+// two-letter token alphabet, so that re-stores, re-pointing, duplicate
+// content keys, ghosts, orphans and capacity pressure all happen often.
+func randomEvent(rng *rand.Rand, r *refModel, bs int) (*kvevent.Event, Mode) {
+	mode := Delta
+	if rng.IntN(3) == 0 {
+		mode = Snapshot
+	}
+	medium := kvevent.Medium(rng.IntN(2))
+	hashes := func(n int) []kvevent.EngineHash {
+		hs := make([]kvevent.EngineHash, n)
+		for i := range hs {
+			hs[i] = kvevent.EngineHash(rng.IntN(40))
+		}
+		return hs
+	}
+	switch p := rng.IntN(100); {
+	case p < 2:
+		return &kvevent.Event{Kind: kvevent.AllBlocksCleared}, mode
+	case p < 35:
+		return &kvevent.Event{Kind: kvevent.BlockRemoved, Medium: medium, BlockHashes: hashes(1 + rng.IntN(4))}, mode
+	case p < 50:
+		return &kvevent.Event{Kind: kvevent.BlockStored, Medium: medium, BlockHashes: hashes(1 + rng.IntN(3)), PlainText: true}, mode
+	}
+	n := 1 + rng.IntN(3)
+	ev := &kvevent.Event{
+		Kind:        kvevent.BlockStored,
+		Medium:      medium,
+		BlockHashes: hashes(n),
+		TokenIDs:    make([]uint32, n*bs),
+		BlockSize:   bs,
+		PlainText:   rng.IntN(30) != 0,
+	}
+	for i := range ev.TokenIDs {
+		ev.TokenIDs[i] = uint32(rng.IntN(2))
+	}
+	if rng.IntN(60) == 0 {
+		ev.BlockSize = bs + 1
+	}
+	switch rng.IntN(5) {
+	case 0: // root
+	case 1, 2: // a random hash, known or not
+		ev.HasParent, ev.ParentHash = true, kvevent.EngineHash(rng.IntN(40))
+	default: // a hash the model holds, to grow chains
+		for h := range r.entries {
+			ev.HasParent, ev.ParentHash = true, h
+			break
+		}
+	}
+	return ev, mode
+}
+
+func compareWithModel(ix *Index, r *refModel, rng *rand.Rand, bs int) error {
+	if err := checkInvariants(ix); err != nil {
+		return err
+	}
+	if ix.Len() != len(r.entries) {
+		return fmt.Errorf("Len %d, model %d", ix.Len(), len(r.entries))
+	}
+	got := snapshotState(ix)
+	for h, e := range r.entries {
+		g, ok := got[h]
+		if !ok || g != (entryState{key: e.key, dev: e.dev, host: e.host}) {
+			return fmt.Errorf("hash %d: index %+v (present %v), model %+v", h, g, ok, *e)
+		}
+	}
+	if d, h := ix.Counts(); true {
+		if md, mh := r.counts(); d != md || h != mh {
+			return fmt.Errorf("Counts %d/%d, model %d/%d", d, h, md, mh)
+		}
+	}
+	if ix.Stats() != r.stats {
+		return fmt.Errorf("Stats %+v, model %+v", ix.Stats(), r.stats)
+	}
+	for q := 0; q < 8; q++ {
+		tokens := make([]uint32, rng.IntN(5*bs+1))
+		for i := range tokens {
+			tokens[i] = uint32(rng.IntN(2))
+		}
+		keys := KeysFor(tokens, bs, r.seed, nil)
+		if m, mm := ix.Match(keys), r.match(keys); m != mm {
+			return fmt.Errorf("Match(%v) = %+v, model %+v", tokens, m, mm)
+		}
+	}
+	return nil
+}
+
+// TestAgainstReferenceModel drives the index and the reference model with
+// the same random event sequences and compares state, counters, errors and
+// queries after every event (R-IDX-1..3, R-IDX-5, R-CFG-2).
+func TestAgainstReferenceModel(t *testing.T) {
+	const bs = 2
+	seen := map[string]int{}
+	for seed := uint64(1); seed <= 24; seed++ {
+		cfg := Config{BlockSize: bs, HashSeed: 1024 + seed, MaxBlocks: 8 + int(seed%4)*8}
+		ix := New(cfg)
+		r := newRefModel(ix.Config())
+		rng := rand.New(rand.NewPCG(seed, 0x6b76636172))
+		hits := 0
+		for step := 0; step < 1500; step++ {
+			ev, mode := randomEvent(rng, r, bs)
+			err, merr := ix.Apply(ev, mode), r.apply(ev, mode)
+			if err != nil {
+				seen[sentinel(err).Error()]++
+			}
+			if sentinel(err) != sentinel(merr) {
+				t.Fatalf("seed %d step %d %v %v: err %v, model %v", seed, step, ev.Kind, mode, err, merr)
+			}
+			if err := compareWithModel(ix, r, rng, bs); err != nil {
+				t.Fatalf("seed %d step %d after %v %v %+v: %v", seed, step, ev.Kind, mode, ev, err)
+			}
+			d, h := ix.Counts()
+			hits += d + h
+			if hasSharedKey(r) {
+				seen["shared content key"]++
+			}
+		}
+		st := ix.Stats()
+		seen["ghost eviction"] += int(st.GhostEvictions)
+		seen["orphan"] += int(st.OrphanBlocks)
+		seen["unresolved replica"] += int(st.UnresolvedReplicas)
+		if hits == 0 {
+			t.Fatalf("seed %d: the sequence never held a replica", seed)
+		}
+	}
+	// The sequences must have reached the cases the model exists to check.
+	for _, c := range []string{ErrCapacity.Error(), ErrUnknownParent.Error(), ErrBlockSize.Error(),
+		"ghost eviction", "orphan", "unresolved replica", "shared content key"} {
+		if seen[c] == 0 {
+			t.Errorf("random sequences never produced %q", c)
+		}
+	}
+	t.Logf("coverage: %v", seen)
+}
+
+func hasSharedKey(r *refModel) bool {
+	keys := make(map[Key]bool, len(r.entries))
+	for _, e := range r.entries {
+		if keys[e.key] {
+			return true
+		}
+		keys[e.key] = true
+	}
+	return false
+}

@@ -1,0 +1,239 @@
+package kvindex
+
+import "github.com/kvcar/kvcar/internal/kvevent"
+
+// table is an open-addressing hash table of entry slots with linear
+// probing. A cell holds an 8-bit fingerprint of the entry's hash above
+// slot+1 in the low 24 bits, so zero marks an empty cell and most probes
+// that do not match are rejected without touching the entry slice, which
+// at full size is far out of cache. Removals shift later cells back instead
+// of leaving tombstones, so probe chains never degrade. The table does not
+// store keys: the entry slice does, which keeps a cell at four bytes.
+type table struct {
+	cells []uint32
+	mask  uint64
+	shift uint
+}
+
+const (
+	slotBits = 24
+	slotMask = 1<<slotBits - 1
+	// maxSlots bounds MaxBlocks so that slot+1 fits the low bits of a cell.
+	maxSlots = slotMask
+)
+
+// minTableSize is the smallest table allocated; snapshot indexes of small
+// engines stay small.
+const minTableSize = 16
+
+func cell(fp uint32, s uint32) uint32 { return fp<<slotBits | (s + 1) }
+
+// cellSlot returns the slot of a non-empty cell.
+func cellSlot(c uint32) uint32 { return c&slotMask - 1 }
+
+// needsGrow reports whether n entries would push the load past 3/4.
+func (t *table) needsGrow(n int) bool { return 4*n > 3*len(t.cells) }
+
+func (t *table) reset() { clear(t.cells) }
+
+func (t *table) alloc(size int) {
+	t.cells = make([]uint32, size)
+	t.mask = uint64(size - 1)
+	t.shift = 64
+	for s := size; s > 1; s >>= 1 {
+		t.shift--
+	}
+}
+
+// engineHash spreads engine hashes, which may be small consecutive
+// integers, with a Fibonacci multiplier: the high bits pick the home cell,
+// middle bits (folded with the top half) give the fingerprint.
+func (t *table) engineHash(h kvevent.EngineHash) (home uint64, fp uint32) {
+	m := uint64(h) * 0x9E3779B97F4A7C15
+	return m >> t.shift, uint32(uint8(m>>8 ^ m>>32))
+}
+
+// keyHash uses the content key directly: XXH3 output is already uniform.
+func (t *table) keyHash(k Key) (home uint64, fp uint32) {
+	return k.Lo & t.mask, uint32(k.Hi >> 56)
+}
+
+// rebuildTables sizes both tables for n entries and reinserts every entry.
+func (ix *Index) rebuildTables(n int) {
+	size := minTableSize
+	for 4*n > 3*size {
+		size *= 2
+	}
+	ix.byEngine.alloc(size)
+	ix.byKey.alloc(size)
+	for s := range ix.entries {
+		e := &ix.entries[s]
+		home, fp := ix.byEngine.engineHash(e.engine)
+		ix.byEngine.place(home, cell(fp, uint32(s)))
+		home, fp = ix.byKey.keyHash(e.key)
+		ix.byKey.place(home, cell(fp, uint32(s)))
+	}
+}
+
+// place stores c in the first empty cell from i on.
+func (t *table) place(i uint64, c uint32) {
+	for t.cells[i] != 0 {
+		i = (i + 1) & t.mask
+	}
+	t.cells[i] = c
+}
+
+func (ix *Index) findEngine(h kvevent.EngineHash) (uint32, bool) {
+	t := &ix.byEngine
+	if len(t.cells) == 0 {
+		return 0, false
+	}
+	i, fp := t.engineHash(h)
+	for ; ; i = (i + 1) & t.mask {
+		c := t.cells[i]
+		if c == 0 {
+			return 0, false
+		}
+		if c>>slotBits == fp && ix.entries[cellSlot(c)].engine == h {
+			return cellSlot(c), true
+		}
+	}
+}
+
+// keyTiers returns the union of the tiers of all entries holding k, or
+// just Device as soon as one of them is on Device.
+func (ix *Index) keyTiers(k Key) uint8 {
+	t := &ix.byKey
+	if len(t.cells) == 0 {
+		return 0
+	}
+	var tiers uint8
+	i, fp := t.keyHash(k)
+	for ; ; i = (i + 1) & t.mask {
+		c := t.cells[i]
+		if c == 0 {
+			return tiers
+		}
+		if c>>slotBits != fp {
+			continue
+		}
+		e := &ix.entries[cellSlot(c)]
+		if e.key == k {
+			m := e.meta()
+			tiers |= m & (tierDevice | tierHost)
+			if m&flagDup == 0 || tiers&tierDevice != 0 {
+				return tiers
+			}
+		}
+	}
+}
+
+func (ix *Index) insertEngine(s uint32) {
+	t := &ix.byEngine
+	home, fp := t.engineHash(ix.entries[s].engine)
+	t.place(home, cell(fp, s))
+}
+
+// insertKey adds slot s to the key table, flagging every entry that shares
+// its key. All of them lie between the key's home and the first empty
+// cell, which is where s lands.
+func (ix *Index) insertKey(s uint32) {
+	t := &ix.byKey
+	e := &ix.entries[s]
+	i, fp := t.keyHash(e.key)
+	for ; t.cells[i] != 0; i = (i + 1) & t.mask {
+		c := t.cells[i]
+		if c>>slotBits != fp {
+			continue
+		}
+		if o := &ix.entries[cellSlot(c)]; o.key == e.key {
+			o.setMeta(o.meta() | flagDup)
+			e.setMeta(e.meta() | flagDup)
+		}
+	}
+	t.cells[i] = cell(fp, s)
+}
+
+func (ix *Index) deleteEngine(s uint32) {
+	t := &ix.byEngine
+	home, _ := t.engineHash(ix.entries[s].engine)
+	i := t.locate(home, s)
+	for j := i; ; {
+		j = (j + 1) & t.mask
+		c := t.cells[j]
+		if c == 0 {
+			break
+		}
+		if h, _ := t.engineHash(ix.entries[cellSlot(c)].engine); !between(i, h, j) {
+			t.cells[i] = c
+			i = j
+		}
+	}
+	t.cells[i] = 0
+}
+
+func (ix *Index) deleteKey(s uint32) {
+	t := &ix.byKey
+	home, _ := t.keyHash(ix.entries[s].key)
+	i := t.locate(home, s)
+	for j := i; ; {
+		j = (j + 1) & t.mask
+		c := t.cells[j]
+		if c == 0 {
+			break
+		}
+		if h, _ := t.keyHash(ix.entries[cellSlot(c)].key); !between(i, h, j) {
+			t.cells[i] = c
+			i = j
+		}
+	}
+	t.cells[i] = 0
+}
+
+// locate returns the cell holding slot s, probing from its home.
+func (t *table) locate(home uint64, s uint32) uint64 {
+	i := home
+	for t.cells[i]&slotMask != s+1 {
+		i = (i + 1) & t.mask
+	}
+	return i
+}
+
+// between reports whether home h lies cyclically in (i, j]: a cell at j
+// whose home is there must stay, since moving it to i would put it before
+// its home.
+func between(i, h, j uint64) bool {
+	if i <= j {
+		return i < h && h <= j
+	}
+	return i < h || h <= j
+}
+
+// warmEngine loads the home cells of hashes so that the lookups that follow
+// find them in cache.
+func (ix *Index) warmEngine(hashes []kvevent.EngineHash) {
+	t := &ix.byEngine
+	if len(t.cells) == 0 {
+		return
+	}
+	var acc uint32
+	for _, h := range hashes {
+		i, _ := t.engineHash(h)
+		acc += t.cells[i]
+	}
+	ix.warmSink += acc
+}
+
+// warmKeys loads the home cells of keys; see warmEngine.
+func (ix *Index) warmKeys(keys []Key) {
+	t := &ix.byKey
+	if len(t.cells) == 0 {
+		return
+	}
+	var acc uint32
+	for _, k := range keys {
+		i, _ := t.keyHash(k)
+		acc += t.cells[i]
+	}
+	ix.warmSink += acc
+}
