@@ -2,7 +2,6 @@ package kvdir
 
 import (
 	"fmt"
-	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -134,36 +133,6 @@ func BenchmarkDecodeApply(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.N)*blocks/b.Elapsed().Seconds(), "blocks/s")
 		})
-	}
-}
-
-// BenchmarkIndexHeap262144 reports the heap held by one stream's index at
-// the default max_blocks_per_stream, per resident block.
-func BenchmarkIndexHeap262144(b *testing.B) {
-	const blocks = 262144
-	tokens := promptTokens(3, 4096*benchBlockSize)
-	for range b.N {
-		runtime.GC()
-		var before, after runtime.MemStats
-		runtime.ReadMemStats(&before)
-		ix := kvindex.New(kvindex.Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: blocks})
-		// 64 distinct chains of 4096 blocks: 262,144 resident blocks.
-		for c := range 64 {
-			bt := storedBatch(tokens, uint64(c)<<40, 64)
-			bt.Events[0].TokenIDs[0] = uint32(c) // distinct roots
-			for e := range bt.Events {
-				if err := ix.Apply(&bt.Events[e], kvindex.Delta); err != nil {
-					b.Fatal(err)
-				}
-			}
-		}
-		runtime.GC()
-		runtime.ReadMemStats(&after)
-		if d, _ := ix.Counts(); d != blocks {
-			b.Fatalf("resident %d blocks, want %d", d, blocks)
-		}
-		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/blocks, "B/block")
-		runtime.KeepAlive(ix)
 	}
 }
 
