@@ -157,32 +157,35 @@ func (ix *Index) insertKey(s uint32) {
 func (ix *Index) deleteEngine(s uint32) {
 	t := &ix.byEngine
 	home, _ := t.engineHash(ix.entries[s].engine)
-	i := t.locate(home, s)
-	for j := i; ; {
-		j = (j + 1) & t.mask
-		c := t.cells[j]
-		if c == 0 {
-			break
-		}
-		if h, _ := t.engineHash(ix.entries[cellSlot(c)].engine); !between(i, h, j) {
-			t.cells[i] = c
-			i = j
-		}
-	}
-	t.cells[i] = 0
+	ix.shiftDelete(t, t.locate(home, s), false)
 }
 
 func (ix *Index) deleteKey(s uint32) {
 	t := &ix.byKey
 	home, _ := t.keyHash(ix.entries[s].key)
-	i := t.locate(home, s)
+	ix.shiftDelete(t, t.locate(home, s), true)
+}
+
+// shiftDelete empties cell i of t (byKey says which table it is) by
+// backward-shift deletion: later cells of the probe run move back into
+// the hole unless that would put them before their home, so lookups never
+// need tombstones. A flag rather than a hash callback keeps the home
+// computation inlined on this path.
+func (ix *Index) shiftDelete(t *table, i uint64, byKey bool) {
 	for j := i; ; {
 		j = (j + 1) & t.mask
 		c := t.cells[j]
 		if c == 0 {
 			break
 		}
-		if h, _ := t.keyHash(ix.entries[cellSlot(c)].key); !between(i, h, j) {
+		e := &ix.entries[cellSlot(c)]
+		var home uint64
+		if byKey {
+			home, _ = t.keyHash(e.key)
+		} else {
+			home, _ = t.engineHash(e.engine)
+		}
+		if !between(i, home, j) {
 			t.cells[i] = c
 			i = j
 		}

@@ -3,7 +3,6 @@ package kvtransport
 import (
 	"errors"
 	"fmt"
-	"time"
 
 	zmq "github.com/pebbe/zmq4"
 )
@@ -51,15 +50,4 @@ func (c *Context) newSocket(t zmq.Type) (*zmq.Socket, error) {
 		return nil, fmt.Errorf("kvtransport: set linger: %w", err)
 	}
 	return s, nil
-}
-
-// pollOne waits up to timeout for s to become readable.
-func pollOne(s *zmq.Socket, timeout time.Duration) (bool, error) {
-	p := zmq.NewPoller()
-	p.Add(s, zmq.POLLIN)
-	ready, err := p.Poll(timeout)
-	if err != nil {
-		return false, fmt.Errorf("kvtransport: poll: %w", err)
-	}
-	return len(ready) > 0, nil
 }

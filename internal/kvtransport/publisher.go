@@ -31,30 +31,42 @@ type Publisher struct {
 // BindPublisher binds an XPUB on endpoint. Binding port 0 picks a free
 // port; Endpoint reports the one chosen.
 func (c *Context) BindPublisher(endpoint string, o PublisherOptions) (*Publisher, error) {
-	s, err := c.newSocket(zmq.XPUB)
+	// Every subscribe request is passed up, not only the first per topic,
+	// so that the owner can tell each subscriber's arrival.
+	verbose := func(s *zmq.Socket) error { return s.SetXpubVerbose(1) }
+	s, bound, err := c.bindEngineSocket(zmq.XPUB, endpoint, o.SendHWM, verbose)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("kvtransport: publisher: %w", err)
 	}
-	hwm := o.SendHWM
+	return &Publisher{sock: s, endpoint: bound}, nil
+}
+
+// bindEngineSocket makes an engine-side socket with the send HWM an
+// engine uses (hwm <= 0: DefaultSendHWM), applies extra, and binds it.
+func (c *Context) bindEngineSocket(t zmq.Type, endpoint string, hwm int, extra func(*zmq.Socket) error) (*zmq.Socket, string, error) {
+	s, err := c.newSocket(t)
+	if err != nil {
+		return nil, "", err
+	}
 	if hwm <= 0 {
 		hwm = DefaultSendHWM
 	}
 	if err := s.SetSndhwm(hwm); err != nil {
 		s.Close()
-		return nil, fmt.Errorf("kvtransport: publisher set send hwm: %w", err)
+		return nil, "", fmt.Errorf("set send hwm: %w", err)
 	}
-	// Every subscribe request is passed up, not only the first per topic,
-	// so that the owner can tell each subscriber's arrival.
-	if err := s.SetXpubVerbose(1); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("kvtransport: publisher set verbose: %w", err)
+	if extra != nil {
+		if err := extra(s); err != nil {
+			s.Close()
+			return nil, "", fmt.Errorf("set options: %w", err)
+		}
 	}
 	bound, err := routerBind(s, endpoint)
 	if err != nil {
 		s.Close()
-		return nil, fmt.Errorf("kvtransport: publisher: %w", err)
+		return nil, "", err
 	}
-	return &Publisher{sock: s, endpoint: bound}, nil
+	return s, bound, nil
 }
 
 // Endpoint returns the endpoint actually bound, with the real port.
@@ -118,21 +130,8 @@ type ReplayServer struct {
 // BindReplayServer binds a ROUTER on endpoint. Binding port 0 picks a free
 // port; Endpoint reports the one chosen.
 func (c *Context) BindReplayServer(endpoint string, o ReplayServerOptions) (*ReplayServer, error) {
-	s, err := c.newSocket(zmq.ROUTER)
+	s, bound, err := c.bindEngineSocket(zmq.ROUTER, endpoint, o.SendHWM, nil)
 	if err != nil {
-		return nil, err
-	}
-	hwm := o.SendHWM
-	if hwm <= 0 {
-		hwm = DefaultSendHWM
-	}
-	if err := s.SetSndhwm(hwm); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("kvtransport: replay server set send hwm: %w", err)
-	}
-	bound, err := routerBind(s, endpoint)
-	if err != nil {
-		s.Close()
 		return nil, fmt.Errorf("kvtransport: replay server: %w", err)
 	}
 	p := zmq.NewPoller()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -308,4 +309,15 @@ func TestBindConflictNamesEndpoint(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), p.Endpoint()) {
 		t.Fatalf("second bind on %s: err = %v", p.Endpoint(), err)
 	}
+}
+
+// pollOne waits up to timeout for s to become readable.
+func pollOne(s *zmq.Socket, timeout time.Duration) (bool, error) {
+	p := zmq.NewPoller()
+	p.Add(s, zmq.POLLIN)
+	ready, err := p.Poll(timeout)
+	if err != nil {
+		return false, fmt.Errorf("kvtransport: poll: %w", err)
+	}
+	return len(ready) > 0, nil
 }
