@@ -1,8 +1,10 @@
 package enginesim
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"strconv"
 	"time"
@@ -67,11 +69,57 @@ type Config struct {
 	// Clock supplies batch timestamps (time.Now when nil), so runs can be
 	// made byte-for-byte reproducible.
 	Clock func() time.Time
+
+	// HTTPAddr, when set, is the business HTTP address Start listens on,
+	// "127.0.0.1:0" for any free port. An empty Name becomes the bound
+	// "ip:port", which is what the engine registers and what kvcar's
+	// registry probes /health on.
+	HTTPAddr string
+	// DiscoveryOffsets, when set, derives every rank's event and replay
+	// endpoints from the HTTP port the way kvcar's discovery does
+	// (R-DISC-2), so EventEndpoints and ReplayEndpoints must be empty. An
+	// empty HTTPAddr means "127.0.0.1:0"; a port 0 is replaced, in New, by
+	// one for which the HTTP port and all derived ports are free.
+	DiscoveryOffsets *DiscoveryOffsets
+	// Etcd, when set, makes Start register the instance in etcd under a
+	// lease it keeps alive, and Close revoke it.
+	Etcd *EtcdConfig
+	// Heartbeat, when set together with Etcd, makes the engine report its
+	// load to the master service found in etcd.
+	Heartbeat *HeartbeatConfig
 }
 
 func (c Config) withDefaults() (Config, error) {
 	if c.DPSize == 0 {
 		c.DPSize = 1
+	}
+	if c.DPSize < 0 {
+		return c, fmt.Errorf("enginesim: DPSize %d is negative", c.DPSize)
+	}
+	// The engine keeps its own copies, so that a caller reusing a Config
+	// cannot change a running engine.
+	if c.DiscoveryOffsets != nil {
+		o := *c.DiscoveryOffsets
+		c.DiscoveryOffsets = &o
+	}
+	if c.Etcd != nil {
+		ec := *c.Etcd
+		ec.Endpoints = append([]string(nil), ec.Endpoints...)
+		ec.ExtraMeta = maps.Clone(ec.ExtraMeta)
+		c.Etcd = &ec
+	}
+	if c.Heartbeat != nil {
+		hc := *c.Heartbeat
+		c.Heartbeat = &hc
+	}
+	if err := c.resolveHTTP(); err != nil {
+		return c, err
+	}
+	if err := c.Etcd.validate(c.Name, c.HTTPAddr); err != nil {
+		return c, err
+	}
+	if err := c.Heartbeat.validate(c.Etcd != nil); err != nil {
+		return c, err
 	}
 	if c.BlockSize == 0 {
 		c.BlockSize = DefaultBlockSize
@@ -95,8 +143,6 @@ func (c Config) withDefaults() (Config, error) {
 		c.Clock = time.Now
 	}
 	switch {
-	case c.DPSize < 0:
-		return c, fmt.Errorf("enginesim: DPSize %d is negative", c.DPSize)
 	case c.BlockSize < 0:
 		return c, fmt.Errorf("enginesim: BlockSize %d is negative", c.BlockSize)
 	case c.DeviceBlocks < 0:
@@ -116,6 +162,56 @@ func (c Config) withDefaults() (Config, error) {
 		return c, err
 	}
 	return c, nil
+}
+
+// resolveHTTP applies the discovery rule and names the instance after a
+// concrete HTTP address when no name is given.
+func (c *Config) resolveHTTP() error {
+	if c.DiscoveryOffsets != nil {
+		if len(c.EventEndpoints) > 0 || len(c.ReplayEndpoints) > 0 {
+			return errors.New("enginesim: DiscoveryOffsets derives the endpoints; EventEndpoints and ReplayEndpoints must be empty")
+		}
+		if c.HTTPAddr == "" {
+			c.HTTPAddr = "127.0.0.1:0"
+		}
+		host, port, err := splitHostPort(c.HTTPAddr)
+		if err != nil {
+			return err
+		}
+		off := *c.DiscoveryOffsets
+		if port == 0 {
+			if port, err = freeDiscoveryPort(host, c.DPSize, off.Event, off.Replay); err != nil {
+				return err
+			}
+			c.HTTPAddr = net.JoinHostPort(host, strconv.Itoa(port))
+		}
+		if c.EventEndpoints, c.ReplayEndpoints, err = DiscoveryEndpoints(c.HTTPAddr, c.DPSize, off.Event, off.Replay); err != nil {
+			return err
+		}
+	}
+	if c.HTTPAddr == "" {
+		return nil
+	}
+	_, port, err := splitHostPort(c.HTTPAddr)
+	if err != nil {
+		return err
+	}
+	if c.Name == "" && port != 0 {
+		c.Name = c.HTTPAddr
+	}
+	return nil
+}
+
+func splitHostPort(addr string) (string, int, error) {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, fmt.Errorf("enginesim: http address %q: %w", addr, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("enginesim: http address %q: bad port", addr)
+	}
+	return host, port, nil
 }
 
 func endpointsFor(key string, eps []string, dpSize int) ([]string, error) {

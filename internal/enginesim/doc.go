@@ -1,9 +1,10 @@
-// Package enginesim emulates the KV event side of an xLLM engine
-// instance over real TCP, for tests, benchmarks and local runs. Each DP
-// rank has a block cache (a Device LRU and an optional Host LRU), a live
-// XPUB and a replay ROUTER, and publishes what its cache does exactly as
-// the engine does: one live batch per operation, per-rank sequence
-// numbers from 0, full snapshots on request. Fault injection reproduces
+// Package enginesim emulates an xLLM engine instance over real TCP, for
+// tests, benchmarks and local runs: its KV event side, its etcd
+// registration and its heartbeats. Each DP rank has a block cache (a
+// Device LRU and an optional Host LRU), a live XPUB and a replay ROUTER,
+// and publishes what its cache does exactly as the engine does: one live
+// batch per operation, per-rank sequence numbers from 0, full snapshots on
+// request. Fault injection reproduces
 // what kvcar must survive: gaps, restarts, corrupt and oversize payloads,
 // wrong ranks and block sizes, unknown parents, silently lost tails and
 // misbehaving snapshots.
@@ -42,11 +43,47 @@
 // reply is the end marker alone: that is how a subscriber learns that the
 // state is empty and that every live message, from sequence 0, counts.
 //
+// # Registration and load reports
+//
+// With Config.HTTPAddr the engine serves its business HTTP address; the
+// instance name is that "ip:port" unless Name says otherwise, and
+// DiscoveryOffsets places the KV endpoints where kvcar's discovery derives
+// them from it (R-DISC-2). GET /health answers 200 "ok", or 503 after
+// SetHealthy(false): kvcar's registry probes it when a key disappears.
+//
+// With Config.Etcd, Start registers as an xLLM engine does: it grants a
+// lease (3 s by default), puts [/<ns>/]XLLM:<TYPE>:<name> with the
+// InstanceMetaInfo JSON under it and keeps it alive; Close revokes it, so
+// the key disappears at once. Each process start has its own identity, a
+// random incarnation_id and a growing register_ts_ms: Restart and
+// RestartWithDPSize are new processes and overwrite the key under a new
+// lease without deleting it, while Reregister keeps the identity. The
+// faults a registry must tell apart are LoseLease (no more renewals: the
+// key expires after the TTL while HTTP and heartbeats go on), Deregister
+// (revoked now), SetHealthy and SetHeartbeatPaused. An engine with
+// ReconcileInterval puts a missing key back by itself, as xLLM does.
+//
+// With Config.Heartbeat the engine reads and watches
+// [/<ns>/]XLLM:SERVICE:MASTER and posts the proto-JSON HeartbeatRequest to
+// http://<master>/v1/internal/heartbeat every interval: its name and
+// incarnation, waiting_requests_num (SetWaiting) and
+// gpu_cache_usage_perc, the Device blocks in use over the capacity,
+// averaged over the DP ranks as xLLM averages them. The master's last
+// answer is kept for LastHeartbeatStatus; a 409 (unknown instance or
+// incarnation) is only logged, as by xLLM.
+//
+// xllm-service decides a MIX instance's current role itself and keeps it
+// out of etcd; SetMixRole writes it to the optional meta field
+// current_type for a registry that wants to be told.
+//
 // # Ownership
 //
 // Each rank's sockets and cache belong to one goroutine; public methods
-// hand it work through a channel and wait for the result. The package
-// owns no state outside an Engine. It imports kvevent only to encode and
-// kvtransport only for the engine-side sockets; it must not import the
-// directory or index packages, whose behaviour it exists to test.
+// hand it work through a channel and wait for the result. The HTTP
+// server, the lease keepalive, the heartbeat and the reconciler each run
+// in one goroutine that the Engine starts and that Close stops and waits
+// for. The package owns no state outside an Engine. It imports kvevent
+// only to encode, kvtransport only for the engine-side sockets and the
+// etcd client only to register; it must not import the directory, index
+// or instance packages, whose behaviour it exists to test.
 package enginesim

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvcar/kvcar/internal/kvevent"
@@ -37,20 +38,48 @@ type BlockState struct {
 type Engine struct {
 	cfg Config
 
-	// mu is held shared by every operation on a rank and exclusively by
-	// Start and Close, so that a rank never goes away under a caller.
+	// life serialises Start, Close and the restarts. Locks are taken in
+	// the order life, regMu, mu, and nothing waits for a goroutine that
+	// may need a lock the waiter holds.
+	life sync.Mutex
+
+	// mu is held shared by every operation on a rank and exclusively
+	// while ranks come and go, so that a rank never goes away under a
+	// caller. It also guards cfg.Name and cfg.DPSize, which change only
+	// then.
 	mu      sync.RWMutex
 	tctx    *kvtransport.Context
 	ranks   []*rank
 	running bool
 	// stopped is set once the engine has been closed: its ports are then
 	// concrete and may still be held by the old sockets for a moment.
-	stopped bool
-	events  []string
-	replays []string
+	stopped  bool
+	events   []string
+	replays  []string
+	httpAddr string
+	http     *httpServer
+
+	// regMu serialises everything that changes the registration: the
+	// registrar (present while running with Etcd), the identity and the
+	// reconciler's repairs. The pointers are atomic for the readers.
+	regMu      sync.Mutex
+	reg        atomic.Pointer[registrar]
+	ident      atomic.Pointer[identity]
+	mixRole    atomic.Int32
+	reconciler *reconciler  // under life
+	beater     *heartbeater // under life
+
+	// Knobs and reported load, read by the HTTP and heartbeat goroutines.
+	unhealthy atomic.Bool
+	hbPaused  atomic.Bool
+	waiting   atomic.Uint64
+	ttftMs    atomic.Int64
+	tbtMs     atomic.Int64
+	hb        heartbeatState
 }
 
-// New validates cfg and fills in defaults. It binds nothing: see Start.
+// New validates cfg and fills in defaults. It binds nothing (see Start);
+// with DiscoveryOffsets and HTTP port 0 it only probes for free ports.
 func New(cfg Config) (*Engine, error) {
 	c, err := cfg.withDefaults()
 	if err != nil {
@@ -63,36 +92,89 @@ func New(cfg Config) (*Engine, error) {
 	}, nil
 }
 
-// Name returns the configured instance name.
-func (e *Engine) Name() string { return e.cfg.Name }
+// Name returns the instance name: the configured one, else the HTTP
+// address, known once the engine has bound it.
+func (e *Engine) Name() string {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.cfg.Name
+}
 
 // DPSize returns the number of DP ranks.
-func (e *Engine) DPSize() int { return e.cfg.DPSize }
+func (e *Engine) DPSize() int {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.cfg.DPSize
+}
 
 // BlockSize returns the number of tokens per block.
 func (e *Engine) BlockSize() int { return e.cfg.BlockSize }
 
-// Start binds every rank's sockets and starts their goroutines. Ports
-// picked for port-0 endpoints are kept from then on, also when the engine
-// is started again after Close.
+// Start binds the HTTP server and every rank's sockets and starts their
+// goroutines; with Etcd it then registers the instance and, with
+// Heartbeat, starts reporting. Ports picked for port-0 addresses are kept
+// from then on, also when the engine is started again after Close. A
+// failed Start leaves the engine stopped.
 func (e *Engine) Start() error {
+	e.life.Lock()
+	defer e.life.Unlock()
+	if err := e.startCore(); err != nil {
+		return err
+	}
+	if e.cfg.Etcd == nil {
+		return nil
+	}
+	if err := e.startRegistration(); err != nil {
+		return errors.Join(err, e.stopCore())
+	}
+	return nil
+}
+
+func (e *Engine) startCore() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.running {
 		return errors.New("enginesim: engine already started")
 	}
-	tctx, err := kvtransport.NewContext()
-	if err != nil {
-		return fmt.Errorf("enginesim: %s: %w", e.cfg.Name, err)
-	}
-	ranks := make([]*rank, e.cfg.DPSize)
-	results := make(chan error, e.cfg.DPSize)
 	var bindWait time.Duration
 	if e.stopped {
 		bindWait = rebindTimeout
 	}
+	var hs *httpServer
+	if e.cfg.HTTPAddr != "" {
+		addr := e.httpAddr
+		if addr == "" {
+			addr = e.cfg.HTTPAddr
+		}
+		var err error
+		if hs, err = e.startHTTP(addr, time.Now().Add(bindWait)); err != nil {
+			return err
+		}
+		e.httpAddr = hs.addr
+		if e.cfg.Name == "" {
+			e.cfg.Name = hs.addr
+		}
+	}
+	tctx, err := kvtransport.NewContext()
+	if err != nil {
+		return errors.Join(fmt.Errorf("enginesim: %s: %w", e.cfg.Name, err), stopHTTP(hs))
+	}
+	ranks, err := e.startRanks(tctx, e.events, e.replays, bindWait)
+	if err != nil {
+		return errors.Join(err, tctx.Close(), stopHTTP(hs))
+	}
+	e.tctx, e.ranks, e.running, e.http = tctx, ranks, true, hs
+	return nil
+}
+
+// startRanks starts one goroutine per endpoint pair and waits until all
+// have bound; on any failure it stops them all. It records the concrete
+// endpoints in e.events and e.replays. The caller holds mu.
+func (e *Engine) startRanks(tctx *kvtransport.Context, events, replays []string, bindWait time.Duration) ([]*rank, error) {
+	ranks := make([]*rank, len(events))
+	results := make(chan error, len(events))
 	for dp := range ranks {
-		ranks[dp] = newRank(dp, &e.cfg, tctx, e.events[dp], e.replays[dp])
+		ranks[dp] = newRank(dp, &e.cfg, tctx, events[dp], replays[dp])
 		go ranks[dp].run(bindWait, results)
 	}
 	var errs []error
@@ -103,21 +185,86 @@ func (e *Engine) Start() error {
 	}
 	if len(errs) > 0 {
 		stopRanks(ranks)
-		if err := tctx.Close(); err != nil {
-			errs = append(errs, err)
-		}
-		return fmt.Errorf("enginesim: start %s: %w", e.cfg.Name, errors.Join(errs...))
+		return nil, fmt.Errorf("enginesim: start %s: %w", e.cfg.Name, errors.Join(errs...))
 	}
+	e.events, e.replays = make([]string, len(ranks)), make([]string, len(ranks))
 	for dp, r := range ranks {
 		e.events[dp], e.replays[dp] = r.eventEP, r.replayEP
 	}
-	e.tctx, e.ranks, e.running = tctx, ranks, true
+	return ranks, nil
+}
+
+func stopHTTP(hs *httpServer) error {
+	if hs == nil {
+		return nil
+	}
+	return hs.stop()
+}
+
+// startRegistration registers a new process start and starts the
+// heartbeats and the reconciler. The caller holds life.
+func (e *Engine) startRegistration() error {
+	e.regMu.Lock()
+	defer e.regMu.Unlock()
+	id, err := e.nextIdentity()
+	if err != nil {
+		return err
+	}
+	r, err := newRegistrar(e.cfg.Etcd, e.cfg.Logger.With("engine", e.Name()))
+	if err != nil {
+		return fmt.Errorf("enginesim: %s: %w", e.Name(), err)
+	}
+	if err := e.register(r, id); err != nil {
+		return errors.Join(err, r.close())
+	}
+	e.ident.Store(&id)
+	e.reg.Store(r)
+	if e.cfg.Heartbeat != nil {
+		e.beater = e.startHeartbeat(r.cli)
+	}
+	if e.cfg.Etcd.ReconcileInterval > 0 {
+		e.reconciler = e.startReconciler(r, e.cfg.Etcd.ReconcileInterval)
+	}
 	return nil
 }
 
-// Close stops every rank goroutine, closes the sockets and waits for all
-// of it. Closing an engine that is not running does nothing.
+// Close deregisters the instance (its etcd key disappears), stops the
+// heartbeats, the HTTP server and every rank goroutine, closes the sockets
+// and waits for all of it. Closing an engine that is not running does
+// nothing.
 func (e *Engine) Close() error {
+	e.life.Lock()
+	defer e.life.Unlock()
+	return e.closeLocked()
+}
+
+func (e *Engine) closeLocked() error {
+	var errs []error
+	if e.beater != nil {
+		e.beater.stop()
+		e.beater = nil
+	}
+	if e.reconciler != nil {
+		e.reconciler.stop()
+		e.reconciler = nil
+	}
+	e.regMu.Lock()
+	if r := e.reg.Swap(nil); r != nil {
+		if err := r.close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	e.regMu.Unlock()
+	if err := e.stopCore(); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("enginesim: close %s: %w", e.Name(), errors.Join(errs...))
+	}
+	return nil
+}
+
+func (e *Engine) stopCore() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if !e.running {
@@ -125,10 +272,10 @@ func (e *Engine) Close() error {
 	}
 	stopRanks(e.ranks)
 	e.ranks, e.running, e.stopped = nil, false, true
-	err := e.tctx.Close()
-	e.tctx = nil
+	err := errors.Join(e.tctx.Close(), stopHTTP(e.http))
+	e.tctx, e.http = nil, nil
 	if err != nil {
-		return fmt.Errorf("enginesim: close %s: %w", e.cfg.Name, err)
+		return fmt.Errorf("enginesim: stop %s: %w", e.cfg.Name, err)
 	}
 	return nil
 }
@@ -209,7 +356,7 @@ func (e *Engine) Prefill(dp int, tokens []uint32) (deviceHitTokens, hostHitToken
 // hashes. Storing on Host needs HostBlocks > 0.
 func (e *Engine) StoreChain(dp int, tokens []uint32, m kvevent.Medium) ([]kvevent.EngineHash, error) {
 	if m == kvevent.Host && e.cfg.HostBlocks == 0 {
-		return nil, fmt.Errorf("enginesim: %s: store on host: host offload is disabled", e.cfg.Name)
+		return nil, fmt.Errorf("enginesim: %s: store on host: host offload is disabled", e.Name())
 	}
 	var hashes []kvevent.EngineHash
 	err := e.do(dp, func(r *rank) error {
@@ -317,7 +464,7 @@ func (e *Engine) WaitSubscribed(ctx context.Context, dp int, n uint64) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("enginesim: %s dp %d: waiting for %d subscriptions (have %d): %w",
-				e.cfg.Name, dp, n, e.Subscriptions(dp), ctx.Err())
+				e.Name(), dp, n, e.Subscriptions(dp), ctx.Err())
 		case <-t.C:
 		}
 	}
@@ -325,16 +472,96 @@ func (e *Engine) WaitSubscribed(ctx context.Context, dp int, n uint64) error {
 
 // Restart emulates a process restart: every rank closes its sockets,
 // forgets its cache, starts its sequence again at 0 and binds the same
-// ports again. Fault settings are harness configuration and are kept.
+// ports again; the waiting queue empties. A registered engine registers
+// the new process with a new incarnation_id and register_ts_ms under a
+// new lease, overwriting its key without deleting it. The HTTP server
+// keeps serving on the same address throughout. Fault settings are
+// harness configuration and are kept.
 func (e *Engine) Restart() error {
+	e.life.Lock()
+	defer e.life.Unlock()
 	var errs []error
-	for dp := 0; dp < e.cfg.DPSize; dp++ {
+	for dp := range e.DPSize() {
 		if err := e.do(dp, (*rank).restart); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("enginesim: restart %s: %w", e.cfg.Name, errors.Join(errs...))
+		return fmt.Errorf("enginesim: restart %s: %w", e.Name(), errors.Join(errs...))
 	}
-	return nil
+	e.waiting.Store(0)
+	return e.registerNewProcess()
+}
+
+// RestartWithDPSize is Restart into a process with n DP ranks: all ranks
+// are replaced by n new ones and a registered engine announces the new
+// dp_size with its new identity. With DiscoveryOffsets the endpoints
+// follow the discovery rule for n ranks; otherwise ranks that remain keep
+// their ports and new ones bind any free port. When the new ranks cannot
+// bind, the engine is closed.
+func (e *Engine) RestartWithDPSize(n int) error {
+	if n <= 0 {
+		return fmt.Errorf("enginesim: dp size %d is not positive", n)
+	}
+	e.life.Lock()
+	defer e.life.Unlock()
+	if ranksGone, err := e.replaceRanks(n); err != nil {
+		if ranksGone {
+			return errors.Join(err, e.closeLocked())
+		}
+		return err
+	}
+	e.waiting.Store(0)
+	return e.registerNewProcess()
+}
+
+// replaceRanks swaps the ranks for n new ones; ranksGone reports a failure
+// after the old ones were stopped.
+func (e *Engine) replaceRanks(n int) (ranksGone bool, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.running {
+		return false, ErrNotRunning
+	}
+	var events, replays []string
+	if off := e.cfg.DiscoveryOffsets; off != nil {
+		if events, replays, err = DiscoveryEndpoints(e.cfg.HTTPAddr, n, off.Event, off.Replay); err != nil {
+			return false, err
+		}
+	} else {
+		events, replays = make([]string, n), make([]string, n)
+		for dp := range n {
+			events[dp], replays[dp] = AnyPort, AnyPort
+			if dp < len(e.events) {
+				events[dp], replays[dp] = e.events[dp], e.replays[dp]
+			}
+		}
+	}
+	stopRanks(e.ranks)
+	e.ranks = nil
+	e.cfg.DPSize = n
+	ranks, err := e.startRanks(e.tctx, events, replays, rebindTimeout)
+	if err != nil {
+		e.events, e.replays = events, replays
+		return true, err
+	}
+	e.ranks = ranks
+	return false, nil
+}
+
+// registerNewProcess gives a registered engine a new identity and
+// registers it. The caller holds life.
+func (e *Engine) registerNewProcess() error {
+	e.regMu.Lock()
+	defer e.regMu.Unlock()
+	r := e.reg.Load()
+	if r == nil {
+		return nil
+	}
+	id, err := e.nextIdentity()
+	if err != nil {
+		return err
+	}
+	e.ident.Store(&id)
+	return e.register(r, id)
 }

@@ -26,7 +26,7 @@ func startEngine(t *testing.T, cfg Config) *Engine {
 	if cfg.BlockSize == 0 {
 		cfg.BlockSize = testBS
 	}
-	if cfg.Name == "" {
+	if cfg.Name == "" && cfg.HTTPAddr == "" && cfg.DiscoveryOffsets == nil {
 		cfg.Name = "127.0.0.1:8000"
 	}
 	e, err := New(cfg)
