@@ -1,6 +1,7 @@
-// Command kvcar-demo runs a small local deployment: emulated xLLM engines
-// publishing KV events over TCP, the kvcar binary subscribed to them, and
-// a load generator that asks kvcar where each prompt's prefix is cached,
+// Command kvcar-demo runs a small local deployment: an embedded etcd,
+// emulated xLLM engines that register in it, heartbeat and publish KV
+// events over TCP, the kvcar binary discovering and indexing them, and a
+// load generator that asks kvcar where each prompt's prefix is cached,
 // sends it there, and prints what kvcar predicted next to what the engine
 // actually reused.
 package main
@@ -20,10 +21,12 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/kvcar/kvcar/internal/enginesim"
+	"github.com/kvcar/kvcar/internal/etcdembed"
 )
 
 func main() {
@@ -57,7 +60,14 @@ func run(ctx context.Context, args []string) error {
 	}
 
 	const blockSize = 16
-	engines, err := startEngines(blockSize)
+	etcd, err := etcdembed.Start(ctx, etcdembed.Options{})
+	if err != nil {
+		return fmt.Errorf("embedded etcd: %w", err)
+	}
+	defer etcd.Close()
+	fmt.Printf("embedded etcd on %s\n", etcd.Endpoint())
+
+	engines, err := startEngines(blockSize, etcd.Endpoints())
 	if err != nil {
 		return err
 	}
@@ -72,12 +82,14 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	cfgPath := filepath.Join(dir, "kv_events_config.json")
-	if err := os.WriteFile(cfgPath, staticConfig(engines, blockSize), 0o600); err != nil {
+	cfgPath := filepath.Join(dir, "kv_events_discovery_config.json")
+	cfg := fmt.Sprintf(`{"discovery":{"enabled":true,"block_size":%d,"topic":"xllm-kv","event_port_offset":10000,"replay_port_offset":30000,"refresh_interval_ms":200}}`, blockSize)
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return err
 	}
 
-	cmd := exec.CommandContext(ctx, o.kvcar, fmt.Sprintf("--port=%d", o.port), "--kv_events_config_file="+cfgPath)
+	cmd := exec.CommandContext(ctx, o.kvcar, fmt.Sprintf("--port=%d", o.port), "--advertise_host=127.0.0.1",
+		"--etcd_addr="+strings.Join(etcd.Endpoints(), ","), "--kv_events_config_file="+cfgPath)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 10 * time.Second
@@ -90,7 +102,7 @@ func run(ctx context.Context, args []string) error {
 	if err := waitReady(ctx, base, len(streamsOf(engines))); err != nil {
 		return err
 	}
-	fmt.Printf("\nkvcar is serving on %s with %d streams from %d emulated engines\n", base, len(streamsOf(engines)), len(engines))
+	fmt.Printf("\nkvcar is serving on %s with %d discovered streams from %d emulated engines\n", base, len(streamsOf(engines)), len(engines))
 	fmt.Printf("query endpoint: curl -sS %s/v1/internal/kv-cache/query -d '{\"token_ids\":[]}'\n\n", base)
 
 	if err := load(ctx, base, engines, blockSize, o); err != nil {
@@ -110,13 +122,15 @@ func run(ctx context.Context, args []string) error {
 	return nil
 }
 
-func startEngines(blockSize int) ([]*enginesim.Engine, error) {
+func startEngines(blockSize int, etcd []string) ([]*enginesim.Engine, error) {
 	var engines []*enginesim.Engine
 	for i, dp := range []int{1, 1, 1, 2} {
 		e, err := enginesim.New(enginesim.Config{
-			Name: fmt.Sprintf("127.0.0.1:%d", 8001+i), DPSize: dp, BlockSize: blockSize,
-			DeviceBlocks: 256, HostBlocks: 512, Topic: "xllm-kv",
-			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			DPSize: dp, BlockSize: blockSize, DeviceBlocks: 256, HostBlocks: 512, Topic: "xllm-kv",
+			DiscoveryOffsets: enginesim.DefaultDiscoveryOffsets(),
+			Etcd:             &enginesim.EtcdConfig{Endpoints: etcd, Type: enginesim.TypeDefault},
+			Heartbeat:        &enginesim.HeartbeatConfig{},
+			Logger:           slog.New(slog.DiscardHandler),
 		})
 		if err == nil {
 			err = e.Start()
@@ -127,6 +141,7 @@ func startEngines(blockSize int) ([]*enginesim.Engine, error) {
 			}
 			return nil, fmt.Errorf("engine %d: %w", i, err)
 		}
+		fmt.Printf("engine %s: %d DP rank(s), KV events on %s, replay on %s\n", e.Name(), dp, e.EventEndpoint(0), e.ReplayEndpoint(0))
 		engines = append(engines, e)
 	}
 	return engines, nil
@@ -145,23 +160,6 @@ func streamsOf(engines []*enginesim.Engine) []streamRef {
 		}
 	}
 	return out
-}
-
-func staticConfig(engines []*enginesim.Engine, blockSize int) []byte {
-	type stream struct {
-		InstanceName   string `json:"instance_name"`
-		DPRank         int    `json:"dp_rank"`
-		BlockSize      int    `json:"block_size"`
-		Endpoint       string `json:"endpoint"`
-		ReplayEndpoint string `json:"replay_endpoint"`
-		Topic          string `json:"topic"`
-	}
-	var streams []stream
-	for _, s := range streamsOf(engines) {
-		streams = append(streams, stream{s.e.Name(), s.dp, blockSize, s.e.EventEndpoint(s.dp), s.e.ReplayEndpoint(s.dp), "xllm-kv"})
-	}
-	b, _ := json.MarshalIndent(map[string]any{"streams": streams}, "", "  ")
-	return b
 }
 
 type match struct {

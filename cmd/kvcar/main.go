@@ -15,10 +15,15 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/kvcar/kvcar/internal/config"
+	"github.com/kvcar/kvcar/internal/etcdembed"
+	"github.com/kvcar/kvcar/internal/instance"
 	"github.com/kvcar/kvcar/internal/kvdir"
 	"github.com/kvcar/kvcar/internal/server"
 )
@@ -36,10 +41,19 @@ func main() {
 type flags struct {
 	host             string
 	port             int
+	advertiseHost    string
 	kvEventsConfig   string
 	internalAPIToken string
 	logLevel         string
 	logFormat        string
+
+	etcdAddr       string
+	etcdNamespace  string
+	leaseLostMs    int
+	suspectSeconds int
+	probeTimeoutMs int
+	probeAttempts  int
+	blockSize      int
 }
 
 func parseFlags(args []string, out io.Writer) (*flags, error) {
@@ -52,14 +66,34 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	fs.StringVar(&f.internalAPIToken, "internal_api_token", "", "when set, internal endpoints require this X-Internal-Token")
 	fs.StringVar(&f.logLevel, "log_level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log_format", "text", "log format: text or json")
+	fs.StringVar(&f.advertiseHost, "advertise_host", "", "host other services and engines reach this one at (empty: --host, else this machine's first non-loopback address)")
+	fs.StringVar(&f.etcdAddr, "etcd_addr", "", "etcd endpoints, comma separated host:port; empty starts an embedded etcd for development")
+	fs.StringVar(&f.etcdNamespace, "etcd_namespace", "", "optional namespace prefix of every etcd key, e.g. prod-a")
+	fs.IntVar(&f.leaseLostMs, "lease_lost_heartbeat_timeout_ms", 3000, "heartbeat silence before a LEASE_LOST instance becomes SUSPECT")
+	fs.IntVar(&f.suspectSeconds, "detect_disconnected_instance_interval", 15, "seconds a SUSPECT instance is kept before it is removed")
+	fs.IntVar(&f.probeTimeoutMs, "instance_delete_probe_timeout_ms", 1000, "timeout of each health probe after an instance's etcd key is deleted")
+	fs.IntVar(&f.probeAttempts, "instance_delete_probe_attempts", 2, "health probe attempts after an instance's etcd key is deleted")
+	fs.IntVar(&f.blockSize, "block_size", 128, "accepted for compatibility; the KV index uses discovery.block_size of the KV events config")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
-	if f.port < 0 || f.port > 65535 {
-		return nil, fmt.Errorf("--port = %d: must be in [0, 65535]", f.port)
+	for _, r := range []struct {
+		name     string
+		val      int
+		min, max int
+	}{
+		{"--port", f.port, 0, 65535},
+		{"--lease_lost_heartbeat_timeout_ms", f.leaseLostMs, 100, 600000},
+		{"--detect_disconnected_instance_interval", f.suspectSeconds, 1, 3600},
+		{"--instance_delete_probe_timeout_ms", f.probeTimeoutMs, 10, 60000},
+		{"--instance_delete_probe_attempts", f.probeAttempts, 1, 10},
+	} {
+		if r.val < r.min || r.val > r.max {
+			return nil, fmt.Errorf("%s = %d: must be in [%d, %d]", r.name, r.val, r.min, r.max)
+		}
 	}
 	return f, nil
 }
@@ -90,35 +124,68 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	if err != nil {
 		return err
 	}
-
-	var dir *kvdir.Directory
+	var cfg *config.Config
 	if f.kvEventsConfig == "" {
 		log.Warn("--kv_events_config_file is empty: the KV index is disabled and every prefix hit ratio is 0")
-	} else {
-		cfg, err := config.Load(f.kvEventsConfig)
-		if err != nil {
-			return err
-		}
-		dir, err = kvdir.New(kvdir.LimitsFromConfig(cfg), kvdir.Options{Logger: log})
-		if err != nil {
-			return err
-		}
-		defer dir.Close()
-		if err := dir.SetStreams(kvdir.StaticSpecs(cfg)); err != nil {
-			return err
-		}
-		log.Info("KV index enabled", "config", f.kvEventsConfig, "static_streams", len(cfg.Streams))
+	} else if cfg, err = config.Load(f.kvEventsConfig); err != nil {
+		return err
+	}
+	if f.blockSize != 128 {
+		log.Warn("--block_size does not affect the KV index; discovery.block_size in the KV events config does", "block_size", f.blockSize)
 	}
 
-	opts := server.Options{InternalAPIToken: f.internalAPIToken, Logger: log}
-	if dir != nil {
-		opts.Directory = dir
-	}
-	srv := server.New(opts)
 	ln, err := net.Listen("tcp", net.JoinHostPort(f.host, fmt.Sprint(f.port)))
 	if err != nil {
 		return fmt.Errorf("listen on port %d: %w", f.port, err)
 	}
+	defer ln.Close()
+	self := advertisedAddr(f, ln.Addr())
+
+	// Every background part runs under runCtx on wg; at exit they are
+	// stopped and waited for first, then the parts they used are closed
+	// in reverse order of start.
+	runCtx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var cleanups []func()
+	defer func() {
+		cancel()
+		wg.Wait()
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}()
+
+	reg, closeEtcd, err := startRegistry(runCtx, f, self, log, &wg)
+	if err != nil {
+		return err
+	}
+	cleanups = append(cleanups, closeEtcd)
+
+	var dir *kvdir.Directory
+	if cfg != nil {
+		if dir, err = kvdir.New(kvdir.LimitsFromConfig(cfg), kvdir.Options{Logger: log}); err != nil {
+			return err
+		}
+		cleanups = append(cleanups, func() { dir.Close() })
+		if err := dir.SetStreams(kvdir.StaticSpecs(cfg)); err != nil {
+			return err
+		}
+		if cfg.Discovery.Enabled {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				dir.RunDiscovery(runCtx, reg, cfg.Discovery, cfg.MaxStreams)
+			}()
+		}
+		log.Info("KV index enabled", "config", f.kvEventsConfig, "static_streams", len(cfg.Streams),
+			"discovery", cfg.Discovery.Enabled)
+	}
+
+	opts := server.Options{InternalAPIToken: f.internalAPIToken, Logger: log, Heartbeats: reg}
+	if dir != nil {
+		opts.Directory = dir
+	}
+	srv := server.New(opts)
 	hs := &http.Server{
 		Handler:           srv.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -129,8 +196,8 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	srv.SetReady(true)
-	log.Info("kvcar serving", "addr", ln.Addr().String(),
-		"query", fmt.Sprintf("http://%s/v1/internal/kv-cache/query", ln.Addr()))
+	log.Info("kvcar serving", "addr", ln.Addr().String(), "advertise", self,
+		"query", fmt.Sprintf("http://%s%s", self, server.QueryPath))
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
@@ -141,11 +208,104 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	case <-ctx.Done():
 	}
 	srv.SetReady(false)
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	shutdownCtx, cancelShutdown := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancelShutdown()
 	if err := hs.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("http shutdown: %w", err)
 	}
 	log.Info("kvcar stopped")
 	return nil
+}
+
+// startRegistry connects to etcd (or starts an embedded one when
+// --etcd_addr is empty) and runs the instance registry on wg. The
+// returned func closes the client and any embedded server.
+func startRegistry(ctx context.Context, f *flags, self string, log *slog.Logger, wg *sync.WaitGroup) (*instance.Registry, func(), error) {
+	var closers []func()
+	closeAll := func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	endpoints := splitEndpoints(f.etcdAddr)
+	if len(endpoints) == 0 {
+		emb, err := etcdembed.Start(ctx, etcdembed.Options{Logger: log})
+		if err != nil {
+			return nil, nil, fmt.Errorf("embedded etcd: %w", err)
+		}
+		closers = append(closers, func() { emb.Close() })
+		endpoints = []string{emb.Endpoint()}
+		log.Warn("--etcd_addr is empty: started an embedded etcd for development; its data is discarded at exit",
+			"endpoint", emb.Endpoint())
+	}
+	ccfg, err := instance.ClientConfig(endpoints, os.Getenv, log)
+	if err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	client, err := clientv3.New(ccfg)
+	if err != nil {
+		closeAll()
+		return nil, nil, fmt.Errorf("etcd client %v: %w", endpoints, err)
+	}
+	closers = append(closers, func() { client.Close() })
+	reg, err := instance.New(instance.Options{
+		Client:         client,
+		Namespace:      f.etcdNamespace,
+		SelfAddr:       self,
+		Logger:         log,
+		LeaseLostGrace: time.Duration(f.leaseLostMs) * time.Millisecond,
+		SuspectTimeout: time.Duration(f.suspectSeconds) * time.Second,
+		ProbeTimeout:   time.Duration(f.probeTimeoutMs) * time.Millisecond,
+		ProbeAttempts:  f.probeAttempts,
+	})
+	if err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := reg.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			log.Error("instance registry stopped", "err", err)
+		}
+	}()
+	log.Info("instance registry started", "etcd", endpoints, "namespace", f.etcdNamespace, "self", self)
+	return reg, closeAll, nil
+}
+
+func splitEndpoints(s string) []string {
+	var out []string
+	for _, e := range strings.Split(s, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// advertisedAddr is the host:port that goes into XLLM:SERVICE keys and
+// that engines send heartbeats to.
+func advertisedAddr(f *flags, bound net.Addr) string {
+	_, port, _ := net.SplitHostPort(bound.String())
+	host := f.advertiseHost
+	if host == "" {
+		host = f.host
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = firstNonLoopback()
+	}
+	return net.JoinHostPort(host, port)
+}
+
+func firstNonLoopback() string {
+	addrs, err := net.InterfaceAddrs()
+	if err == nil {
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && !ipn.IP.IsLoopback() && ipn.IP.To4() != nil {
+				return ipn.IP.String()
+			}
+		}
+	}
+	return "127.0.0.1"
 }

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"os"
 	"strconv"
+	"strings"
 )
 
 // DiscoveryOffsets are the port offsets kvcar's discovery adds to an
@@ -58,14 +60,53 @@ func freeDiscoveryPort(host string, dpSize, eventOffset, replayOffset int) (int,
 		return 0, fmt.Errorf("enginesim: offsets %d/%d with dp size %d leave no valid HTTP port",
 			eventOffset, replayOffset, dpSize)
 	}
+	// Prefer bases whose every derived port lies outside the kernel's
+	// ephemeral range, where the OS hands out ports to other sockets at
+	// any moment and a port found free could be taken before the bind.
+	var quiet []int
+	ephLo, ephHi := ephemeralRange()
+	for base := lo; base <= hi; base++ {
+		ok := true
+		for _, off := range offsets {
+			if p := base + off; p >= ephLo && p <= ephHi {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			quiet = append(quiet, base)
+		}
+	}
 	var lastErr error
 	for range freePortAttempts {
 		base := lo + rand.IntN(hi-lo+1)
+		if len(quiet) > 0 {
+			base = quiet[rand.IntN(len(quiet))]
+		}
 		if lastErr = portsFree(host, base, offsets); lastErr == nil {
 			return base, nil
 		}
 	}
 	return 0, fmt.Errorf("enginesim: no free discovery ports on %s after %d attempts: %w", host, freePortAttempts, lastErr)
+}
+
+// ephemeralRange is the kernel's range for automatically assigned ports
+// (Linux's default when it cannot be read).
+func ephemeralRange() (lo, hi int) {
+	lo, hi = 32768, 60999
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return lo, hi
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 2 {
+		l, err1 := strconv.Atoi(f[0])
+		h, err2 := strconv.Atoi(f[1])
+		if err1 == nil && err2 == nil && l <= h {
+			return l, h
+		}
+	}
+	return lo, hi
 }
 
 // portsFree binds every base+offset port at once, so that the ports are

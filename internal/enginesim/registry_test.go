@@ -2,6 +2,7 @@ package enginesim
 
 import (
 	"encoding/hex"
+	"fmt"
 	"net/http"
 	"slices"
 	"testing"
@@ -218,7 +219,12 @@ func TestRestartNewIncarnationRDISC5(t *testing.T) {
 // ranks follow the discovery rule for the new size and the meta says so.
 func TestRestartWithDPSizeRDISC5(t *testing.T) {
 	te := startEtcd(t)
+	// Ports for two ranks are checked up front, so the restart into two
+	// ranks finds its second rank's ports free.
+	base, perr := FreeDiscoveryPort(2, DefaultEventPortOffset, DefaultReplayPortOffset)
+	must(t, perr)
 	e := registeredEngine(t, te, "dp", TypePrefill, func(c *Config) {
+		c.HTTPAddr = fmt.Sprintf("127.0.0.1:%d", base)
 		c.DiscoveryOffsets = DefaultDiscoveryOffsets()
 	})
 	inc := e.IncarnationID()

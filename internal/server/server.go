@@ -44,11 +44,14 @@ type Options struct {
 	// MaxTokenIDs bounds the ids of one query; zero or less selects
 	// DefaultMaxTokenIDs.
 	MaxTokenIDs int
+	// Heartbeats takes engine heartbeats; nil answers them with 503.
+	Heartbeats HeartbeatSink
 }
 
 // Server serves kvcar's HTTP API. Its methods are safe for concurrent use.
 type Server struct {
 	dir         KVDirectory
+	heartbeats  HeartbeatSink
 	tokenSet    bool
 	tokenDigest [sha256.Size]byte
 	log         *slog.Logger
@@ -71,10 +74,11 @@ type queryBuffers struct {
 // query endpoint answers 503.
 func New(opts Options) *Server {
 	s := &Server{
-		dir:     opts.Directory,
-		log:     opts.Logger,
-		maxIDs:  opts.MaxTokenIDs,
-		maxBody: opts.MaxBodyBytes,
+		dir:        opts.Directory,
+		heartbeats: opts.Heartbeats,
+		log:        opts.Logger,
+		maxIDs:     opts.MaxTokenIDs,
+		maxBody:    opts.MaxBodyBytes,
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -100,6 +104,7 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("/health", allow("GET", s.handleHealth))
 	s.mux.HandleFunc("/ready", allow("GET", s.handleReady))
 	s.mux.HandleFunc(QueryPath, allow("POST", s.handleQuery))
+	s.mux.HandleFunc(HeartbeatPath, allow("POST", s.handleHeartbeat))
 }
 
 // Handler returns the HTTP handler of all routes.

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/enginesim"
+	"github.com/kvcar/kvcar/internal/etcdembed"
+)
+
+func startEtcd(t *testing.T) *etcdembed.Server {
+	t.Helper()
+	etcd, err := etcdembed.Start(context.Background(), etcdembed.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { etcd.Close() })
+	return etcd
+}
+
+func post(t *testing.T, url, token, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("X-Internal-Token", token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var sb strings.Builder
+	buf := make([]byte, 4096)
+	for {
+		n, err := resp.Body.Read(buf)
+		sb.Write(buf[:n])
+		if err != nil {
+			break
+		}
+	}
+	return resp.StatusCode, sb.String()
+}
+
+func waitUntil(t *testing.T, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestDiscoveryAndHeartbeats covers R-DISC-1..3 and R-CAR-10/11 through
+// the command: an engine registered in etcd is discovered and indexed,
+// its heartbeats reach the master kvcar, and the heartbeat endpoint
+// answers 409 for an unknown instance or a stale incarnation and 401
+// without the token.
+func TestDiscoveryAndHeartbeats(t *testing.T) {
+	etcd := startEtcd(t)
+	cfg := writeConfig(t, `{"discovery":{"enabled":true,"block_size":16,"topic":"xllm-kv","refresh_interval_ms":50}}`)
+	addr := startKVCar(t, "--etcd_addr="+strings.Join(etcd.Endpoints(), ","), "--advertise_host=127.0.0.1",
+		"--kv_events_config_file="+cfg, "--internal_api_token=tok")
+
+	e, err := enginesim.New(enginesim.Config{
+		BlockSize: 16, DeviceBlocks: 64, Topic: "xllm-kv",
+		DiscoveryOffsets: enginesim.DefaultDiscoveryOffsets(),
+		Etcd:             &enginesim.EtcdConfig{Endpoints: etcd.Endpoints(), Type: enginesim.TypeDefault, LeaseTTL: time.Second},
+		Heartbeat:        &enginesim.HeartbeatConfig{Interval: 50 * time.Millisecond, Token: "tok"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	waitUntil(t, "heartbeats accepted by the master", 10*time.Second, func() bool { return e.LastHeartbeatStatus() == http.StatusOK })
+
+	prompt := make([]uint32, 3*16)
+	for i := range prompt {
+		prompt[i] = uint32(i + 7)
+	}
+	if _, _, err := e.Prefill(0, prompt); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "discovered stream reports the prefill", 10*time.Second, func() bool {
+		_, body := query(t, addr, "tok", tokensJSON(prompt))
+		return strings.Contains(string(body), `"instance_name":"`+e.Name()+`"`) && strings.Contains(string(body), `"device_hit_tokens":48`)
+	})
+
+	hb := "http://" + addr + "/v1/internal/heartbeat"
+	load := `"load_metrics":{"waiting_requests_num":3,"gpu_cache_usage_perc":0.5}`
+	for _, tc := range []struct {
+		token, body string
+		code        int
+	}{
+		{"", `{"name":"` + e.Name() + `",` + load + `}`, http.StatusUnauthorized},
+		{"tok", `{"name":"10.9.9.9:1",` + load + `}`, http.StatusConflict},
+		{"tok", `{"name":"` + e.Name() + `","incarnation_id":"stale",` + load + `}`, http.StatusConflict},
+		{"tok", `{"name":"` + e.Name() + `","incarnation_id":"` + e.IncarnationID() + `",` + load + `,"cache_event":{"stored_cache":[1,2]}}`, http.StatusOK},
+		{"tok", `{"name":` + `7}`, http.StatusBadRequest},
+	} {
+		if code, body := post(t, hb, tc.token, tc.body); code != tc.code {
+			t.Errorf("heartbeat %s: %d %s, want %d", tc.body, code, body, tc.code)
+		}
+	}
+}
+
+// TestMasterFailover covers R-CAR-11: of two kvcar replicas on one etcd
+// one holds XLLM:SERVICE:MASTER; when it stops, the other takes over.
+func TestMasterFailover(t *testing.T) {
+	etcd := startEtcd(t)
+	client, err := etcd.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	master := func() string {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		resp, err := client.Get(ctx, "XLLM:SERVICE:MASTER")
+		if err != nil || len(resp.Kvs) == 0 {
+			return ""
+		}
+		return string(resp.Kvs[0].Value)
+	}
+	start := func() (string, context.CancelFunc, chan error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		ready, errc := make(chan string, 1), make(chan error, 1)
+		go func() {
+			errc <- run(ctx, []string{"--port=0", "--log_level=error", "--advertise_host=127.0.0.1",
+				"--etcd_addr=" + strings.Join(etcd.Endpoints(), ",")}, t.Output(), ready)
+		}()
+		select {
+		case a := <-ready:
+			_, port, _ := net.SplitHostPort(a)
+			return "127.0.0.1:" + port, cancel, errc
+		case err := <-errc:
+			t.Fatalf("kvcar: %v", err)
+		}
+		return "", nil, nil
+	}
+	a, stopA, errA := start()
+	waitUntil(t, "first replica elected", 10*time.Second, func() bool { return master() == a })
+	b, stopB, errB := start()
+	defer func() { stopB(); <-errB }()
+	// The second replica must not take over while the first is alive.
+	time.Sleep(300 * time.Millisecond)
+	if m := master(); m != a {
+		t.Fatalf("master %q while %q alive", m, a)
+	}
+	began := time.Now()
+	stopA()
+	if err := <-errA; err != nil {
+		t.Fatalf("first replica: %v", err)
+	}
+	waitUntil(t, "second replica takes over", 10*time.Second, func() bool { return master() == b })
+	t.Logf("failover took %v", time.Since(began).Round(time.Millisecond))
+
+}

@@ -1,0 +1,304 @@
+package etcdembed
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+func testLogger() *slog.Logger {
+	level := slog.LevelError
+	if os.Getenv("KVCAR_TEST_LOG") != "" {
+		level = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+func start(t *testing.T) *Server {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	begin := time.Now()
+	s, err := Start(ctx, Options{Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("embedded etcd ready in %v at %s", time.Since(begin), s.Endpoint())
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return s
+}
+
+func client(t *testing.T, s *Server) *clientv3.Client {
+	t.Helper()
+	cli, err := s.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// The registry tests (R-DISC, R-TEST) rely on a real server that keeps
+// data, revisions and watches across a restart on the same port.
+func TestRestartKeepsDataAndWatchResumes(t *testing.T) {
+	s := start(t)
+	cli := client(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	put, err := cli.Put(ctx, "k", "v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wch := cli.Watch(ctx, "k", clientv3.WithRev(put.Header.Revision+1))
+
+	begin := time.Now()
+	if err := s.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("stop with an open watch took %v", time.Since(begin))
+	if err := s.Stop(); err != nil {
+		t.Fatalf("second Stop: %v", err)
+	}
+	begin = time.Now()
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("restart took %v", time.Since(begin))
+
+	get, err := cli.Get(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(get.Kvs) != 1 || string(get.Kvs[0].Value) != "v1" {
+		t.Fatalf("after restart k = %v, want v1", get.Kvs)
+	}
+	if get.Header.Revision != put.Header.Revision {
+		t.Fatalf("revision after restart %d, want %d", get.Header.Revision, put.Header.Revision)
+	}
+	if _, err := cli.Put(ctx, "k", "v2"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case resp := <-wch:
+		if err := resp.Err(); err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Events) != 1 || string(resp.Events[0].Kv.Value) != "v2" {
+			t.Fatalf("watch after restart got %v, want the put of v2", resp.Events)
+		}
+	case <-ctx.Done():
+		t.Fatal("watch did not resume after restart")
+	}
+}
+
+func TestCloseRemovesOwnDir(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := Start(ctx, Options{Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := s.Dir()
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("data directory %s still there after Close: %v", dir, err)
+	}
+	if err := s.Start(ctx); err == nil {
+		t.Fatal("Start after Close succeeded")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+}
+
+func TestGivenDirIsKeptAndReused(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := Start(ctx, Options{Dir: dir, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := s.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, "kept", "yes"); err != nil {
+		t.Fatal(err)
+	}
+	cli.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	s2, err := Start(ctx, Options{Dir: dir, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	cli2 := client(t, s2)
+	get, err := cli2.Get(ctx, "kept")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(get.Kvs) != 1 || string(get.Kvs[0].Value) != "yes" {
+		t.Fatalf("data in a given directory not kept: %v", get.Kvs)
+	}
+}
+
+// Two servers in one process must not collide on ports.
+func TestTwoServers(t *testing.T) {
+	a, b := start(t), start(t)
+	if a.Endpoint() == b.Endpoint() {
+		t.Fatalf("both servers on %s", a.Endpoint())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ca, cb := client(t, a), client(t, b)
+	if _, err := ca.Put(ctx, "only-a", "1"); err != nil {
+		t.Fatal(err)
+	}
+	get, err := cb.Get(ctx, "only-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(get.Kvs) != 0 {
+		t.Fatal("servers share data")
+	}
+}
+
+// A one-second lease must lapse within about a second (the registry's
+// lease-expiry tests depend on it).
+func TestShortLeaseExpires(t *testing.T) {
+	s := start(t)
+	cli := client(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	grant, err := cli.Grant(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put, err := cli.Put(ctx, "leased", "x", clientv3.WithLease(grant.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	begin := time.Now()
+	wch := cli.Watch(ctx, "leased", clientv3.WithRev(put.Header.Revision+1))
+	for resp := range wch {
+		if len(resp.Events) > 0 && resp.Events[0].Type == clientv3.EventTypeDelete {
+			took := time.Since(begin)
+			t.Logf("1 s lease lapsed after %v", took)
+			if took > 3*time.Second {
+				t.Fatalf("1 s lease took %v to lapse", took)
+			}
+			return
+		}
+	}
+	t.Fatal("lease never lapsed")
+}
+
+func TestPartitionCutsClientsOnly(t *testing.T) {
+	s := start(t)
+	cli := client(t, s)
+	direct, err := s.DirectClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := cli.Put(ctx, "p", "before"); err != nil {
+		t.Fatal(err)
+	}
+
+	s.Partition()
+	short, scancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = cli.Get(short, "p")
+	scancel()
+	if err == nil {
+		t.Fatal("client reached etcd through a partition")
+	}
+	if _, err := direct.Put(ctx, "p", "during"); err != nil {
+		t.Fatalf("direct client during partition: %v", err)
+	}
+
+	if err := s.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	get, err := cli.Get(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(get.Kvs[0].Value) != "during" {
+		t.Fatalf("after heal p = %q, want the value written during the partition", get.Kvs[0].Value)
+	}
+}
+
+// Starting, restarting and closing a healthy server logs no errors: the
+// noise etcd writes on every start and stop is filtered, so that an
+// error in a test log means something.
+func TestQuietLog(t *testing.T) {
+	var buf lockedBuffer
+	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelError}))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := Start(ctx, Options{Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := s.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	wch := cli.Watch(ctx, "w")
+	if _, err := cli.Put(ctx, "w", "1"); err != nil {
+		t.Fatal(err)
+	}
+	<-wch
+	if err := s.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if out := buf.String(); out != "" {
+		t.Errorf("a healthy start, restart and close logged:\n%s", out)
+	}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

@@ -1,0 +1,326 @@
+package instance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Defaults of Options, those of xllm-service.
+const (
+	DefaultLeaseLostGrace   = 3000 * time.Millisecond
+	DefaultSuspectTimeout   = 15 * time.Second
+	DefaultProbeTimeout     = time.Second
+	DefaultProbeAttempts    = 2
+	DefaultMasterLeaseTTL   = 3 * time.Second
+	DefaultLoadSyncInterval = 3 * time.Second
+)
+
+// Options configures a Registry. Zero durations and counts select the
+// defaults.
+type Options struct {
+	// Client is the etcd client; required. The caller closes it after Run
+	// has returned.
+	Client *clientv3.Client
+	// Namespace is the optional key namespace, normalized as
+	// NormalizeNamespace does.
+	Namespace string
+	// SelfAddr is this service's address ("ip:rpc_port"), the value of
+	// XLLM:SERVICE:MASTER and the name of XLLM:SERVICE:<SelfAddr>.
+	// Empty: the registry only watches, never registers or becomes
+	// master.
+	SelfAddr string
+	// Logger receives state changes and problems; nil discards them.
+	Logger *slog.Logger
+	// HTTPClient sends the health probes; nil means a client of its own
+	// that opens a new connection for every probe and uses no proxy.
+	HTTPClient *http.Client
+
+	// LeaseLostGrace: LEASE_LOST without a heartbeat for this long
+	// becomes SUSPECT.
+	LeaseLostGrace time.Duration
+	// SuspectTimeout: SUSPECT for this long is removed.
+	SuspectTimeout time.Duration
+	// ProbeTimeout bounds one health probe attempt.
+	ProbeTimeout time.Duration
+	// ProbeAttempts is the number of health probe attempts after a
+	// DELETE.
+	ProbeAttempts int
+	// MasterLeaseTTL is the TTL of this service's lease, rounded up to
+	// whole seconds as etcd grants them.
+	MasterLeaseTTL time.Duration
+	// LoadSyncInterval is how often the master writes XLLM:LOADMETRICS.
+	LoadSyncInterval time.Duration
+}
+
+// Registry is the local instance registry. Its methods are safe for
+// concurrent use.
+type Registry struct {
+	cli           *clientv3.Client
+	keys          keyspace
+	self          string
+	log           *slog.Logger
+	http          *http.Client
+	ownHTTP       bool
+	grace         time.Duration
+	suspectAfter  time.Duration
+	probeTimeout  time.Duration
+	probeAttempts int
+	leaseTTL      int64 // seconds
+	syncEvery     time.Duration
+
+	snap        atomic.Pointer[Snapshot]
+	master      atomic.Bool
+	leaseUntil  atomic.Int64 // Unix nanoseconds until which the service lease is known alive
+	callTimeout time.Duration
+	running     atomic.Bool
+	kick        chan struct{} // wakes the state timer after a deadline moved
+	probes      sync.WaitGroup
+
+	mu        sync.Mutex
+	runCtx    context.Context // for probes started by the watch
+	entries   map[string]*entry
+	synced    map[string]syncedLoad // XLLM:LOADMETRICS entries, by name
+	warned    map[string]int64      // key -> mod revision of a bad value already logged
+	listed    bool
+	dirty     bool
+	version   uint64
+	lastEpoch uint64
+}
+
+// entry is an instance with the bookkeeping the state machine needs.
+type entry struct {
+	inst    Instance
+	key     string // the etcd key it is registered under
+	value   []byte // of the last applied PUT
+	incRev  int64  // revision of the PUT that registered this incarnation
+	keyGone bool   // the key was deleted; a probe or LEASE_LOST/SUSPECT follows
+	// epoch changes with every PUT and DELETE applied, so that a probe
+	// answers only the DELETE that started it.
+	epoch     uint64
+	graceFrom time.Time // LEASE_LOST entered (a heartbeat also extends it)
+	syncRev   int64     // mod revision of the last XLLM:LOADMETRICS value applied
+}
+
+type syncedLoad struct {
+	load  Load
+	rev   int64
+	valid bool // parsed; an unparsable value still marks the key present
+}
+
+// New validates opts and creates a registry; Run starts it.
+func New(opts Options) (*Registry, error) {
+	if opts.Client == nil {
+		return nil, errors.New("instance: Options.Client is required")
+	}
+	if opts.SelfAddr == masterName || strings.ContainsAny(opts.SelfAddr, " \t\r\n") {
+		return nil, fmt.Errorf("instance: SelfAddr %q cannot name a service key", opts.SelfAddr)
+	}
+	r := &Registry{
+		cli:           opts.Client,
+		keys:          newKeyspace(opts.Namespace, opts.SelfAddr),
+		self:          opts.SelfAddr,
+		log:           opts.Logger,
+		http:          opts.HTTPClient,
+		grace:         orDefault(opts.LeaseLostGrace, DefaultLeaseLostGrace),
+		suspectAfter:  orDefault(opts.SuspectTimeout, DefaultSuspectTimeout),
+		probeTimeout:  orDefault(opts.ProbeTimeout, DefaultProbeTimeout),
+		probeAttempts: opts.ProbeAttempts,
+		syncEvery:     orDefault(opts.LoadSyncInterval, DefaultLoadSyncInterval),
+		kick:          make(chan struct{}, 1),
+		entries:       make(map[string]*entry),
+		synced:        make(map[string]syncedLoad),
+		warned:        make(map[string]int64),
+	}
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
+	if r.probeAttempts <= 0 {
+		r.probeAttempts = DefaultProbeAttempts
+	}
+	ttl := orDefault(opts.MasterLeaseTTL, DefaultMasterLeaseTTL)
+	r.leaseTTL = max(1, int64(math.Ceil(ttl.Seconds())))
+	// A lease or election call slower than the lease TTL outlives the lease anyway.
+	r.callTimeout = max(2*time.Second, time.Duration(r.leaseTTL)*time.Second)
+	if r.http == nil {
+		r.http = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+		r.ownHTTP = true
+	}
+	r.snap.Store(&Snapshot{next: make(chan struct{})})
+	return r, nil
+}
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
+	}
+	return d
+}
+
+// Run lists and watches etcd, runs the state machine's timers and
+// probes, and, with a SelfAddr, registers the service and takes part in
+// the master election. It blocks until ctx ends, then stops everything
+// it started (revoking its lease) and returns nil. A registry runs once.
+func (r *Registry) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("instance: Run called twice")
+	}
+	r.mu.Lock()
+	r.runCtx = ctx
+	r.mu.Unlock()
+
+	var wg sync.WaitGroup
+	wg.Go(func() { r.watchLoop(ctx) })
+	wg.Go(func() { r.timerLoop(ctx) })
+	if r.self != "" {
+		wg.Go(func() { r.leaseLoop(ctx) })
+	}
+	<-ctx.Done()
+	wg.Wait()
+	r.probes.Wait()
+	if r.ownHTTP {
+		r.http.CloseIdleConnections()
+	}
+	return nil
+}
+
+// Snapshot returns the current view. It never blocks.
+func (r *Registry) Snapshot() *Snapshot { return r.snap.Load() }
+
+// Lookup returns the instance called name in the current view.
+func (r *Registry) Lookup(name string) (Instance, bool) { return r.snap.Load().Lookup(name) }
+
+// Changes returns a channel closed when a snapshot newer than the
+// current one is published; ask again after it fires.
+func (r *Registry) Changes() <-chan struct{} { return r.snap.Load().next }
+
+// WaitFor waits until pred holds for the current snapshot or ctx ends.
+func (r *Registry) WaitFor(ctx context.Context, pred func(*Snapshot) bool) error {
+	for {
+		s := r.snap.Load()
+		if pred(s) {
+			return nil
+		}
+		select {
+		case <-s.next:
+		case <-ctx.Done():
+			return fmt.Errorf("instance: waiting for the registry: %w", ctx.Err())
+		}
+	}
+}
+
+// IsMaster reports whether this replica holds XLLM:SERVICE:MASTER with
+// a lease it knows to be alive: a master cut off from etcd stops
+// reporting itself master when its lease may have expired, before
+// another replica can have taken over.
+func (r *Registry) IsMaster() bool {
+	return r.master.Load() && time.Now().UnixNano() < r.leaseUntil.Load()
+}
+
+// Heartbeat applies an engine heartbeat: it keeps a LEASE_LOST instance
+// schedulable, brings a SUSPECT one back to LEASE_LOST, and makes its
+// load the freshest (R-CAR-10). The heartbeat's incarnation_id must be
+// the registered one.
+func (r *Registry) Heartbeat(hb Heartbeat) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e := r.entries[hb.Name]
+	if e == nil {
+		return fmt.Errorf("instance: heartbeat from %q: %w", hb.Name, ErrUnknownInstance)
+	}
+	if hb.IncarnationID != e.inst.Meta.IncarnationID {
+		return fmt.Errorf("instance: heartbeat from %q with incarnation_id %q, registered %q: %w",
+			hb.Name, hb.IncarnationID, e.inst.Meta.IncarnationID, ErrStaleIncarnation)
+	}
+	now := time.Now()
+	e.inst.LastHeartbeat = now
+	if e.inst.State == Suspect {
+		r.setState(e, LeaseLost, now, "heartbeat while suspect")
+		e.graceFrom = now
+		r.kickTimer() // the grace may end before the suspect timeout would have
+	}
+	if hb.Load != nil {
+		r.setLoad(e, *hb.Load, LoadHeartbeat, now)
+	}
+	if hb.Latency != nil {
+		e.inst.Latency = *hb.Latency
+		e.inst.HasLatency = true
+	}
+	r.dirty = true
+	r.flushLocked()
+	return nil
+}
+
+// SetRole makes a MIX instance play role (Prefill or Decode), as the
+// SLO_AWARE policy flips them.
+func (r *Registry) SetRole(name string, role Type) error {
+	if role != Prefill && role != Decode {
+		return fmt.Errorf("instance: role %v is neither PREFILL nor DECODE", role)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e := r.entries[name]
+	if e == nil {
+		return fmt.Errorf("instance: set role of %q: %w", name, ErrUnknownInstance)
+	}
+	if e.inst.Type != Mix {
+		return fmt.Errorf("instance: set role of %q: a %v instance has a fixed role", name, e.inst.Type)
+	}
+	if e.inst.Role != role {
+		e.inst.Role = role
+		r.log.Info("instance role changed", "instance", name, "role", role)
+		r.dirty = true
+		r.flushLocked()
+	}
+	return nil
+}
+
+// flushLocked publishes a new snapshot if anything changed.
+func (r *Registry) flushLocked() {
+	if !r.dirty {
+		return
+	}
+	r.dirty = false
+	r.version++
+	s := &Snapshot{
+		Instances: make([]Instance, 0, len(r.entries)),
+		Version:   r.version,
+		Synced:    r.listed,
+		next:      make(chan struct{}),
+	}
+	for _, e := range r.entries {
+		s.Instances = append(s.Instances, e.inst)
+	}
+	slices.SortFunc(s.Instances, func(a, b Instance) int { return strings.Compare(a.Meta.Name, b.Meta.Name) })
+	old := r.snap.Swap(s)
+	close(old.next)
+}
+
+func (r *Registry) kickTimer() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// wait waits for d or until ctx ends, and reports whether ctx is live.
+func wait(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,218 @@
+package instance
+
+import (
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Type is an instance type, numbered as xllm-service's InstanceType.
+type Type int
+
+// Instance types.
+const (
+	Default Type = 0
+	Prefill Type = 1
+	Decode  Type = 2
+	Mix     Type = 3
+)
+
+var typeNames = [...]string{Default: "DEFAULT", Prefill: "PREFILL", Decode: "DECODE", Mix: "MIX"}
+
+// String returns the name used in etcd keys, for example "PREFILL".
+func (t Type) String() string {
+	if t >= 0 && int(t) < len(typeNames) {
+		return typeNames[t]
+	}
+	return "Type(" + strconv.Itoa(int(t)) + ")"
+}
+
+func (t Type) valid() bool { return t >= Default && t <= Mix }
+
+// State is an instance's runtime state (WIRE.md, instance state machine).
+type State int
+
+// Runtime states.
+const (
+	// Active: the instance's etcd key exists.
+	Active State = iota
+	// LeaseLost: the key is gone but the instance answered its health
+	// probe or keeps sending heartbeats; it stays schedulable.
+	LeaseLost
+	// Suspect: the key is gone and the instance is presumed dead; it is
+	// not schedulable and is removed after the suspect timeout.
+	Suspect
+)
+
+var stateNames = [...]string{Active: "ACTIVE", LeaseLost: "LEASE_LOST", Suspect: "SUSPECT"}
+
+func (s State) String() string {
+	if s >= 0 && int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return "State(" + strconv.Itoa(int(s)) + ")"
+}
+
+// Meta is an engine's InstanceMetaInfo as registered in etcd. Slices are
+// shared between snapshots and must not be modified.
+type Meta struct {
+	// Name is the business HTTP address "ip:port": the key's suffix.
+	Name string
+	// RPCAddress is the engine's brpc address.
+	RPCAddress string
+	// Type is the type written in the value; Instance.Type, from the
+	// key, is the one that counts.
+	Type Type
+	// IncarnationID identifies the engine process, when it sends one.
+	IncarnationID string
+	// RegisterTsMs is the registration time in Unix milliseconds, 0
+	// when absent.
+	RegisterTsMs int64
+	// DPSize is the number of data-parallel ranks, at least 1.
+	DPSize      int
+	ClusterIDs  []uint64
+	Addrs       []string
+	Ports       []uint16
+	KVSplitSize int
+	TTFTProfile []TTFTPoint
+	TPOTProfile []TPOTPoint
+	// BackendType is "xllm" unless the value says otherwise.
+	BackendType string
+}
+
+// TTFTPoint is one entry of ttft_profiling_data: [input_len, ttft_ms].
+type TTFTPoint struct {
+	InputLen int
+	TTFTMs   float64
+}
+
+// TPOTPoint is one entry of tpot_profiling_data:
+// [avg_len, batch_size, tpot_ms].
+type TPOTPoint struct {
+	AvgLen    int
+	BatchSize int
+	TPOTMs    float64
+}
+
+// incarnation is the identity rule of R-DISC-5 and R-CAR-7.
+func (m *Meta) incarnation() string {
+	if m.IncarnationID != "" {
+		return m.IncarnationID
+	}
+	if m.RegisterTsMs != 0 {
+		return strconv.FormatInt(m.RegisterTsMs, 10)
+	}
+	return ""
+}
+
+// Load is one load report (LoadMetrics in the heartbeat proto).
+type Load struct {
+	WaitingRequests   uint64
+	GPUCacheUsagePerc float64
+}
+
+// Latency is one latency report (LatencyMetrics in the heartbeat
+// proto). The engine reports whole milliseconds as int64.
+type Latency struct {
+	RecentMaxTTFT int64 // ms
+	RecentMaxTBT  int64 // ms
+}
+
+// LoadSource says where an instance's current load came from.
+type LoadSource int
+
+// Load sources.
+const (
+	LoadNone      LoadSource = iota
+	LoadHeartbeat            // a heartbeat received by this replica
+	LoadSync                 // the master's XLLM:LOADMETRICS entry
+)
+
+func (s LoadSource) String() string {
+	switch s {
+	case LoadHeartbeat:
+		return "heartbeat"
+	case LoadSync:
+		return "sync"
+	}
+	return "none"
+}
+
+// Instance is the registry's view of one engine instance.
+type Instance struct {
+	Meta Meta
+	// Type is the type of the key the instance is registered under.
+	Type Type
+	// Role is what a MIX instance currently plays, Prefill or Decode;
+	// for other types it equals Type.
+	Role  Type
+	State State
+	// StateSince is when State was entered.
+	StateSince time.Time
+	// Registered is when this incarnation was first seen.
+	Registered time.Time
+
+	// HasLoad is false until the first load report of this incarnation.
+	HasLoad bool
+	// LoadValid is false when the latest report was invalid; Load then
+	// holds the last valid report, if any.
+	LoadValid   bool
+	Load        Load
+	LoadUpdated time.Time
+	LoadSource  LoadSource
+
+	HasLatency    bool
+	Latency       Latency
+	LastHeartbeat time.Time
+}
+
+// Name is the instance's business HTTP address, its identity in the
+// registry.
+func (i *Instance) Name() string { return i.Meta.Name }
+
+// Incarnation is the instance's process identity: incarnation_id, else
+// register_ts_ms in decimal, else "".
+func (i *Instance) Incarnation() string { return i.Meta.incarnation() }
+
+// Schedulable reports whether requests may be routed to the instance:
+// every state but SUSPECT.
+func (i *Instance) Schedulable() bool { return i.State != Suspect }
+
+// LoadUsable reports whether the instance has a valid load report, as
+// load-aware routing requires (R-CAR-2).
+func (i *Instance) LoadUsable() bool { return i.HasLoad && i.LoadValid }
+
+// Snapshot is an immutable view of the registry. It must not be
+// modified.
+type Snapshot struct {
+	// Instances are sorted by name.
+	Instances []Instance
+	// Version increases with every change.
+	Version uint64
+	// Synced is true once the first listing of etcd has been applied.
+	Synced bool
+
+	next chan struct{} // closed when a newer snapshot replaces this one
+}
+
+// Lookup returns the instance called name.
+func (s *Snapshot) Lookup(name string) (Instance, bool) {
+	i, ok := slices.BinarySearchFunc(s.Instances, name, func(in Instance, n string) int {
+		return strings.Compare(in.Meta.Name, n)
+	})
+	if !ok {
+		return Instance{}, false
+	}
+	return s.Instances[i], true
+}
+
+// Errors of Heartbeat; the HTTP layer answers both with 409 Conflict.
+var (
+	// ErrUnknownInstance: no instance of that name is registered.
+	ErrUnknownInstance = errors.New("unknown instance")
+	// ErrStaleIncarnation: the heartbeat's incarnation_id is not the
+	// registered one; the sender is an older or newer process.
+	ErrStaleIncarnation = errors.New("stale incarnation")
+)

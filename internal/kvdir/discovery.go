@@ -1,0 +1,190 @@
+package kvdir
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/config"
+	"github.com/kvcar/kvcar/internal/instance"
+)
+
+// InstanceSource is the instance registry's local snapshot, kept by its
+// etcd watch. Discovery reads it and nothing else (R-DISC-1).
+type InstanceSource interface {
+	Snapshot() *instance.Snapshot
+}
+
+// Exclusion is an instance discovery will not subscribe to, and why.
+type Exclusion struct {
+	Instance string
+	Reason   string
+}
+
+// Plan derives the streams discovery wants from a registry snapshot
+// (R-DISC-2..7): xLLM DEFAULT and PREFILL instances and MIX instances
+// acting as PREFILL, not SUSPECT, one stream per DP rank at the business
+// port plus the configured offsets. Instances whose ports overflow or
+// collide with another's are excluded whole, and so are instances that
+// no longer fit in maxStreams, taken in name order.
+func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]StreamSpec, []Exclusion) {
+	type candidate struct {
+		inst  *instance.Instance
+		host  string
+		specs []StreamSpec
+	}
+	var (
+		cands    []candidate
+		excluded []Exclusion
+	)
+	exclude := func(name, reason string) { excluded = append(excluded, Exclusion{name, reason}) }
+	for i := range snap.Instances {
+		inst := &snap.Instances[i]
+		if !subscribable(inst) {
+			continue
+		}
+		host, portStr, err := net.SplitHostPort(inst.Meta.Name)
+		port, perr := strconv.Atoi(portStr)
+		if err != nil || perr != nil || port <= 0 || port > 65535 || host == "" {
+			exclude(inst.Meta.Name, "instance name is not a host:port business address")
+			continue
+		}
+		c := candidate{inst: inst, host: host}
+		dp := max(inst.Meta.DPSize, 1)
+		for r := range dp {
+			ev, rp := port+d.EventPortOffset+r, port+d.ReplayPortOffset+r
+			if ev > 65535 || rp > 65535 {
+				exclude(inst.Meta.Name, fmt.Sprintf("port overflow: dp %d needs event port %d and replay port %d", r, ev, rp))
+				c.specs = nil
+				break
+			}
+			c.specs = append(c.specs, StreamSpec{
+				InstanceName:   inst.Meta.Name,
+				DPRank:         r,
+				Endpoint:       "tcp://" + net.JoinHostPort(host, strconv.Itoa(ev)),
+				ReplayEndpoint: "tcp://" + net.JoinHostPort(host, strconv.Itoa(rp)),
+				Topic:          d.Topic,
+				BlockSize:      d.BlockSize,
+				HashSeed:       d.HashSeed,
+				Incarnation:    inst.Incarnation(),
+			})
+		}
+		if c.specs != nil {
+			cands = append(cands, c)
+		}
+	}
+
+	// R-DISC-6: a port claimed twice on one host (by two instances, two
+	// DP ranks, an event and a replay range, or another's HTTP port) would
+	// mix one engine's events into another's stream: exclude every
+	// instance involved.
+	type hostPort struct {
+		host string
+		port string
+	}
+	users := map[hostPort][]string{}
+	claim := func(host, endpoint, who string) {
+		_, p, _ := net.SplitHostPort(strings.TrimPrefix(endpoint, "tcp://"))
+		k := hostPort{host, p}
+		users[k] = append(users[k], who)
+	}
+	for _, c := range cands {
+		_, httpPort, _ := net.SplitHostPort(c.inst.Meta.Name)
+		users[hostPort{c.host, httpPort}] = append(users[hostPort{c.host, httpPort}], c.inst.Meta.Name)
+		for _, s := range c.specs {
+			claim(c.host, s.Endpoint, s.InstanceName)
+			claim(c.host, s.ReplayEndpoint, s.InstanceName)
+		}
+	}
+	conflicted := map[string]string{}
+	for k, who := range users {
+		if len(who) < 2 {
+			continue
+		}
+		involved := slices.Compact(slices.Sorted(slices.Values(who)))
+		for _, name := range involved {
+			if _, seen := conflicted[name]; !seen {
+				conflicted[name] = fmt.Sprintf("port conflict on %s:%s between %s", k.host, k.port, strings.Join(involved, ", "))
+			}
+		}
+	}
+
+	slices.SortFunc(cands, func(a, b candidate) int { return strings.Compare(a.inst.Meta.Name, b.inst.Meta.Name) })
+	var specs []StreamSpec
+	for _, c := range cands {
+		if reason, bad := conflicted[c.inst.Meta.Name]; bad {
+			exclude(c.inst.Meta.Name, reason)
+			continue
+		}
+		// R-DISC-7: whole instances only, in name order.
+		if len(specs)+len(c.specs) > maxStreams {
+			exclude(c.inst.Meta.Name, fmt.Sprintf("max_streams (%d) reached: %d DP streams do not fit", maxStreams, len(c.specs)))
+			continue
+		}
+		specs = append(specs, c.specs...)
+	}
+	slices.SortFunc(excluded, func(a, b Exclusion) int { return strings.Compare(a.Instance, b.Instance) })
+	return specs, excluded
+}
+
+// subscribable reports whether discovery indexes the instance (R-DISC-3,
+// R-DISC-4): xLLM DEFAULT/PREFILL, MIX currently acting as PREFILL, and
+// not SUSPECT (an instance whose lease is lost but still in its grace
+// period keeps its streams).
+func subscribable(inst *instance.Instance) bool {
+	if b := inst.Meta.BackendType; b != "" && b != "xllm" {
+		return false
+	}
+	if inst.State == instance.Suspect {
+		return false
+	}
+	switch inst.Type {
+	case instance.Default, instance.Prefill:
+		return true
+	case instance.Mix:
+		return inst.Role == instance.Prefill
+	}
+	return false
+}
+
+// RunDiscovery keeps the directory's streams equal to what Plan derives
+// from src, every d.RefreshInterval, until ctx ends. It runs on its own
+// goroutine, never on a request path, and reads only the local snapshot.
+func (dir *Directory) RunDiscovery(ctx context.Context, src InstanceSource, d config.Discovery, maxStreams int) {
+	t := time.NewTicker(d.RefreshInterval)
+	defer t.Stop()
+	var (
+		lastVersion uint64
+		seen        bool
+		lastExcl    = map[Exclusion]bool{}
+	)
+	for {
+		snap := src.Snapshot()
+		if snap != nil && (!seen || snap.Version != lastVersion) {
+			seen, lastVersion = true, snap.Version
+			specs, excl := Plan(snap, d, maxStreams)
+			now := map[Exclusion]bool{}
+			for _, e := range excl {
+				now[e] = true
+				if !lastExcl[e] {
+					dir.log.Error("discovery excludes instance", "instance", e.Instance, "reason", e.Reason)
+				}
+			}
+			lastExcl = now
+			if err := dir.SetStreams(specs); err != nil {
+				dir.log.Error("discovery could not apply streams", "err", err)
+			} else {
+				dir.log.Debug("discovery applied", "version", snap.Version, "streams", len(specs), "excluded", len(excl))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,65 @@
+package server
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/kvcar/kvcar/internal/instance"
+)
+
+// HeartbeatPath is the route engines report their loads to.
+const HeartbeatPath = "/v1/internal/heartbeat"
+
+// maxHeartbeatBytes bounds a heartbeat body: a few hundred bytes of
+// loads, plus the deprecated cache_event an old engine may still send.
+const maxHeartbeatBytes = 1 << 20
+
+// HeartbeatSink takes engine heartbeats: the instance registry.
+type HeartbeatSink interface {
+	Heartbeat(hb instance.Heartbeat) error
+}
+
+// handleHeartbeat serves POST /v1/internal/heartbeat: the proto-JSON
+// HeartbeatRequest of an engine (R-CAR-10). Unknown instances and stale
+// incarnations get 409 so the engine re-registers; the deprecated
+// cache_event field is ignored (R-CAR-11).
+func (s *Server) handleHeartbeat(w http.ResponseWriter, r *http.Request) {
+	if ok, why := s.authorized(r); !ok {
+		s.reject(w, r, http.StatusUnauthorized, why)
+		return
+	}
+	if s.heartbeats == nil {
+		s.reject(w, r, http.StatusServiceUnavailable, "no instance registry: kvcar runs without etcd discovery")
+		return
+	}
+	if r.ContentLength > maxHeartbeatBytes {
+		s.reject(w, r, http.StatusRequestEntityTooLarge, "request body exceeds "+strconv.Itoa(maxHeartbeatBytes)+" bytes")
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxHeartbeatBytes))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			s.reject(w, r, http.StatusRequestEntityTooLarge, "request body exceeds "+strconv.Itoa(maxHeartbeatBytes)+" bytes")
+			return
+		}
+		s.reject(w, r, http.StatusBadRequest, "reading body: "+err.Error())
+		return
+	}
+	hb, err := instance.ParseHeartbeat(body)
+	if err != nil {
+		s.reject(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	if err := s.heartbeats.Heartbeat(hb); err != nil {
+		code := http.StatusInternalServerError
+		if errors.Is(err, instance.ErrUnknownInstance) || errors.Is(err, instance.ErrStaleIncarnation) {
+			code = http.StatusConflict
+		}
+		s.reject(w, r, code, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, []byte("{}\n"))
+}
