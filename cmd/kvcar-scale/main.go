@@ -1,0 +1,347 @@
+// Command kvcar-scale measures how many streams one kvcar process
+// sustains: it starts an embedded etcd and N emulated engines that
+// register, heartbeat and publish KV events at a steady rate, runs the
+// kvcar binary with discovery, and reports the time until every stream is
+// synchronised, kvcar's CPU use and memory under the load, event
+// throughput, and query latency over HTTP.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/enginesim"
+	"github.com/kvcar/kvcar/internal/etcdembed"
+)
+
+type options struct {
+	kvcar        string
+	port         int
+	streams      int
+	rate         float64
+	duration     time.Duration
+	blockSize    int
+	promptBlocks int
+	queries      int
+	seed         uint64
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:]); err != nil && !errors.Is(err, context.Canceled) {
+		fmt.Fprintln(os.Stderr, "kvcar-scale:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("kvcar-scale", flag.ContinueOnError)
+	o := options{}
+	self, _ := os.Executable()
+	fs.StringVar(&o.kvcar, "kvcar", filepath.Join(filepath.Dir(self), "kvcar"), "path of the kvcar binary")
+	fs.IntVar(&o.port, "port", 18888, "HTTP port for kvcar")
+	fs.IntVar(&o.streams, "streams", 128, "emulated engines (one DP rank, so one stream, each)")
+	fs.Float64Var(&o.rate, "rate", 5, "prefills per second per engine")
+	fs.DurationVar(&o.duration, "duration", 20*time.Second, "length of the measured load window")
+	fs.IntVar(&o.blockSize, "block_size", 128, "tokens per block")
+	fs.IntVar(&o.promptBlocks, "prompt_blocks", 8, "new blocks per prefill")
+	fs.IntVar(&o.queries, "queries", 200, "HTTP queries timed at the end (8k-token prompts)")
+	fs.Uint64Var(&o.seed, "seed", 1, "workload seed")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if o.streams < 1 || o.streams > 128 {
+		return fmt.Errorf("--streams = %d: must be in [1, 128]", o.streams)
+	}
+
+	etcd, err := etcdembed.Start(ctx, etcdembed.Options{})
+	if err != nil {
+		return err
+	}
+	defer etcd.Close()
+
+	engines, err := startEngines(o, etcd.Endpoints())
+	defer func() {
+		for _, e := range engines {
+			e.Close()
+		}
+	}()
+	if err != nil {
+		return err
+	}
+
+	dir, err := os.MkdirTemp("", "kvcar-scale-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	cfgPath := filepath.Join(dir, "kv_events.json")
+	cfg := fmt.Sprintf(`{"max_streams":128,"discovery":{"enabled":true,"block_size":%d,"topic":"xllm-kv","refresh_interval_ms":200}}`, o.blockSize)
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, o.kvcar, fmt.Sprintf("--port=%d", o.port), "--advertise_host=127.0.0.1", "--log_level=warn",
+		"--etcd_addr="+strings.Join(etcd.Endpoints(), ","), "--kv_events_config_file="+cfgPath)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 10 * time.Second
+	began := time.Now()
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s (run make build first): %w", o.kvcar, err)
+	}
+	defer cmd.Wait()
+	base := fmt.Sprintf("http://127.0.0.1:%d", o.port)
+	if err := waitSynced(ctx, base, o.streams, 60*time.Second); err != nil {
+		return err
+	}
+	syncTook := time.Since(began)
+
+	cpu0, err := cpuTime(cmd.Process.Pid)
+	if err != nil {
+		return err
+	}
+	self0, err := cpuTime(os.Getpid())
+	if err != nil {
+		return err
+	}
+	t0 := time.Now()
+	blocks := drive(ctx, engines, o)
+	wall := time.Since(t0)
+	cpu1, err := cpuTime(cmd.Process.Pid)
+	if err != nil {
+		return err
+	}
+	self1, err := cpuTime(os.Getpid())
+	if err != nil {
+		return err
+	}
+	rss, hwm, err := memory(cmd.Process.Pid)
+	if err != nil {
+		return err
+	}
+	lat, synced, resident, err := timeQueries(ctx, base, engines, o)
+	if err != nil {
+		return err
+	}
+
+	fmt.Printf("\nkvcar-scale: %d streams, %.1f prefills/s each of %d new %d-token blocks, %v window\n",
+		o.streams, o.rate, o.promptBlocks, o.blockSize, wall.Round(time.Millisecond))
+	fmt.Printf("| measure | value |\n|---|---|\n")
+	fmt.Printf("| kvcar start to all %d streams synchronised | %v |\n", o.streams, syncTook.Round(time.Millisecond))
+	fmt.Printf("| blocks stored by the engines during the window | %d (%.0f blocks/s) |\n", blocks, float64(blocks)/wall.Seconds())
+	fmt.Printf("| kvcar CPU during the window | %.1f%% of one core |\n", 100*(cpu1-cpu0).Seconds()/wall.Seconds())
+	fmt.Printf("| this driver's CPU (etcd + emulated engines) in the window, on the same 2 cores | %.1f%% of one core |\n", 100*(self1-self0).Seconds()/wall.Seconds())
+	fmt.Printf("| kvcar resident memory (now / peak) | %.1f MiB / %.1f MiB |\n", float64(rss)/(1<<20), float64(hwm)/(1<<20))
+	fmt.Printf("| streams synchronised after the window | %d of %d |\n", synced, o.streams)
+	fmt.Printf("| resident Device blocks kvcar reports | %d |\n", resident)
+	fmt.Printf("| HTTP query, 8k tokens over all streams: p50 / p99 | %v / %v |\n", lat[len(lat)/2], lat[len(lat)*99/100])
+	return nil
+}
+
+func startEngines(o options, etcd []string) ([]*enginesim.Engine, error) {
+	var engines []*enginesim.Engine
+	for i := range o.streams {
+		base, err := enginesim.FreeDiscoveryPort(1, enginesim.DefaultEventPortOffset, enginesim.DefaultReplayPortOffset)
+		if err != nil {
+			return engines, err
+		}
+		e, err := enginesim.New(enginesim.Config{
+			HTTPAddr: "127.0.0.1:" + strconv.Itoa(base), BlockSize: o.blockSize, DeviceBlocks: 8192, Topic: "xllm-kv",
+			DiscoveryOffsets: enginesim.DefaultDiscoveryOffsets(),
+			Etcd:             &enginesim.EtcdConfig{Endpoints: etcd, Type: enginesim.TypeDefault},
+			Heartbeat:        &enginesim.HeartbeatConfig{Interval: time.Second},
+			Logger:           slog.New(slog.DiscardHandler),
+		})
+		if err == nil {
+			err = e.Start()
+		}
+		if err != nil {
+			return engines, fmt.Errorf("engine %d: %w", i, err)
+		}
+		engines = append(engines, e)
+	}
+	return engines, nil
+}
+
+// drive makes every engine prefill at o.rate for o.duration: a shared
+// system prompt plus fresh blocks, so the engines store and evict.
+func drive(ctx context.Context, engines []*enginesim.Engine, o options) int64 {
+	ctx, cancel := context.WithTimeout(ctx, o.duration)
+	defer cancel()
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		total int64
+	)
+	system := tokens(rand.New(rand.NewPCG(o.seed, 0)), 4*o.blockSize)
+	for i, e := range engines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(o.seed, uint64(i+1)))
+			tick := time.NewTicker(time.Duration(float64(time.Second) / o.rate))
+			defer tick.Stop()
+			var n int64
+			for {
+				select {
+				case <-ctx.Done():
+					mu.Lock()
+					total += n
+					mu.Unlock()
+					return
+				case <-tick.C:
+				}
+				prompt := append(slices.Clip(system), tokens(rng, o.promptBlocks*o.blockSize)...)
+				if _, _, err := e.Prefill(0, prompt); err == nil {
+					n += int64(o.promptBlocks)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return total
+}
+
+func tokens(rng *rand.Rand, n int) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = uint32(rng.IntN(150_000))
+	}
+	return t
+}
+
+type match struct {
+	Synchronized bool `json:"synchronized"`
+	DeviceBlocks int  `json:"device_blocks"`
+}
+
+func queryKV(ctx context.Context, base string, ids []uint32) ([]match, error) {
+	body, _ := json.Marshal(map[string][]uint32{"token_ids": ids})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/internal/kv-cache/query", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return nil, fmt.Errorf("query: %s: %s", resp.Status, b)
+	}
+	var out struct {
+		Matches []match `json:"matches"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, err
+	}
+	return out.Matches, nil
+}
+
+func waitSynced(ctx context.Context, base string, n int, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if ms, err := queryKV(ctx, base, []uint32{}); err == nil && len(ms) == n {
+			all := true
+			for _, m := range ms {
+				all = all && m.Synchronized
+			}
+			if all {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("not all %d streams synchronised within %v", n, d)
+}
+
+func timeQueries(ctx context.Context, base string, engines []*enginesim.Engine, o options) ([]time.Duration, int, int, error) {
+	rng := rand.New(rand.NewPCG(o.seed, 999))
+	prompt := tokens(rng, 8192)
+	var lat []time.Duration
+	for range o.queries {
+		t := time.Now()
+		if _, err := queryKV(ctx, base, prompt); err != nil {
+			return nil, 0, 0, err
+		}
+		lat = append(lat, time.Since(t))
+	}
+	slices.Sort(lat)
+	ms, err := queryKV(ctx, base, []uint32{})
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	synced, resident := 0, 0
+	for _, m := range ms {
+		if m.Synchronized {
+			synced++
+		}
+		resident += m.DeviceBlocks
+	}
+	return lat, synced, resident, nil
+}
+
+// cpuTime reads the user+system CPU time of pid from /proc.
+func cpuTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// Fields after the parenthesised command name; utime and stime are
+	// the 14th and 15th fields of the line.
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("parse /proc/%d/stat: %w", pid, err)
+	}
+	const ticks = 100 // USER_HZ on Linux
+	return time.Duration(ut+st) * time.Second / ticks, nil
+}
+
+// memory reads VmRSS and VmHWM of pid in bytes.
+func memory(pid int) (rss, hwm int64, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		v, _ := strconv.ParseInt(f[1], 10, 64)
+		switch f[0] {
+		case "VmRSS:":
+			rss = v << 10
+		case "VmHWM:":
+			hwm = v << 10
+		}
+	}
+	return rss, hwm, nil
+}
