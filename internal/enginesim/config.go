@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"net"
 	"strconv"
 	"time"
@@ -87,7 +88,41 @@ type Config struct {
 	// Heartbeat, when set together with Etcd, makes the engine report its
 	// load to the master service found in etcd.
 	Heartbeat *HeartbeatConfig
+
+	// The inference cost model of the HTTP request path (see serve.go).
+
+	// ModelName is the one model /v1/models lists (DefaultModelName).
+	ModelName string
+	// TimeScale multiplies every emulated latency (1 when 0): 1 is
+	// real-ish, tests use 0.001 or less so that a request costs
+	// microseconds while keeping the proportions.
+	TimeScale float64
+	// PrefillPerToken is the compute time of one uncached prompt token
+	// (DefaultPrefillPerToken).
+	PrefillPerToken time.Duration
+	// HostLoadPerToken is the time to load one Host-hit token back to
+	// Device (PrefillPerToken/5 when 0): cheaper than computing it, not
+	// free.
+	HostLoadPerToken time.Duration
+	// DecodePerToken is the time of one decode step, one output token
+	// after the first (DefaultDecodePerToken).
+	DecodePerToken time.Duration
+	// BatchSlots is how many requests each DP rank serves at once
+	// (DefaultBatchSlots); later ones wait in the rank's FIFO queue.
+	BatchSlots int
+	// MaxQueue caps the requests waiting for a slot over all ranks
+	// (DefaultMaxQueue); one more is refused with 503.
+	MaxQueue int
 }
+
+// Defaults of the inference cost model, scaled by Config.TimeScale.
+const (
+	DefaultModelName       = "enginesim"
+	DefaultPrefillPerToken = 100 * time.Microsecond
+	DefaultDecodePerToken  = 20 * time.Millisecond
+	DefaultBatchSlots      = 4
+	DefaultMaxQueue        = 1024
+)
 
 func (c Config) withDefaults() (Config, error) {
 	if c.DPSize == 0 {
@@ -142,6 +177,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Clock == nil {
 		c.Clock = time.Now
 	}
+	if err := c.servingDefaults(); err != nil {
+		return c, err
+	}
 	switch {
 	case c.BlockSize < 0:
 		return c, fmt.Errorf("enginesim: BlockSize %d is negative", c.BlockSize)
@@ -162,6 +200,43 @@ func (c Config) withDefaults() (Config, error) {
 		return c, err
 	}
 	return c, nil
+}
+
+// servingDefaults fills in and checks the cost model.
+func (c *Config) servingDefaults() error {
+	switch {
+	case math.IsNaN(c.TimeScale) || math.IsInf(c.TimeScale, 0) || c.TimeScale < 0:
+		return fmt.Errorf("enginesim: TimeScale %v is not a finite non-negative number", c.TimeScale)
+	case c.PrefillPerToken < 0 || c.HostLoadPerToken < 0 || c.DecodePerToken < 0:
+		return fmt.Errorf("enginesim: negative per-token cost (prefill %v, host load %v, decode %v)",
+			c.PrefillPerToken, c.HostLoadPerToken, c.DecodePerToken)
+	case c.BatchSlots < 0:
+		return fmt.Errorf("enginesim: BatchSlots %d is negative", c.BatchSlots)
+	case c.MaxQueue < 0:
+		return fmt.Errorf("enginesim: MaxQueue %d is negative", c.MaxQueue)
+	}
+	if c.ModelName == "" {
+		c.ModelName = DefaultModelName
+	}
+	if c.TimeScale == 0 {
+		c.TimeScale = 1
+	}
+	if c.PrefillPerToken == 0 {
+		c.PrefillPerToken = DefaultPrefillPerToken
+	}
+	if c.HostLoadPerToken == 0 {
+		c.HostLoadPerToken = c.PrefillPerToken / 5
+	}
+	if c.DecodePerToken == 0 {
+		c.DecodePerToken = DefaultDecodePerToken
+	}
+	if c.BatchSlots == 0 {
+		c.BatchSlots = DefaultBatchSlots
+	}
+	if c.MaxQueue == 0 {
+		c.MaxQueue = DefaultMaxQueue
+	}
+	return nil
 }
 
 // resolveHTTP applies the discovery rule and names the instance after a

@@ -1,10 +1,11 @@
 // Package enginesim emulates an xLLM engine instance over real TCP, for
 // tests, benchmarks and local runs: its KV event side, its etcd
-// registration and its heartbeats. Each DP rank has a block cache (a
-// Device LRU and an optional Host LRU), a live XPUB and a replay ROUTER,
-// and publishes what its cache does exactly as the engine does: one live
-// batch per operation, per-rank sequence numbers from 0, full snapshots on
-// request. Fault injection reproduces
+// registration, its heartbeats and an inference cost model behind its
+// OpenAI request path. Each DP rank has a block cache (a Device LRU and
+// an optional Host LRU), a live XPUB and a replay ROUTER, and publishes
+// what its cache does exactly as the engine does: one live batch per
+// operation, per-rank sequence numbers from 0, full snapshots on request.
+// Fault injection reproduces
 // what kvcar must survive: gaps, restarts, corrupt and oversize payloads,
 // wrong ranks and block sizes, unknown parents, silently lost tails and
 // misbehaving snapshots.
@@ -66,15 +67,55 @@
 // With Config.Heartbeat the engine reads and watches
 // [/<ns>/]XLLM:SERVICE:MASTER and posts the proto-JSON HeartbeatRequest to
 // http://<master>/v1/internal/heartbeat every interval: its name and
-// incarnation, waiting_requests_num (SetWaiting) and
-// gpu_cache_usage_perc, the Device blocks in use over the capacity,
-// averaged over the DP ranks as xLLM averages them. The master's last
-// answer is kept for LastHeartbeatStatus; a 409 (unknown instance or
-// incarnation) is only logged, as by xLLM.
+// incarnation, waiting_requests_num (the requests waiting for a batch
+// slot, plus SetWaiting's value) and gpu_cache_usage_perc, the Device
+// blocks in use over the capacity, averaged over the DP ranks as xLLM
+// averages them. The master's last answer is kept for
+// LastHeartbeatStatus; a 409 (unknown instance or incarnation) is only
+// logged, as by xLLM.
 //
 // xllm-service decides a MIX instance's current role itself and keeps it
 // out of etcd; SetMixRole writes it to the optional meta field
 // current_type for a registry that wants to be told.
+//
+// # Inference requests
+//
+// The business HTTP address also serves the OpenAI request path kvcar
+// relays to: POST /v1/completions, POST /v1/chat/completions and GET
+// /v1/models, which lists one model (Config.ModelName). A completion
+// prompt of token ids is served as is; a string prompt, and chat messages
+// flattened by FlattenChat, go through ToyTokenize, a deterministic toy
+// that hashes white-space separated words. The top-level field
+// "kvcar_token_ids" (TokenIDsField) carries exact ids for either endpoint
+// and replaces the prompt or messages. max_tokens (max_completion_tokens
+// for chat) defaults to 16; the output is the filler "tok1 tok2 ..." and
+// always ends for "length". stream gives SSE chunks, one per output token,
+// then a finish chunk, a usage chunk with stream_options.include_usage,
+// and "data: [DONE]". The model named is echoed (ModelName when none
+// is), whatever it is. Other fields are ignored; n other than 1 and
+// batched prompts are refused.
+//
+// The routing names arrive in the body's "routing" object
+// {"prefill_name","decode_name"} or the X-Prefill-Name and X-Decode-Name
+// headers, the body winning name by name. They are only recorded: the
+// engine serves prefill and decode itself. Every response, and a stream's
+// finish chunk, has a "kvcar_engine" object (EngineUsage) with the
+// instance, the DP rank, the engine's own Device and Host hits, the
+// queue, prefill and decode milliseconds and the names that arrived.
+//
+// Each request goes to the least loaded DP rank, running plus queued,
+// ties taking turns, and waits in that rank's FIFO queue for one of its
+// BatchSlots. It then prefills on the rank's cache through the same path
+// as Prefill, so hits are the engine's truth and its events go out, and
+// sleeps for the cost model, all scaled by TimeScale: PrefillPerToken per
+// uncached token plus HostLoadPerToken per Host-hit token, giving the
+// first token, then DecodePerToken for each further one. Output tokens
+// are not cached. waiting_requests_num is the number of requests waiting
+// for a slot plus SetWaiting's value. A client that goes away frees its
+// place at once; past MaxQueue waiting requests the answer is 503, a
+// malformed request gets 400 with an OpenAI error body, and
+// SetFailRequests forces a status. Restart and Close cut off the requests
+// in flight by dropping their connections. Stats counts it all.
 //
 // # Ownership
 //
@@ -82,7 +123,10 @@
 // hand it work through a channel and wait for the result. The HTTP
 // server, the lease keepalive, the heartbeat and the reconciler each run
 // in one goroutine that the Engine starts and that Close stops and waits
-// for. The package owns no state outside an Engine. It imports kvevent
+// for. An inference request is served by its own HTTP handler goroutine,
+// which the server owns; it waits for a slot on a channel of its own and
+// stops when its client or the process goes. The package owns no state
+// outside an Engine. It imports kvevent
 // only to encode, kvtransport only for the engine-side sockets and the
 // etcd client only to register; it must not import the directory, index
 // or instance packages, whose behaviour it exists to test.

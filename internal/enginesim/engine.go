@@ -76,6 +76,11 @@ type Engine struct {
 	ttftMs    atomic.Int64
 	tbtMs     atomic.Int64
 	hb        heartbeatState
+
+	// The inference request path: queues, slots and counters, and the
+	// status SetFailRequests forces.
+	serve      serving
+	failStatus atomic.Int32
 }
 
 // New validates cfg and fills in defaults. It binds nothing (see Start);
@@ -164,7 +169,13 @@ func (e *Engine) startCore() error {
 		return errors.Join(err, tctx.Close(), stopHTTP(hs))
 	}
 	e.tctx, e.ranks, e.running, e.http = tctx, ranks, true, hs
+	e.startServing()
 	return nil
+}
+
+// startServing opens the request queues of a new process.
+func (e *Engine) startServing() {
+	e.serve.start(e.cfg.DPSize, e.cfg.BatchSlots, e.cfg.MaxQueue)
 }
 
 // startRanks starts one goroutine per endpoint pair and waits until all
@@ -264,15 +275,24 @@ func (e *Engine) closeLocked() error {
 	return nil
 }
 
+// stopCore ends the requests in flight and stops the HTTP server before
+// it takes mu: a request handler may be waiting for a rank, under mu
+// shared, and the server's shutdown waits for the handlers. The caller
+// holds life, so nothing starts meanwhile.
 func (e *Engine) stopCore() error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if !e.running {
+	e.mu.RLock()
+	running, hs := e.running, e.http
+	e.mu.RUnlock()
+	if !running {
 		return nil
 	}
+	e.serve.stop()
+	httpErr := stopHTTP(hs)
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	stopRanks(e.ranks)
 	e.ranks, e.running, e.stopped = nil, false, true
-	err := errors.Join(e.tctx.Close(), stopHTTP(e.http))
+	err := errors.Join(e.tctx.Close(), httpErr)
 	e.tctx, e.http = nil, nil
 	if err != nil {
 		return fmt.Errorf("enginesim: stop %s: %w", e.cfg.Name, err)
@@ -475,17 +495,24 @@ func (e *Engine) WaitSubscribed(ctx context.Context, dp int, n uint64) error {
 // ports again; the waiting queue empties. A registered engine registers
 // the new process with a new incarnation_id and register_ts_ms under a
 // new lease, overwriting its key without deleting it. The HTTP server
-// keeps serving on the same address throughout. Fault settings are
-// harness configuration and are kept.
+// keeps serving on the same address throughout; the inference requests
+// in flight are cut off, their connections dropped, and the new process
+// answers new ones. Fault settings are harness configuration and are
+// kept.
 func (e *Engine) Restart() error {
 	e.life.Lock()
 	defer e.life.Unlock()
+	if !e.isRunning() {
+		return fmt.Errorf("enginesim: restart %s: %w", e.Name(), ErrNotRunning)
+	}
+	e.serve.stop()
 	var errs []error
 	for dp := range e.DPSize() {
 		if err := e.do(dp, (*rank).restart); err != nil {
 			errs = append(errs, err)
 		}
 	}
+	e.startServing()
 	if len(errs) > 0 {
 		return fmt.Errorf("enginesim: restart %s: %w", e.Name(), errors.Join(errs...))
 	}
@@ -505,12 +532,18 @@ func (e *Engine) RestartWithDPSize(n int) error {
 	}
 	e.life.Lock()
 	defer e.life.Unlock()
+	if !e.isRunning() {
+		return ErrNotRunning
+	}
+	e.serve.stop()
 	if ranksGone, err := e.replaceRanks(n); err != nil {
 		if ranksGone {
 			return errors.Join(err, e.closeLocked())
 		}
+		e.startServing()
 		return err
 	}
+	e.startServing()
 	e.waiting.Store(0)
 	return e.registerNewProcess()
 }
@@ -547,6 +580,12 @@ func (e *Engine) replaceRanks(n int) (ranksGone bool, err error) {
 	}
 	e.ranks = ranks
 	return false, nil
+}
+
+func (e *Engine) isRunning() bool {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.running
 }
 
 // registerNewProcess gives a registered engine a new identity and

@@ -57,15 +57,19 @@ func (c *HeartbeatConfig) validate(hasEtcd bool) error {
 
 // LoadMetrics is the load an engine reports in its heartbeats.
 type LoadMetrics struct {
-	// WaitingRequests is the number of queued requests (SetWaiting).
+	// WaitingRequests is the number of requests waiting for a batch
+	// slot, plus the value set by SetWaiting.
 	WaitingRequests uint64
 	// GPUCacheUsage is the fraction of Device blocks in use, averaged over
 	// the DP ranks as xLLM's block manager pool averages it.
 	GPUCacheUsage float64
 }
 
-// SetWaiting sets the number of waiting requests the heartbeats report.
-// Restart empties it, as a new process starts with an empty queue.
+// SetWaiting sets a number of waiting requests that the heartbeats report
+// on top of the inference requests really waiting for a slot: without
+// traffic it is the whole report, with traffic it emulates requests that
+// are not seen here. Restart empties it, as a new process starts with an
+// empty queue.
 func (e *Engine) SetWaiting(n uint64) { e.waiting.Store(n) }
 
 // SetLatency sets the recent maximum TTFT and TBT the heartbeats report,
@@ -82,7 +86,7 @@ func (e *Engine) SetHeartbeatPaused(paused bool) { e.hbPaused.Store(paused) }
 
 // LoadMetrics returns the load a heartbeat would report now.
 func (e *Engine) LoadMetrics() (LoadMetrics, error) {
-	m := LoadMetrics{WaitingRequests: e.waiting.Load()}
+	m := LoadMetrics{WaitingRequests: e.waiting.Load() + uint64(e.serve.waitingNow())}
 	n := e.DPSize()
 	var sum float64
 	for dp := range n {

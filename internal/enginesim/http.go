@@ -28,11 +28,14 @@ type httpServer struct {
 	done chan struct{}
 }
 
-// routes builds the engine's whole HTTP surface in one place, so that the
-// request path (/v1/completions and friends) joins /health here.
+// routes builds the engine's whole HTTP surface in one place: /health for
+// kvcar's registry and the OpenAI request path (serve.go).
 func (e *Engine) routes() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", e.handleHealth)
+	mux.HandleFunc("POST /v1/completions", e.handleCompletions)
+	mux.HandleFunc("POST /v1/chat/completions", e.handleChatCompletions)
+	mux.HandleFunc("GET /v1/models", e.handleModels)
 	return mux
 }
 

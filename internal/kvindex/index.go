@@ -220,6 +220,18 @@ func (ix *Index) ForEach(fn func(h kvevent.EngineHash, k Key, onDevice, onHost b
 	}
 }
 
+// Lookup reports the tiers holding the block with engine hash h; ok is
+// false when the index has no entry for it (a ghost has an entry on
+// neither tier).
+func (ix *Index) Lookup(h kvevent.EngineHash) (onDevice, onHost, ok bool) {
+	s, found := ix.findEngine(h)
+	if !found {
+		return false, false, false
+	}
+	t := ix.entries[s].tiers()
+	return t&tierDevice != 0, t&tierHost != 0, true
+}
+
 // Match walks keys in order and returns the contiguous prefix held on
 // either tier, stopping at the first key on neither (R-IDX-3). A block on
 // both tiers counts as Device.

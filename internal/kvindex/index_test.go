@@ -417,3 +417,33 @@ func TestCapacityAcrossChunks_RCFG2(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestLookupByEngineHash covers the per-hash view used to compare two
+// indexes of one stream (calibration drift): tiers of a resident block,
+// of a ghost, and of an unknown hash.
+func TestLookupByEngineHash(t *testing.T) {
+	ix := New(Config{BlockSize: 4, HashSeed: 1024, MaxBlocks: 16})
+	toks := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
+	stored := kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Device, BlockHashes: []kvevent.EngineHash{10, 11},
+		TokenIDs: toks, BlockSize: 4, PlainText: true}
+	if err := ix.Apply(&stored, Delta); err != nil {
+		t.Fatal(err)
+	}
+	host := kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Host, BlockHashes: []kvevent.EngineHash{11}, PlainText: true}
+	if err := ix.Apply(&host, Delta); err != nil {
+		t.Fatal(err)
+	}
+	removed := kvevent.Event{Kind: kvevent.BlockRemoved, Medium: kvevent.Device, BlockHashes: []kvevent.EngineHash{10}, PlainText: true}
+	if err := ix.Apply(&removed, Delta); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		h              kvevent.EngineHash
+		dev, host, has bool
+	}{{10, false, false, true}, {11, true, true, true}, {12, false, false, false}} {
+		d, h, ok := ix.Lookup(tc.h)
+		if d != tc.dev || h != tc.host || ok != tc.has {
+			t.Errorf("Lookup(%d) = %v %v %v, want %v %v %v", tc.h, d, h, ok, tc.dev, tc.host, tc.has)
+		}
+	}
+}
