@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvcar/kvcar/internal/kvevent"
 	"github.com/kvcar/kvcar/internal/kvindex"
 	"github.com/kvcar/kvcar/internal/kvtransport"
@@ -16,13 +18,16 @@ import (
 // Options are the directory's collaborators.
 type Options struct {
 	Logger *slog.Logger
+	// Registerer receives the directory's metrics; nil means none.
+	Registerer prometheus.Registerer
 }
 
 // Directory is the set of streams and the query view over them.
 type Directory struct {
-	lim  Limits
-	log  *slog.Logger
-	tctx *kvtransport.Context
+	lim     Limits
+	log     *slog.Logger
+	tctx    *kvtransport.Context
+	metrics *metrics // nil without a Registerer
 
 	// set is replaced whole on every change so queries read it without a
 	// lock (copy on write; changes are rare, queries are constant).
@@ -63,6 +68,9 @@ func New(lim Limits, opts Options) (*Directory, error) {
 	}
 	d := &Directory{lim: lim, log: opts.Logger, tctx: tctx}
 	d.set.Store(&streamSet{})
+	if opts.Registerer != nil {
+		d.metrics = newMetrics(opts.Registerer, d)
+	}
 	d.scratch.New = func() any { return &queryScratch{} }
 	return d, nil
 }
@@ -121,6 +129,11 @@ func (d *Directory) SetStreams(specs []StreamSpec) error {
 	// sees a stream that is going away.
 	d.set.Store(next)
 	stopAll(retired)
+	// Series of retired streams go before their replacements start, so a
+	// replacement of the same instance and rank starts from zero.
+	for _, s := range retired {
+		d.metrics.forget(s.spec)
+	}
 	for _, s := range next.streams {
 		if byKey[s.spec.Key()] != s {
 			d.start(s)
@@ -130,6 +143,7 @@ func (d *Directory) SetStreams(specs []StreamSpec) error {
 }
 
 func (d *Directory) start(s *stream) {
+	s.obs = d.metrics.observers(s.spec)
 	y := &syncer{
 		s:    s,
 		lim:  d.lim,

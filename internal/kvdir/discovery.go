@@ -1,8 +1,10 @@
 package kvdir
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -101,7 +103,13 @@ func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]Stream
 		}
 	}
 	conflicted := map[string]string{}
-	for k, who := range users {
+	// Walk the ports in order so that an instance's reason names the
+	// same (lowest) conflicting port on every round.
+	ports := slices.SortedFunc(maps.Keys(users), func(a, b hostPort) int {
+		return cmp.Or(strings.Compare(a.host, b.host), cmp.Compare(len(a.port), len(b.port)), strings.Compare(a.port, b.port))
+	})
+	for _, k := range ports {
+		who := users[k]
 		if len(who) < 2 {
 			continue
 		}

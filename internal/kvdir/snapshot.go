@@ -142,6 +142,7 @@ func (y *syncer) onReplay(frames [][]byte) {
 			return
 		}
 	}
+	y.s.counters.countEvents(&y.batch)
 }
 
 // bufferLive queues the live delta in y.batch, which arrived during a
@@ -185,16 +186,20 @@ func (y *syncer) finishSnapshot() {
 				return
 			}
 		}
-		y.s.counters.eventsApplied.Add(uint64(len(bb.batch.Events)))
+		y.s.counters.countEvents(bb.batch)
 		next = bb.seq + 1
 	}
 	published := next - 1
 	if any {
 		published = 0
 	}
+	if sn.calibrate {
+		y.s.obs.observeDrift(drift(y.s.idx, sn.idx))
+	}
 	y.releaseSnapshot()
 	y.s.counters.snapshotsOK.Add(1)
 	y.s.counters.lastSnapshot.Store(int64(time.Since(sn.started)))
+	y.s.obs.observeSnapshot(time.Since(sn.started))
 	if sn.batches > 0 {
 		y.s.counters.lastSnapshotReceive.Store(int64(time.Since(sn.firstReply)))
 	}
@@ -255,4 +260,28 @@ func (y *syncer) releaseSnapshot() {
 	if err := sn.rep.Close(); err != nil {
 		y.log.Debug("close replay socket", "stream", y.s.spec.String(), "err", err)
 	}
+}
+
+// drift counts the block replicas the calibrated index holds that the
+// served one lacks (added) and the reverse (removed). Both reflect the
+// same sequence, so any difference is an event the live channel lost
+// (R-REC-4). The served index is only written by this goroutine, so it
+// is read here without its lock.
+func drift(served, calibrated *kvindex.Index) (added, removed int) {
+	if served == nil {
+		return 0, 0
+	}
+	diff := func(from, to *kvindex.Index) (n int) {
+		from.ForEach(func(h kvevent.EngineHash, _ kvindex.Key, dev, host bool) {
+			tdev, thost, _ := to.Lookup(h)
+			if dev && !tdev {
+				n++
+			}
+			if host && !thost {
+				n++
+			}
+		})
+		return n
+	}
+	return diff(calibrated, served), diff(served, calibrated)
 }

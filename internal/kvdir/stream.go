@@ -4,6 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/kvcar/kvcar/internal/kvevent"
 	"github.com/kvcar/kvcar/internal/kvindex"
 )
 
@@ -23,6 +24,7 @@ type stream struct {
 	reason string
 
 	counters streamCounters
+	obs      *streamObservers // nil without metrics; set before the goroutine starts
 
 	stop chan struct{}
 	done chan struct{}
@@ -30,8 +32,10 @@ type stream struct {
 
 // streamCounters are monotonic totals, readable without the lock.
 type streamCounters struct {
-	batchesApplied   atomic.Uint64
-	eventsApplied    atomic.Uint64
+	batchesApplied atomic.Uint64
+	eventsApplied  atomic.Uint64
+	// eventsByKind counts applied events by kvevent.Kind (index 0 unused).
+	eventsByKind     [4]atomic.Uint64
 	decodeErrors     atomic.Uint64
 	gaps             atomic.Uint64
 	snapshotsStarted atomic.Uint64
@@ -51,6 +55,16 @@ type streamCounters struct {
 	// lastSnapshotReceive is the part of it from the first reply batch
 	// to publish: kvcar's own receive, decode and apply work.
 	lastSnapshotReceive atomic.Int64
+}
+
+// countEvents adds the events of an applied batch to the totals.
+func (c *streamCounters) countEvents(b *kvevent.Batch) {
+	c.eventsApplied.Add(uint64(len(b.Events)))
+	for i := range b.Events {
+		if k := b.Events[i].Kind; int(k) < len(c.eventsByKind) {
+			c.eventsByKind[k].Add(1)
+		}
+	}
 }
 
 func newStream(spec StreamSpec) *stream {

@@ -283,7 +283,7 @@ func (y *syncer) recoverFromLive(seq uint64) {
 		}
 	}
 	y.abortSnapshot()
-	y.s.counters.eventsApplied.Add(uint64(len(y.batch.Events)))
+	y.s.counters.countEvents(&y.batch)
 	y.s.counters.batchesApplied.Add(1)
 	y.s.counters.fullStateSyncs.Add(1)
 	y.synchronised(ix, seq, seq+1, false, "full-state batch")
@@ -311,6 +311,7 @@ func (y *syncer) applyLive(seq uint64) {
 	y.s.seq = seq
 	y.s.mu.Unlock()
 	y.s.counters.batchesApplied.Add(1)
+	y.s.obs.observeLag(y.batch.Timestamp, time.Now())
 }
 
 func seqFault(expected, got uint64) string {
@@ -350,7 +351,7 @@ func (y *syncer) applyBatch(s *stream, b *kvevent.Batch) error {
 			return fmt.Errorf("event %d (%v): %w", i, b.Events[i].Kind, y.limitErr(err))
 		}
 	}
-	s.counters.eventsApplied.Add(uint64(len(b.Events)))
+	s.counters.countEvents(b)
 	return nil
 }
 

@@ -1,0 +1,103 @@
+package lb
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/kvcar/kvcar/internal/instance"
+	"github.com/kvcar/kvcar/internal/kvdir"
+)
+
+// benchCluster is nPrefill PREFILL instances of dp ranks each, with one
+// synchronised stream per rank holding some prefix, and nDecode DECODE
+// instances, all with profiles and varied loads.
+func benchCluster(nPrefill, dp, nDecode int) (*instance.Snapshot, *matches) {
+	var ins []instance.Instance
+	var ms []kvdir.Match
+	ttft := ttftProfile([2]float64{128, 20}, [2]float64{1024, 90}, [2]float64{4096, 420}, [2]float64{8192, 1100})
+	tpot := tpotProfile([3]float64{256, 1, 12}, [3]float64{1024, 8, 18}, [3]float64{4096, 32, 40}, [3]float64{2048, 16, 25})
+	for i := range nPrefill {
+		name := fmt.Sprintf("10.0.%d.%d:8000", i/200, i%200)
+		in := withDP(loaded(name, P, uint64(i%7), float64(i%10)/10), dp)
+		in.Meta.TTFTProfile = ttft
+		ins = append(ins, in)
+		for r := range dp {
+			ms = append(ms, match(name, r, 128*((i+r)%16), 128*(i%3)))
+		}
+	}
+	for i := range nDecode {
+		in := loaded(fmt.Sprintf("10.1.%d.%d:8000", i/200, i%200), D, uint64(i%5), float64(i%10)/10)
+		in.Meta.TPOTProfile = tpot
+		ins = append(ins, in)
+	}
+	return snapshot(ins...), newMatches(ms...)
+}
+
+// The decision path over 64 instances × 2 DP ranks (128 streams) and 16
+// decode instances.
+func BenchmarkCARRoute64x2(b *testing.B) {
+	snap, view := benchCluster(64, 2, 16)
+	c := mustCAR(b, 0.5, 0.5, view)
+	req := Request{TokenIDs: tokens(2048)}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := c.Route(req, snap); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkCARRoute64x2Parallel(b *testing.B) {
+	snap, view := benchCluster(64, 2, 16)
+	c := mustCAR(b, 0.5, 0.5, view)
+	req := Request{TokenIDs: tokens(2048)}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := c.Route(req, snap); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+func BenchmarkRRRoute64x2(b *testing.B) {
+	snap, _ := benchCluster(64, 2, 16)
+	r := NewRR()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := r.Route(Request{}, snap); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkSLOAwareRoute64x2(b *testing.B) {
+	snap, _ := benchCluster(64, 2, 16)
+	p, err := NewSLOAware(DefaultTargetTTFTms, DefaultTargetTPOTms)
+	if err != nil {
+		b.Fatal(err)
+	}
+	req := Request{PromptTokens: 2048}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := p.Route(req, snap); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// The one-off cost when a new snapshot arrives: every fit carried over.
+func BenchmarkSLOAwareNewSnapshot64x2(b *testing.B) {
+	snap, _ := benchCluster(64, 2, 16)
+	p, _ := NewSLOAware(DefaultTargetTTFTms, DefaultTargetTPOTms)
+	p.fitsFor(snap)
+	b.ReportAllocs()
+	for b.Loop() {
+		next := *snap
+		next.Version++
+		snap = &next
+		p.fitsFor(snap)
+	}
+}

@@ -1,0 +1,229 @@
+package lb
+
+import (
+	"fmt"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/kvcar/kvcar/internal/instance"
+	"github.com/kvcar/kvcar/internal/kvdir"
+)
+
+// CAR is cache-aware routing (R-CAR-3..8): the prefill instance with the
+// lowest λ·(1−hit) + (1−λ)·queue, the decode instance with the lowest
+// gpu_cache_usage_perc + queue. It is safe for concurrent use.
+type CAR struct {
+	lambda     float64
+	hostWeight float64
+	view       atomic.Pointer[viewBox]
+	// Tie turns of the two sides, independent so that a run of prefill
+	// ties does not decide which decode instance wins its own ties.
+	prefillTurn, decodeTurn atomic.Uint64
+	scratch                 scratchPool
+}
+
+// viewBox lets an interface value be swapped atomically.
+type viewBox struct{ v PrefixView }
+
+// NewCAR returns a CAR policy with λ = lambda (--car_prefill_lambda) and
+// Host-only hit weight w = hostWeight (--car_host_hit_weight), both in
+// [0,1], and no prefix view.
+func NewCAR(lambda, hostWeight float64) (*CAR, error) {
+	if !(lambda >= 0 && lambda <= 1) { // also rejects NaN
+		return nil, fmt.Errorf("lb: --car_prefill_lambda %v is outside [0, 1]", lambda)
+	}
+	if !(hostWeight >= 0 && hostWeight <= 1) {
+		return nil, fmt.Errorf("lb: --car_host_hit_weight %v is outside [0, 1]", hostWeight)
+	}
+	return &CAR{lambda: lambda, hostWeight: hostWeight}, nil
+}
+
+// SetPrefixView sets the directory view CAR queries; nil (or an
+// interface holding a nil pointer) disables the cache term, so every hit
+// ratio is 0 (R-CFG-1). It may be called while requests are routed.
+func (c *CAR) SetPrefixView(v PrefixView) {
+	if isNilView(v) {
+		c.view.Store(nil)
+		return
+	}
+	c.view.Store(&viewBox{v})
+}
+
+// Name returns "CAR".
+func (c *CAR) Name() string { return PolicyCAR }
+
+// Lambda returns λ, the weight of the cache-miss term.
+func (c *CAR) Lambda() float64 { return c.lambda }
+
+// HostHitWeight returns w, the weight of Host-only hit tokens.
+func (c *CAR) HostHitWeight() float64 { return c.hostWeight }
+
+const (
+	reasonCARLowest     = "lowest cost"
+	reasonCARTied       = "lowest cost, tie rotated"
+	reasonCARAlone      = "lowest cost; DEFAULT serves alone"
+	reasonCARAloneTied  = "lowest cost, tie rotated; DEFAULT serves alone"
+	reasonCARDecodeTied = "lowest cost; decode tie rotated"
+	reasonCARBothTied   = "lowest cost, tie rotated; decode tie rotated"
+)
+
+// Route chooses by cost (lower wins). Prefill candidates are DEFAULT,
+// PREFILL and MIX-as-PREFILL instances that are schedulable and have a
+// valid load report; they compete on one score whatever their type. A
+// PREFILL winner gets the cheapest decode instance of its backend; a
+// DEFAULT winner serves alone. The directory is queried at most once.
+func (c *CAR) Route(req Request, snap *instance.Snapshot) (Decision, error) {
+	s := c.scratch.get()
+	defer c.scratch.put(s)
+	s.collect(snap, true)
+	if len(s.p) == 0 {
+		return Decision{}, s.noPrefillError(true)
+	}
+
+	// The queue term is normalised over the instances that can actually
+	// be chosen, so an excluded instance's queue does not scale the
+	// others'.
+	queueCosts(s.p)
+	c.hitRatios(req.TokenIDs, s)
+	for i := range s.p {
+		p := &s.p[i]
+		p.score = c.lambda*(1-p.hit) + (1-c.lambda)*p.score
+	}
+	pi, pTied := pick(s.p, &c.prefillTurn)
+	p := &s.p[pi]
+	d := Decision{
+		Prefill:      p.inst.Name(),
+		Policy:       PolicyCAR,
+		HitRatio:     p.hit,
+		PrefillScore: p.score,
+	}
+	if !p.needsDecode {
+		d.Reason = pickReason(pTied, reasonCARAlone, reasonCARAloneTied)
+		return d, nil
+	}
+
+	// collect kept p only because a decode candidate of its backend
+	// exists, so ds is not empty.
+	ds := s.decodeFor(p.backend)
+	queueCosts(ds)
+	for i := range ds {
+		ds[i].score += ds[i].inst.Load.GPUCacheUsagePerc
+	}
+	di, dTied := pick(ds, &c.decodeTurn)
+	d.Decode = ds[di].inst.Name()
+	d.DecodeScore = ds[di].score
+	switch {
+	case pTied && dTied:
+		d.Reason = reasonCARBothTied
+	case pTied:
+		d.Reason = reasonCARTied
+	case dTied:
+		d.Reason = reasonCARDecodeTied
+	default:
+		d.Reason = reasonCARLowest
+	}
+	return d, nil
+}
+
+func pickReason(tied bool, plain, rotated string) string {
+	if tied {
+		return rotated
+	}
+	return plain
+}
+
+// hitRatios sets the hit ratio of every prefill candidate in s.p from
+// one directory query. Without a view, without token ids, or for any
+// fault of a stream, the ratio is 0: the cache term only ever loses its
+// benefit, and routing goes on (R-CAR-8).
+func (c *CAR) hitRatios(tokenIDs []uint32, s *scratch) {
+	// Candidates start with hit 0.
+	box := c.view.Load()
+	if box == nil || len(tokenIDs) == 0 {
+		return
+	}
+	s.matches = box.v.Query(tokenIDs, s.matches[:0])
+	input := float64(len(tokenIDs))
+
+	// Both lists are sorted by instance name: walk them together.
+	ms := s.matches
+	j := 0
+	for i := range s.p {
+		p := &s.p[i]
+		name := p.inst.Name()
+		for j < len(ms) && ms[j].InstanceName < name {
+			j++
+		}
+		k := j
+		for k < len(ms) && ms[k].InstanceName == name {
+			k++
+		}
+		p.hit = c.instanceHit(p.inst, ms[j:k], input)
+		j = k
+	}
+}
+
+// instanceHit is the hit ratio of one instance from its streams'
+// matches, sorted by DP rank: the minimum over its DP ranks, since a
+// request cannot choose the DP that serves it; 0 when any rank is
+// missing, unsynchronised or of another incarnation (R-CAR-6, R-CAR-7).
+func (c *CAR) instanceHit(in *instance.Instance, ms []kvdir.Match, input float64) float64 {
+	if len(ms) == 0 {
+		return 0
+	}
+	dpSize := max(in.Meta.DPSize, 1)
+	ranks, last := 0, -1
+	hit := 1.0
+	for i := range ms {
+		m := &ms[i]
+		if m.DPRank < 0 || m.DPRank >= dpSize {
+			continue // a stream of a DP topology the instance no longer has
+		}
+		if m.DPRank != last {
+			ranks++
+			last = m.DPRank
+		}
+		if !m.Synchronized || !sameIncarnation(in, m.Incarnation) {
+			return 0
+		}
+		h := (float64(m.DeviceHitTokens) + c.hostWeight*float64(m.HostOnlyHitTokens)) / input
+		if h = clamp01(h); h < hit {
+			hit = h
+		}
+	}
+	if ranks != dpSize {
+		return 0
+	}
+	return hit
+}
+
+// sameIncarnation reports whether a stream subscribed for incarnation
+// inc belongs to the instance's current process, by the rule of
+// instance.Instance.Incarnation (incarnation_id, else register_ts_ms in
+// decimal) but without allocating, as it runs for every stream. An
+// empty identity on either side never matches: a static stream or an
+// engine without identity cannot be told from a new process on the
+// same address, so it gives no routing benefit (R-CAR-7).
+func sameIncarnation(in *instance.Instance, inc string) bool {
+	if inc == "" {
+		return false
+	}
+	if id := in.Meta.IncarnationID; id != "" {
+		return inc == id
+	}
+	if ts := in.Meta.RegisterTsMs; ts != 0 {
+		var buf [20]byte // the longest int64 in decimal
+		return string(strconv.AppendInt(buf[:0], ts, 10)) == inc
+	}
+	return false
+}
+
+func clamp01(x float64) float64 {
+	switch {
+	case !(x > 0): // also NaN
+		return 0
+	case x > 1:
+		return 1
+	}
+	return x
+}

@@ -1,0 +1,70 @@
+// Package lb owns the routing policies selected by
+// --load_balance_policy: RR, CAR and SLO_AWARE (R-CAR). A policy
+// chooses, for one request, the instance that runs its prefill and the
+// instance that decodes it, from an instance.Snapshot (the registry's
+// immutable view: types, roles, states, loads, profiles) and, for CAR,
+// the matches of the in-process KV directory.
+//
+// lb does no I/O of any kind: no network, no etcd, no files, no
+// logging. Policies are pure functions of their arguments plus the
+// little state they keep for themselves (tie and round-robin turns,
+// fitted latency models), held in the policy value (with its pool
+// of scratch buffers) and safe for concurrent use; there is no
+// package-level mutable state. lb must not modify the snapshot or the matches,
+// must not change the registry (it never flips a MIX role) and must not
+// read KV metadata from anywhere but the PrefixView it is given.
+//
+// # Candidates (R-CAR-2)
+//
+// Prefill candidates are DEFAULT, PREFILL and MIX instances playing
+// PREFILL; decode candidates are DECODE and MIX instances playing
+// DECODE (a MIX instance joins by its current Role). SUSPECT instances
+// are never candidates. CAR and SLO_AWARE also leave out instances with
+// no first load report or an invalid one (Instance.LoadUsable); RR does
+// not need loads, as in xllm-service, so it routes to instances before
+// their first heartbeat.
+//
+// Only DEFAULT may serve without a decode instance. A PREFILL (or
+// MIX-as-PREFILL) instance hands its KV to a decode instance of the
+// same backend_type, since a KV handoff is engine-specific; one with no
+// such decode candidate is not a candidate itself, so a request goes to
+// a DEFAULT instance instead or fails with ErrNoCandidate saying why.
+// Any backend is routed: backend_type only pairs P with D. When DEFAULT
+// and PREFILL instances are both candidates they compete on the same
+// score; a PREFILL winner gets a decode instance, a DEFAULT winner gets
+// Decision.Decode "" (xLLM links DEFAULT instances to no decode
+// instance).
+//
+// # CAR (R-CAR-3..8)
+//
+// For each prefill candidate, in floating point:
+//
+//	hit   = clamp((device_hit + w·host_only_hit) / input_tokens, 0, 1)
+//	queue = waiting / max(waiting over the prefill candidates), 0 if all are 0
+//	score = λ·(1 − hit) + (1 − λ)·queue
+//
+// and for each decode candidate of the winner's backend
+//
+//	score = gpu_cache_usage_perc + waiting / max(waiting over them), 0 if all are 0
+//
+// lowest wins on each side. input_tokens is len(Request.TokenIDs) (no
+// ids: hit 0). A multi-DP instance's hit is the minimum over its DP
+// ranks 0..dp_size−1; it is 0 when any rank has no match, is
+// unsynchronised, or belongs to another incarnation than the instance's
+// current one (an empty incarnation on either side never matches).
+// Without a view every hit is 0 and CAR ranks by queue. The directory is
+// queried once per request into a pooled buffer.
+//
+// # Ties (R-CAR-5)
+//
+// Candidates whose costs are within 1e-12 of the best are tied; a
+// counter in the policy value (one per side) picks among them in turn,
+// so equal instances share the load and none is permanently preferred.
+//
+// # RR and SLO_AWARE (R-CAR-9)
+//
+// RR takes the prefill candidates in name order, one per request, and
+// the decode candidates likewise with a separate turn. SLO_AWARE
+// predicts TTFT and TPOT from the instances' profiling data with
+// least-squares fits (see SLOAware, FitTTFT, FitTPOT).
+package lb
