@@ -25,6 +25,7 @@ import (
 	"github.com/kvcar/kvcar/internal/etcdembed"
 	"github.com/kvcar/kvcar/internal/instance"
 	"github.com/kvcar/kvcar/internal/kvdir"
+	"github.com/kvcar/kvcar/internal/lb"
 	"github.com/kvcar/kvcar/internal/server"
 )
 
@@ -54,6 +55,12 @@ type flags struct {
 	probeTimeoutMs int
 	probeAttempts  int
 	blockSize      int
+
+	policy     string
+	carLambda  float64
+	carHostW   float64
+	targetTTFT int
+	targetTPOT int
 }
 
 func parseFlags(args []string, out io.Writer) (*flags, error) {
@@ -73,6 +80,11 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	fs.IntVar(&f.suspectSeconds, "detect_disconnected_instance_interval", 15, "seconds a SUSPECT instance is kept before it is removed")
 	fs.IntVar(&f.probeTimeoutMs, "instance_delete_probe_timeout_ms", 1000, "timeout of each health probe after an instance's etcd key is deleted")
 	fs.IntVar(&f.probeAttempts, "instance_delete_probe_attempts", 2, "health probe attempts after an instance's etcd key is deleted")
+	fs.StringVar(&f.policy, "load_balance_policy", lb.PolicyRR, "routing policy: RR, CAR or SLO_AWARE")
+	fs.Float64Var(&f.carLambda, "car_prefill_lambda", lb.DefaultCARPrefillLambda, "CAR weight of the cache-miss cost against the queue cost, in [0, 1]")
+	fs.Float64Var(&f.carHostW, "car_host_hit_weight", lb.DefaultCARHostHitWeight, "CAR benefit of a Host-only hit relative to a Device hit, in [0, 1]")
+	fs.IntVar(&f.targetTTFT, "target_ttft", lb.DefaultTargetTTFTms, "SLO_AWARE target time to first token, ms")
+	fs.IntVar(&f.targetTPOT, "target_tpot", lb.DefaultTargetTPOTms, "SLO_AWARE target time per output token, ms")
 	fs.IntVar(&f.blockSize, "block_size", 128, "accepted for compatibility; the KV index uses discovery.block_size of the KV events config")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -181,7 +193,19 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 			"discovery", cfg.Discovery.Enabled)
 	}
 
-	opts := server.Options{InternalAPIToken: f.internalAPIToken, Logger: log, Heartbeats: reg}
+	lbOpts := lb.Options{CARPrefillLambda: f.carLambda, CARHostHitWeight: f.carHostW,
+		TargetTTFTms: f.targetTTFT, TargetTPOTms: f.targetTPOT}
+	if dir != nil {
+		lbOpts.Prefix = dir
+	}
+	policy, err := lb.New(f.policy, lbOpts)
+	if err != nil {
+		return err
+	}
+	log.Info("routing", "policy", policy.Name())
+
+	opts := server.Options{InternalAPIToken: f.internalAPIToken, Logger: log, Heartbeats: reg,
+		Router: registryRouter{policy: policy, reg: reg}}
 	if dir != nil {
 		opts.Directory = dir
 	}
@@ -272,6 +296,19 @@ func startRegistry(ctx context.Context, f *flags, self string, log *slog.Logger,
 	}()
 	log.Info("instance registry started", "etcd", endpoints, "namespace", f.etcdNamespace, "self", self)
 	return reg, closeAll, nil
+}
+
+// registryRouter routes over the registry's current snapshot: a pure
+// in-process decision (R-DIR-4).
+type registryRouter struct {
+	policy lb.Policy
+	reg    *instance.Registry
+}
+
+func (r registryRouter) Policy() string { return r.policy.Name() }
+
+func (r registryRouter) Route(req lb.Request) (lb.Decision, error) {
+	return r.policy.Route(req, r.reg.Snapshot())
 }
 
 func splitEndpoints(s string) []string {

@@ -66,7 +66,7 @@ func syncedStreams(tb testing.TB, n, shared, total int) []*stream {
 
 func viewOf(streams []*stream) *Directory {
 	d := &Directory{}
-	set := &streamSet{streams: streams, groups: []keyGroup{{benchBlockSize, 1024}}}
+	set := &streamSet{streams: streams, groups: []keyGroup{{benchBlockSize, 1024}}, groupOf: make([]int, len(streams))}
 	d.set.Store(set)
 	d.scratch.New = func() any { return &queryScratch{} }
 	return d

@@ -44,6 +44,10 @@ type Directory struct {
 type streamSet struct {
 	streams []*stream
 	groups  []keyGroup
+	// groupOf[i] indexes groups for streams[i]; it lives in the set, not
+	// in the stream, because a kept stream may change group index from
+	// one set to the next while queries still read the old set.
+	groupOf []int
 }
 
 type keyGroup struct {
@@ -116,14 +120,15 @@ func (d *Directory) SetStreams(specs []StreamSpec) error {
 	slices.SortFunc(next.streams, func(a, b *stream) int {
 		return cmp.Or(cmp.Compare(a.spec.InstanceName, b.spec.InstanceName), cmp.Compare(a.spec.DPRank, b.spec.DPRank))
 	})
-	for _, s := range next.streams {
+	next.groupOf = make([]int, len(next.streams))
+	for si, s := range next.streams {
 		g := keyGroup{s.spec.BlockSize, s.spec.HashSeed}
 		i := slices.Index(next.groups, g)
 		if i < 0 {
 			i = len(next.groups)
 			next.groups = append(next.groups, g)
 		}
-		s.group = i
+		next.groupOf[si] = i
 	}
 	// Publish the new set before stopping retired streams so no query
 	// sees a stream that is going away.
@@ -197,11 +202,11 @@ func (d *Directory) Query(tokenIDs []uint32, dst []Match) []Match {
 			qs.keys[i] = kvindex.KeysFor(tokenIDs, g.blockSize, g.seed, qs.keys[i][:0])
 		}
 	}
-	for _, s := range set.streams {
+	for si, s := range set.streams {
 		dst = append(dst, Match{})
 		var keys []kvindex.Key
 		if qs != nil {
-			keys = qs.keys[s.group]
+			keys = qs.keys[set.groupOf[si]]
 		}
 		s.match(keys, &dst[len(dst)-1])
 	}

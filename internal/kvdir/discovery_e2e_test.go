@@ -220,7 +220,14 @@ func TestDiscoveryDPSizeChange(t *testing.T) {
 	if err := e.RestartWithDPSize(2); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "two streams", 10*time.Second, hasStreams(env, 2))
+	eventually(t, "two streams of the new process", 10*time.Second, func() (bool, string) {
+		set := env.dir.set.Load()
+		ok := len(set.streams) == 2
+		for _, s := range set.streams {
+			ok = ok && s.spec.Incarnation == e.IncarnationID()
+		}
+		return ok, joinNames(env.streamNames())
+	})
 	for dp := range 2 {
 		if _, _, err := e.Prefill(dp, seqTokens(dp*100, 2*testBlock)); err != nil {
 			t.Fatal(err)

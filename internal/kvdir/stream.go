@@ -12,8 +12,7 @@ import (
 // published view that queries read; everything else about the stream's
 // progress lives in its syncer, owned by the stream goroutine.
 type stream struct {
-	spec  StreamSpec
-	group int // index into streamSet.groups: streams sharing block size and seed
+	spec StreamSpec
 
 	mu sync.RWMutex
 	// idx is nil whenever the stream is not synchronised, so a stale view

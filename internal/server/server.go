@@ -46,12 +46,22 @@ type Options struct {
 	MaxTokenIDs int
 	// Heartbeats takes engine heartbeats; nil answers them with 503.
 	Heartbeats HeartbeatSink
+	// Router decides where inference requests go; nil answers them
+	// with 503.
+	Router Router
+	// Tokenizer, when set, gives text and chat prompts their token ids
+	// so they are routed by prefix too.
+	Tokenizer Tokenizer
+	// EngineTransport carries requests to the engines; nil uses a
+	// pooled transport with a 10 minute response-header timeout.
+	EngineTransport http.RoundTripper
 }
 
 // Server serves kvcar's HTTP API. Its methods are safe for concurrent use.
 type Server struct {
 	dir         KVDirectory
 	heartbeats  HeartbeatSink
+	proxy       *proxy
 	tokenSet    bool
 	tokenDigest [sha256.Size]byte
 	log         *slog.Logger
@@ -93,6 +103,13 @@ func New(opts Options) *Server {
 		s.tokenSet = true
 		s.tokenDigest = sha256.Sum256([]byte(opts.InternalAPIToken))
 	}
+	if opts.Router != nil {
+		rt := opts.EngineTransport
+		if rt == nil {
+			rt = newTransport()
+		}
+		s.proxy = &proxy{router: opts.Router, tokenizer: opts.Tokenizer, client: &http.Client{Transport: rt}, log: s.log}
+	}
 	s.buffers.New = func() any { return &queryBuffers{read: make([]byte, readChunk)} }
 	s.mux = http.NewServeMux()
 	s.routes()
@@ -105,6 +122,9 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("/ready", allow("GET", s.handleReady))
 	s.mux.HandleFunc(QueryPath, allow("POST", s.handleQuery))
 	s.mux.HandleFunc(HeartbeatPath, allow("POST", s.handleHeartbeat))
+	s.mux.HandleFunc(CompletionsPath, allow("POST", s.handleInference))
+	s.mux.HandleFunc(ChatCompletionsPath, allow("POST", s.handleInference))
+	s.mux.HandleFunc(ModelsPath, allow("GET", s.handleModels))
 }
 
 // Handler returns the HTTP handler of all routes.

@@ -1,0 +1,180 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/enginesim"
+)
+
+// Headers kvcar sets on a routed answer.
+const (
+	decisionMicrosHeader = "X-Kvcar-Decision-Us"
+	prefillNameHeader    = "X-Prefill-Name"
+)
+
+// completionBody is an OpenAI completion request whose prompt is token
+// ids.
+func completionBody(prompt []uint32, maxTokens int) []byte {
+	b := make([]byte, 0, 64+7*len(prompt))
+	b = append(b, `{"model":"enginesim","max_tokens":`...)
+	b = strconv.AppendInt(b, int64(maxTokens), 10)
+	b = append(b, `,"prompt":[`...)
+	for i, t := range prompt {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendUint(b, uint64(t), 10)
+	}
+	return append(b, "]}"...)
+}
+
+// completionAnswer is the part of the answer the benchmark reads.
+type completionAnswer struct {
+	Usage struct {
+		PromptTokens int `json:"prompt_tokens"`
+	} `json:"usage"`
+	Engine *enginesim.EngineUsage `json:"kvcar_engine"`
+}
+
+// post sends one completion to url and fills rec from the answer.
+func post(ctx context.Context, hc *http.Client, url string, req *benchRequest, header http.Header, rec *record) error {
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(completionBody(req.Prompt, req.MaxTokens)))
+	if err != nil {
+		return fmt.Errorf("request %d: %w", req.Index, err)
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	for k, v := range header {
+		hr.Header[k] = v
+	}
+	t0 := time.Now()
+	resp, err := hc.Do(hr)
+	if err != nil {
+		return fmt.Errorf("request %d: %w", req.Index, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	rec.Latency = time.Since(t0)
+	if err != nil {
+		return fmt.Errorf("request %d: reading answer: %w", req.Index, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("request %d: %s: %s", req.Index, resp.Status, bytes.TrimSpace(body))
+	}
+	if v := resp.Header.Get(decisionMicrosHeader); v != "" {
+		if us, err := strconv.ParseFloat(v, 64); err == nil {
+			rec.Decision, rec.HasDecision = time.Duration(us*float64(time.Microsecond)), true
+		}
+	}
+	var ans completionAnswer
+	if err := json.Unmarshal(body, &ans); err != nil {
+		return fmt.Errorf("request %d: answer: %w", req.Index, err)
+	}
+	eu := ans.Engine
+	if eu == nil {
+		return fmt.Errorf("request %d: the answer has no %s object", req.Index, enginesim.EngineUsageField)
+	}
+	if ans.Usage.PromptTokens != len(req.Prompt) {
+		return fmt.Errorf("request %d: engine counted %d prompt tokens, sent %d", req.Index, ans.Usage.PromptTokens, len(req.Prompt))
+	}
+	rec.Instance, rec.DPRank = eu.Instance, eu.DPRank
+	rec.DeviceHit, rec.HostHit = eu.DeviceHitTokens, eu.HostHitTokens
+	rec.QueueMs, rec.PrefillMs, rec.DecodeMs, rec.TimeScale = eu.QueueMs, eu.PrefillMs, eu.DecodeMs, eu.TimeScale
+	return nil
+}
+
+// probe reads every rank's reusable prefix for tokens from the engines'
+// own caches.
+func probe(engines []*enginesim.Engine, tokens []uint32) [][]int {
+	out := make([][]int, len(engines))
+	for i, e := range engines {
+		out[i] = make([]int, e.DPSize())
+		for dp := range out[i] {
+			dev, host := e.Oracle(dp, tokens)
+			out[i][dp] = dev + host
+		}
+	}
+	return out
+}
+
+// viaKvcar sends each request to kvcar, which routes it by its policy.
+func viaKvcar(hc *http.Client, base string, engines []*enginesim.Engine) sender {
+	url := base + "/v1/completions"
+	return func(ctx context.Context, req *benchRequest) record {
+		rec := record{Index: req.Index, Session: req.Session, Turn: req.Turn, Prompt: len(req.Prompt)}
+		rec.Probe = probe(engines, req.Prompt)
+		rec.Err = post(ctx, hc, url, req, nil, &rec)
+		return rec
+	}
+}
+
+// oracleDP says how the oracle values an instance with several DP ranks:
+// the engine, not the router, picks the rank (the least loaded one), so
+// a prefix held by one rank only is reused only when the engine happens
+// to pick that rank.
+type oracleDP int
+
+const (
+	// oracleMin values an instance by its worst rank: the reuse it gets
+	// whichever rank the engine picks (the rule CAR also applies).
+	oracleMin oracleDP = iota
+	// oracleMax values it by its best rank: an upper bound the engine's
+	// own rank choice may not deliver.
+	oracleMax
+)
+
+// oracle routes each request itself, straight to the engine whose cache
+// holds the longest reusable prefix right now (Device + Host-only
+// tokens, as the engine reuses both), the fewest waiting requests
+// breaking ties, then the fewest running, then a rotating turn.
+type oracle struct {
+	engines []*enginesim.Engine
+	rule    oracleDP
+	turn    atomic.Uint64
+}
+
+// pick chooses an engine from the probe of every rank.
+func (o *oracle) pick(p [][]int) int {
+	n := len(o.engines)
+	start := int(o.turn.Add(1) % uint64(n))
+	best := -1
+	var bestHit, bestWait, bestRun int
+	for k := range n {
+		i := (start + k) % n
+		hit := p[i][0]
+		for _, h := range p[i][1:] {
+			if o.rule == oracleMin {
+				hit = min(hit, h)
+			} else {
+				hit = max(hit, h)
+			}
+		}
+		st := o.engines[i].Stats()
+		better := best < 0 || hit > bestHit ||
+			hit == bestHit && (st.Waiting < bestWait || st.Waiting == bestWait && st.Running < bestRun)
+		if better {
+			best, bestHit, bestWait, bestRun = i, hit, st.Waiting, st.Running
+		}
+	}
+	return best
+}
+
+func (o *oracle) sender(hc *http.Client) sender {
+	return func(ctx context.Context, req *benchRequest) record {
+		rec := record{Index: req.Index, Session: req.Session, Turn: req.Turn, Prompt: len(req.Prompt)}
+		t0 := time.Now()
+		rec.Probe = probe(o.engines, req.Prompt)
+		e := o.engines[o.pick(rec.Probe)]
+		rec.Decision, rec.HasDecision = time.Since(t0), true
+		h := http.Header{prefillNameHeader: {e.Name()}}
+		rec.Err = post(ctx, hc, "http://"+e.Name()+"/v1/completions", req, h, &rec)
+		return rec
+	}
+}

@@ -1,0 +1,232 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/enginesim"
+	"github.com/kvcar/kvcar/internal/etcdembed"
+)
+
+type cluster struct {
+	etcd    *etcdembed.Server
+	engines []*enginesim.Engine
+	addr    string
+}
+
+// startCluster runs an embedded etcd, n emulated engines that register
+// and heartbeat, and kvcar with discovery and the given flags; it returns
+// once every engine's heartbeat is accepted and its stream synchronised.
+func startCluster(t *testing.T, n int, flags ...string) *cluster {
+	t.Helper()
+	c := &cluster{etcd: startEtcd(t)}
+	cfg := writeConfig(t, `{"discovery":{"enabled":true,"block_size":16,"topic":"xllm-kv","refresh_interval_ms":50}}`)
+	c.addr = startKVCar(t, append([]string{"--etcd_addr=" + strings.Join(c.etcd.Endpoints(), ","), "--advertise_host=127.0.0.1",
+		"--kv_events_config_file=" + cfg}, flags...)...)
+	for range n {
+		e, err := enginesim.New(enginesim.Config{
+			BlockSize: 16, DeviceBlocks: 256, Topic: "xllm-kv", TimeScale: 0.001,
+			DiscoveryOffsets: enginesim.DefaultDiscoveryOffsets(),
+			Etcd:             &enginesim.EtcdConfig{Endpoints: c.etcd.Endpoints(), Type: enginesim.TypeDefault, LeaseTTL: time.Second},
+			Heartbeat:        &enginesim.HeartbeatConfig{Interval: 50 * time.Millisecond},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		c.engines = append(c.engines, e)
+	}
+	for _, e := range c.engines {
+		waitUntil(t, "heartbeat accepted", 10*time.Second, func() bool { return e.LastHeartbeatStatus() == http.StatusOK })
+	}
+	waitUntil(t, "all streams synchronised", 10*time.Second, func() bool {
+		_, body := query(t, c.addr, "", `{"token_ids":[]}`)
+		return strings.Count(string(body), `"synchronized":true`) == n
+	})
+	return c
+}
+
+type completion struct {
+	status  int
+	prefill string
+	policy  string
+	body    string
+	engine  enginesim.EngineUsage
+}
+
+func (c *cluster) complete(t *testing.T, path, body string) completion {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "http://"+c.addr+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := completion{status: resp.StatusCode, prefill: resp.Header.Get("X-Prefill-Name"), policy: resp.Header.Get("X-Kvcar-Policy"), body: string(b)}
+	var parsed struct {
+		Engine enginesim.EngineUsage `json:"kvcar_engine"`
+	}
+	if json.Unmarshal(b, &parsed) == nil {
+		out.engine = parsed.Engine
+	}
+	return out
+}
+
+func idsPrompt(from, n int) string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprint(from + i)
+	}
+	return `{"model":"m","max_tokens":2,"prompt":[` + strings.Join(ids, ",") + `]}`
+}
+
+// TestRouteCAR covers R-CAR-2..3 end to end: a repeated prompt goes back
+// to the instance that cached it, which then reuses its prefix; the
+// decision travels to the engine as routing names.
+func TestRouteCAR(t *testing.T) {
+	c := startCluster(t, 3, "--load_balance_policy=CAR", "--car_prefill_lambda=0.9")
+	first := c.complete(t, "/v1/completions", idsPrompt(1000, 64))
+	if first.status != 200 || first.policy != "CAR" || first.engine.Instance != first.prefill || first.engine.PrefillName != first.prefill {
+		t.Fatalf("first: %+v", first)
+	}
+	ids := make([]uint32, 64)
+	for i := range ids {
+		ids[i] = uint32(1000 + i)
+	}
+	waitUntil(t, "prefill events indexed", 5*time.Second, func() bool {
+		_, body := query(t, c.addr, "", tokensJSON(ids))
+		return strings.Contains(string(body), `"device_hit_tokens":64`)
+	})
+	for range 3 {
+		again := c.complete(t, "/v1/completions", idsPrompt(1000, 64))
+		if again.status != 200 || again.prefill != first.prefill || again.engine.DeviceHitTokens != 64 {
+			t.Fatalf("repeat went to %s with %d hit tokens (first was %s): %s", again.prefill, again.engine.DeviceHitTokens, first.prefill, again.body)
+		}
+	}
+}
+
+// TestRouteRR covers R-CAR-9: RR rotates over the instances whatever the
+// cache holds.
+func TestRouteRR(t *testing.T) {
+	c := startCluster(t, 3, "--load_balance_policy=RR")
+	seen := map[string]int{}
+	for i := range 6 {
+		r := c.complete(t, "/v1/completions", idsPrompt(i*100, 32))
+		if r.status != 200 || r.policy != "RR" {
+			t.Fatalf("request %d: %+v", i, r)
+		}
+		seen[r.prefill]++
+	}
+	if len(seen) != 3 {
+		t.Fatalf("RR used %d of 3 instances: %v", len(seen), seen)
+	}
+	for name, n := range seen {
+		if n != 2 {
+			t.Fatalf("RR sent %d of 6 requests to %s: %v", n, name, seen)
+		}
+	}
+}
+
+// TestRouteSLOAwareStreamingAndChat covers SLO_AWARE routing, SSE relay
+// and chat requests routed by load without a tokenizer.
+func TestRouteSLOAwareStreamingAndChat(t *testing.T) {
+	c := startCluster(t, 2, "--load_balance_policy=SLO_AWARE")
+	r := c.complete(t, "/v1/completions", strings.Replace(idsPrompt(5, 32), `"max_tokens":2`, `"max_tokens":3,"stream":true`, 1))
+	if r.status != 200 || r.policy != "SLO_AWARE" || !strings.Contains(r.body, "data: ") || !strings.HasSuffix(strings.TrimSpace(r.body), "data: [DONE]") {
+		t.Fatalf("stream: %d %q", r.status, r.body)
+	}
+	chat := c.complete(t, "/v1/chat/completions", `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hello there"}]}`)
+	if chat.status != 200 || chat.prefill == "" {
+		t.Fatalf("chat: %+v", chat)
+	}
+	models, err := http.Get("http://" + c.addr + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(models.Body)
+	models.Body.Close()
+	if models.StatusCode != 200 || !strings.Contains(string(b), `"object":"list"`) {
+		t.Fatalf("models: %d %s", models.StatusCode, b)
+	}
+}
+
+// TestRouteErrors covers clear errors on the request path: bad JSON and
+// prompts get 400 naming the field, an engine error is relayed, and no
+// instance gives 503.
+func TestRouteErrors(t *testing.T) {
+	c := startCluster(t, 1, "--load_balance_policy=CAR")
+	for _, tc := range []struct {
+		body, want string
+		code       int
+	}{
+		{`{`, "not a JSON object", 400},
+		{`{"model":"m"}`, "prompt", 400},
+		{`{"prompt":[1,-5]}`, "prompt[1]", 400},
+		{`{"prompt":{"a":1}}`, "prompt", 400},
+	} {
+		if r := c.complete(t, "/v1/completions", tc.body); r.status != tc.code || !strings.Contains(r.body, tc.want) {
+			t.Errorf("%s: %d %s", tc.body, r.status, r.body)
+		}
+	}
+	c.engines[0].SetFailRequests(http.StatusServiceUnavailable)
+	if r := c.complete(t, "/v1/completions", idsPrompt(1, 16)); r.status != http.StatusServiceUnavailable || r.prefill != c.engines[0].Name() {
+		t.Errorf("engine failure relayed as %d from %q: %s", r.status, r.prefill, r.body)
+	}
+	c.engines[0].SetFailRequests(0)
+	if err := c.engines[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "no instance left", 10*time.Second, func() bool {
+		r := c.complete(t, "/v1/completions", idsPrompt(1, 16))
+		return r.status == http.StatusServiceUnavailable && strings.Contains(r.body, "no instance can serve")
+	})
+}
+
+// TestDirectoryFaultDoesNotBlockRouting covers R-CAR-8: with every stream
+// unsynchronised (snapshots never answered), CAR still routes every
+// request, on load alone.
+func TestDirectoryFaultDoesNotBlockRouting(t *testing.T) {
+	c := startCluster(t, 2, "--load_balance_policy=CAR")
+	for _, e := range c.engines {
+		if err := e.SetReplayMode(0, enginesim.ReplayIgnore); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.SkipSeq(0, 3); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := e.Prefill(0, []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, "streams unsynchronised", 10*time.Second, func() bool {
+		_, body := query(t, c.addr, "", `{"token_ids":[]}`)
+		return strings.Count(string(body), `"synchronized":false`) == 2
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range 5 {
+		if ctx.Err() != nil {
+			t.Fatal("routing blocked")
+		}
+		if r := c.complete(t, "/v1/completions", idsPrompt(i*50, 32)); r.status != 200 {
+			t.Fatalf("request %d during the directory fault: %d %s", i, r.status, r.body)
+		}
+	}
+}

@@ -1,0 +1,236 @@
+package tokenizer
+
+import (
+	"unicode"
+	"unicode/utf8"
+)
+
+// The regex patterns below are the exact Split patterns (as they read after
+// JSON decoding) that published tokenizer.json files use. Go's regexp has no
+// lookahead, so instead of compiling them each one is recognised by its text
+// and served by a hand-written matcher that reproduces the backtracking
+// semantics of the Oniguruma engine the tokenizers library uses: at a
+// position the alternatives are tried left to right and the first that
+// matches wins (not the longest), and greedy quantifiers give back
+// characters when the rest of the alternative needs them.
+const (
+	patternGPT2 = `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
+
+	patternLlama3 = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+
+	patternQwen2 = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+
+	patternQwen2Marks = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+)
+
+// matcher returns the end (byte offset) of the pattern's match that starts
+// exactly at byte offset i of s, or -1 when no alternative matches there.
+// Callers guarantee i < len(s) and that s is valid UTF-8.
+type matcher func(s string, i int) int
+
+// splitPattern describes one recognised pattern.
+type splitPattern struct {
+	name  string
+	match matcher
+}
+
+// knownPatterns maps pattern text to its matcher.
+func knownPatterns() map[string]splitPattern {
+	return map[string]splitPattern{
+		patternGPT2:       {"gpt2", matchGPT2},
+		patternLlama3:     {"llama3", func(s string, i int) int { return matchLlamaFamily(s, i, 3, false) }},
+		patternQwen2:      {"qwen2", func(s string, i int) int { return matchLlamaFamily(s, i, 1, false) }},
+		patternQwen2Marks: {"qwen2-marks", func(s string, i int) int { return matchLlamaFamily(s, i, 1, true) }},
+	}
+}
+
+// Character classes. \s in Oniguruma (Unicode mode) and Rust is the Unicode
+// White_Space property, which is what unicode.IsSpace tests.
+func isSpace(r rune) bool  { return unicode.IsSpace(r) }
+func isLetter(r rune) bool { return unicode.IsLetter(r) }
+func isNumber(r rune) bool { return unicode.IsNumber(r) }
+func isMark(r rune) bool   { return unicode.IsMark(r) }
+
+// isPunctGPT2 is [^\s\p{L}\p{N}].
+func isPunctGPT2(r rune) bool { return !isSpace(r) && !isLetter(r) && !isNumber(r) }
+
+func runeAt(s string, i int) (rune, int) {
+	if i >= len(s) {
+		return utf8.RuneError, 0
+	}
+	if c := s[i]; c < utf8.RuneSelf {
+		return rune(c), 1
+	}
+	return utf8.DecodeRuneInString(s[i:])
+}
+
+// spanWhile returns the end of the run of runes starting at i that satisfy f.
+func spanWhile(s string, i int, f func(rune) bool) int {
+	for i < len(s) {
+		r, n := runeAt(s, i)
+		if !f(r) {
+			break
+		}
+		i += n
+	}
+	return i
+}
+
+// matchContraction matches 's|'t|'re|'ve|'m|'ll|'d at i, case-sensitively or
+// under Unicode simple case folding. Under folding the only non-ASCII rune
+// that folds onto one of these letters is U+017F LATIN SMALL LETTER LONG S,
+// which folds to 's'.
+func matchContraction(s string, i int, fold bool) int {
+	if s[i] != '\'' {
+		return -1
+	}
+	j := i + 1
+	lower := func(k int) (byte, int) {
+		r, n := runeAt(s, k)
+		if n == 0 {
+			return 0, 0
+		}
+		if fold {
+			if r == 0x17F {
+				return 's', n
+			}
+			if r >= 'A' && r <= 'Z' {
+				r += 'a' - 'A'
+			}
+		}
+		if r >= utf8.RuneSelf {
+			return 0, n
+		}
+		return byte(r), n
+	}
+	c, n := lower(j)
+	switch c {
+	case 's', 't', 'm', 'd':
+		return j + n
+	case 'r', 'v':
+		if c2, n2 := lower(j + n); c2 == 'e' {
+			return j + n + n2
+		}
+	case 'l':
+		if c2, n2 := lower(j + n); c2 == 'l' {
+			return j + n + n2
+		}
+	}
+	return -1
+}
+
+// matchWhitespaceTail handles the shared tail `\s+(?!\S)|\s+` at a position
+// holding whitespace: the whole run if it ends the text or is followed by
+// more whitespace (impossible for a maximal run), otherwise the run minus its
+// last rune so that the lookahead sees whitespace, and if that leaves nothing
+// the single rune via the plain `\s+`.
+func matchWhitespaceTail(s string, i int) int {
+	end := spanWhile(s, i, isSpace)
+	if end == i {
+		return -1
+	}
+	if end == len(s) {
+		return end
+	}
+	// Back off one rune: the run is followed by \S, so (?!\S) only holds
+	// before the run's last rune.
+	_, last := utf8.DecodeLastRuneInString(s[i:end])
+	if end-last > i {
+		return end - last
+	}
+	return end
+}
+
+// matchGPT2 implements patternGPT2.
+func matchGPT2(s string, i int) int {
+	if e := matchContraction(s, i, false); e >= 0 {
+		return e
+	}
+	r, n := runeAt(s, i)
+	// ` ?X+` alternatives: an optional leading space then a run of X.
+	j, rj := i, r
+	if r == ' ' {
+		if r2, n2 := runeAt(s, i+n); n2 > 0 {
+			j, rj = i+n, r2
+		}
+	}
+	for _, class := range [...]func(rune) bool{isLetter, isNumber, isPunctGPT2} {
+		if class(rj) {
+			return spanWhile(s, j, class)
+		}
+		// Without the optional space, r itself must start the run.
+		if j != i && class(r) {
+			return spanWhile(s, i, class)
+		}
+	}
+	if isSpace(r) {
+		return matchWhitespaceTail(s, i)
+	}
+	return -1
+}
+
+// matchLlamaFamily implements patternLlama3 (maxDigits 3), patternQwen2
+// (maxDigits 1) and, with marks, patternQwen2Marks.
+func matchLlamaFamily(s string, i int, maxDigits int, marks bool) int {
+	// (?i:'s|'t|'re|'ve|'m|'ll|'d)
+	if e := matchContraction(s, i, true); e >= 0 {
+		return e
+	}
+	letter := isLetter
+	punct := isPunctGPT2
+	if marks {
+		letter = func(r rune) bool { return isLetter(r) || isMark(r) }
+		punct = func(r rune) bool { return isPunctGPT2(r) && !isMark(r) }
+	}
+	r, n := runeAt(s, i)
+	// [^\r\n\p{L}\p{N}]?LETTER+ : one optional prefix rune, then letters.
+	if r != '\r' && r != '\n' && !isLetter(r) && !isNumber(r) {
+		if r2, n2 := runeAt(s, i+n); n2 > 0 && letter(r2) {
+			return spanWhile(s, i+n, letter)
+		}
+	}
+	if letter(r) {
+		return spanWhile(s, i, letter)
+	}
+	// \p{N}{1,k}
+	if isNumber(r) {
+		e := i
+		for k := 0; k < maxDigits && e < len(s); k++ {
+			rr, nn := runeAt(s, e)
+			if !isNumber(rr) {
+				break
+			}
+			e += nn
+		}
+		return e
+	}
+	// ` ?PUNCT+[\r\n]*`
+	j := -1
+	if punct(r) {
+		j = i
+	} else if r == ' ' {
+		if r2, n2 := runeAt(s, i+n); n2 > 0 && punct(r2) {
+			j = i + n
+		}
+	}
+	if j >= 0 {
+		e := spanWhile(s, j, punct)
+		return spanWhile(s, e, func(r rune) bool { return r == '\r' || r == '\n' })
+	}
+	if !isSpace(r) {
+		return -1
+	}
+	// \s*[\r\n]+ : greedy \s* gives back until a newline can follow, so the
+	// match ends just after the last \r or \n of the whitespace run.
+	end := spanWhile(s, i, isSpace)
+	lastNL := -1
+	for k := i; k < end; k++ {
+		if c := s[k]; c == '\r' || c == '\n' {
+			lastNL = k
+		}
+	}
+	if lastNL >= 0 {
+		return lastNL + 1
+	}
+	return matchWhitespaceTail(s, i)
+}
