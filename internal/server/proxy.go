@@ -69,10 +69,10 @@ type completionRequest struct {
 
 // proxy is the request path: decide, forward, relay.
 type proxy struct {
-	router    Router
-	tokenizer Tokenizer
-	client    *http.Client
-	log       *slog.Logger
+	router          Router
+	tokenizer       Tokenizer
+	client          *http.Client
+	log             *slog.Logger
 	warnNoTokenizer sync.Once
 	observe         func(path string, d lb.Decision, took time.Duration)
 }
