@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvcar/kvcar/internal/config"
@@ -173,9 +175,15 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	}
 	cleanups = append(cleanups, closeEtcd)
 
+	// One registry per process, passed down: no package registers
+	// anything globally.
+	metricsReg := prometheus.NewRegistry()
+	metricsReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		reg.Collector())
+
 	var dir *kvdir.Directory
 	if cfg != nil {
-		if dir, err = kvdir.New(kvdir.LimitsFromConfig(cfg), kvdir.Options{Logger: log}); err != nil {
+		if dir, err = kvdir.New(kvdir.LimitsFromConfig(cfg), kvdir.Options{Logger: log, Registerer: metricsReg}); err != nil {
 			return err
 		}
 		cleanups = append(cleanups, func() { dir.Close() })
@@ -205,7 +213,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	log.Info("routing", "policy", policy.Name())
 
 	opts := server.Options{InternalAPIToken: f.internalAPIToken, Logger: log, Heartbeats: reg,
-		Router: registryRouter{policy: policy, reg: reg}}
+		Router: registryRouter{policy: policy, reg: reg}, Metrics: metricsReg}
 	if dir != nil {
 		opts.Directory = dir
 	}

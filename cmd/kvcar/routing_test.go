@@ -230,3 +230,35 @@ func TestDirectoryFaultDoesNotBlockRouting(t *testing.T) {
 		}
 	}
 }
+
+// TestMetricsEndpoint checks /metrics after routed traffic: stream,
+// registry, routing and HTTP series are all served.
+func TestMetricsEndpoint(t *testing.T) {
+	c := startCluster(t, 1, "--load_balance_policy=CAR")
+	if r := c.complete(t, "/v1/completions", idsPrompt(1, 32)); r.status != 200 {
+		t.Fatalf("completion: %d %s", r.status, r.body)
+	}
+	resp, err := http.Get("http://" + c.addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	body := string(b)
+	for _, want := range []string{
+		`kvcar_stream_synchronized{dp_rank="0",instance="` + c.engines[0].Name() + `"} 1`,
+		`kvcar_instances{state="ACTIVE",type="DEFAULT"} 1`,
+		`kvcar_instances_with_load 1`,
+		`kvcar_service_is_master 1`,
+		`kvcar_routing_decisions_total{policy="CAR",role="default"} 1`,
+		`kvcar_routing_decision_seconds_count{policy="CAR"} 1`,
+		`kvcar_http_requests_total{code="200",route="/v1/completions"} 1`,
+		`kvcar_discovery_exclusions{reason="port_conflict"} 0`,
+		`kvcar_stream_event_lag_seconds_count`,
+		`go_goroutines`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("missing %s", want)
+		}
+	}
+}

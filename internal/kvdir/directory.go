@@ -33,6 +33,9 @@ type Directory struct {
 	// lock (copy on write; changes are rare, queries are constant).
 	set atomic.Pointer[streamSet]
 
+	// exclusions counts the instances discovery excludes, by kind.
+	exclusions atomic.Pointer[map[string]int]
+
 	mu     sync.Mutex // serialises SetStreams and Close
 	closed bool
 

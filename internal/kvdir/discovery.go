@@ -24,8 +24,19 @@ type InstanceSource interface {
 // Exclusion is an instance discovery will not subscribe to, and why.
 type Exclusion struct {
 	Instance string
-	Reason   string
+	// Kind is one of ExcludeBadName, ExcludePortOverflow,
+	// ExcludePortConflict, ExcludeMaxStreams: the metric label.
+	Kind   string
+	Reason string
 }
+
+// Exclusion kinds.
+const (
+	ExcludeBadName      = "bad_name"
+	ExcludePortOverflow = "port_overflow"
+	ExcludePortConflict = "port_conflict"
+	ExcludeMaxStreams   = "max_streams"
+)
 
 // Plan derives the streams discovery wants from a registry snapshot
 // (R-DISC-2..7): xLLM DEFAULT and PREFILL instances and MIX instances
@@ -43,7 +54,7 @@ func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]Stream
 		cands    []candidate
 		excluded []Exclusion
 	)
-	exclude := func(name, reason string) { excluded = append(excluded, Exclusion{name, reason}) }
+	exclude := func(name, kind, reason string) { excluded = append(excluded, Exclusion{name, kind, reason}) }
 	for i := range snap.Instances {
 		inst := &snap.Instances[i]
 		if !subscribable(inst) {
@@ -52,7 +63,7 @@ func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]Stream
 		host, portStr, err := net.SplitHostPort(inst.Meta.Name)
 		port, perr := strconv.Atoi(portStr)
 		if err != nil || perr != nil || port <= 0 || port > 65535 || host == "" {
-			exclude(inst.Meta.Name, "instance name is not a host:port business address")
+			exclude(inst.Meta.Name, ExcludeBadName, "instance name is not a host:port business address")
 			continue
 		}
 		c := candidate{inst: inst, host: host}
@@ -60,7 +71,7 @@ func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]Stream
 		for r := range dp {
 			ev, rp := port+d.EventPortOffset+r, port+d.ReplayPortOffset+r
 			if ev > 65535 || rp > 65535 {
-				exclude(inst.Meta.Name, fmt.Sprintf("port overflow: dp %d needs event port %d and replay port %d", r, ev, rp))
+				exclude(inst.Meta.Name, ExcludePortOverflow, fmt.Sprintf("port overflow: dp %d needs event port %d and replay port %d", r, ev, rp))
 				c.specs = nil
 				break
 			}
@@ -125,12 +136,12 @@ func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]Stream
 	var specs []StreamSpec
 	for _, c := range cands {
 		if reason, bad := conflicted[c.inst.Meta.Name]; bad {
-			exclude(c.inst.Meta.Name, reason)
+			exclude(c.inst.Meta.Name, ExcludePortConflict, reason)
 			continue
 		}
 		// R-DISC-7: whole instances only, in name order.
 		if len(specs)+len(c.specs) > maxStreams {
-			exclude(c.inst.Meta.Name, fmt.Sprintf("max_streams (%d) reached: %d DP streams do not fit", maxStreams, len(c.specs)))
+			exclude(c.inst.Meta.Name, ExcludeMaxStreams, fmt.Sprintf("max_streams (%d) reached: %d DP streams do not fit", maxStreams, len(c.specs)))
 			continue
 		}
 		specs = append(specs, c.specs...)
@@ -183,6 +194,11 @@ func (dir *Directory) RunDiscovery(ctx context.Context, src InstanceSource, d co
 				}
 			}
 			lastExcl = now
+			byKind := map[string]int{}
+			for _, e := range excl {
+				byKind[e.Kind]++
+			}
+			dir.exclusions.Store(&byKind)
 			if err := dir.SetStreams(specs); err != nil {
 				dir.log.Error("discovery could not apply streams", "err", err)
 			} else {

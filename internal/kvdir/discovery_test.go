@@ -108,6 +108,13 @@ func TestPlanPortOverflowAndConflicts(t *testing.T) {
 	if r := reasonOf(excl, "127.0.0.1:60000"); !strings.Contains(r, "port overflow") {
 		t.Errorf("overflow reason %q", r)
 	}
+	kinds := map[string]int{}
+	for _, e := range excl {
+		kinds[e.Kind]++
+	}
+	if kinds[ExcludePortOverflow] != 1 || kinds[ExcludePortConflict] != 4 {
+		t.Errorf("exclusion kinds %v", kinds)
+	}
 	for _, n := range []string{"127.0.0.1:8000", "127.0.0.1:8001"} {
 		if r := reasonOf(excl, n); !strings.Contains(r, "port conflict on 127.0.0.1:18001") {
 			t.Errorf("%s: reason %q", n, r)

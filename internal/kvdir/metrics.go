@@ -120,11 +120,13 @@ var (
 		"Live deltas held while a snapshot is in progress (wire plus decoded bytes).", streamLabels, nil)
 	descStreams = prometheus.NewDesc("kvcar_streams",
 		"Streams in the directory.", nil, nil)
+	descExclusions = prometheus.NewDesc("kvcar_discovery_exclusions",
+		"Instances discovery does not subscribe to, by reason.", []string{"reason"}, nil)
 )
 
 func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSynced, descSequence, descResident, descEvents,
-		descDecodeErrors, descGaps, descSnapshots, descBuffered, descStreams} {
+		descDecodeErrors, descGaps, descSnapshots, descBuffered, descStreams, descExclusions} {
 		ch <- d
 	}
 }
@@ -132,6 +134,11 @@ func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 	set := c.d.set.Load()
 	ch <- prometheus.MustNewConstMetric(descStreams, prometheus.GaugeValue, float64(len(set.streams)))
+	if ex := c.d.exclusions.Load(); ex != nil {
+		for _, kind := range []string{ExcludeBadName, ExcludePortOverflow, ExcludePortConflict, ExcludeMaxStreams} {
+			ch <- prometheus.MustNewConstMetric(descExclusions, prometheus.GaugeValue, float64((*ex)[kind]), kind)
+		}
+	}
 	var m Match
 	for _, s := range set.streams {
 		s.match(nil, &m)

@@ -74,7 +74,7 @@ type proxy struct {
 	client          *http.Client
 	log             *slog.Logger
 	warnNoTokenizer sync.Once
-	observe         func(path string, d lb.Decision, took time.Duration)
+	observe         func(d lb.Decision, took time.Duration)
 }
 
 func newTransport() *http.Transport {
@@ -130,7 +130,7 @@ func (s *Server) handleInference(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if p.observe != nil {
-		p.observe(r.URL.Path, d, took)
+		p.observe(d, took)
 	}
 	h := w.Header()
 	h.Set(PrefillNameHeader, d.Prefill)

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // DefaultMaxTokenIDs bounds the ids of one query: 1M tokens is far above
@@ -55,6 +57,9 @@ type Options struct {
 	// EngineTransport carries requests to the engines; nil uses a
 	// pooled transport with a 10 minute response-header timeout.
 	EngineTransport http.RoundTripper
+	// Metrics, when set, receives the HTTP and routing series and is
+	// served on /metrics with everything else registered in it.
+	Metrics *prometheus.Registry
 }
 
 // Server serves kvcar's HTTP API. Its methods are safe for concurrent use.
@@ -62,6 +67,8 @@ type Server struct {
 	dir         KVDirectory
 	heartbeats  HeartbeatSink
 	proxy       *proxy
+	metrics     *httpMetrics
+	gatherer    prometheus.Gatherer
 	tokenSet    bool
 	tokenDigest [sha256.Size]byte
 	log         *slog.Logger
@@ -103,12 +110,19 @@ func New(opts Options) *Server {
 		s.tokenSet = true
 		s.tokenDigest = sha256.Sum256([]byte(opts.InternalAPIToken))
 	}
+	if opts.Metrics != nil {
+		s.metrics = newHTTPMetrics(opts.Metrics)
+		s.gatherer = opts.Metrics
+	}
 	if opts.Router != nil {
 		rt := opts.EngineTransport
 		if rt == nil {
 			rt = newTransport()
 		}
 		s.proxy = &proxy{router: opts.Router, tokenizer: opts.Tokenizer, client: &http.Client{Transport: rt}, log: s.log}
+		if s.metrics != nil {
+			s.proxy.observe = s.metrics.observeDecision
+		}
 	}
 	s.buffers.New = func() any { return &queryBuffers{read: make([]byte, readChunk)} }
 	s.mux = http.NewServeMux()
@@ -125,10 +139,18 @@ func (s *Server) routes() {
 	s.mux.HandleFunc(CompletionsPath, allow("POST", s.handleInference))
 	s.mux.HandleFunc(ChatCompletionsPath, allow("POST", s.handleInference))
 	s.mux.HandleFunc(ModelsPath, allow("GET", s.handleModels))
+	if s.gatherer != nil {
+		s.mux.Handle("GET /metrics", metricsHandler(s.gatherer))
+	}
 }
 
 // Handler returns the HTTP handler of all routes.
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler {
+	if s.metrics != nil {
+		return s.metrics.instrument(s.mux)
+	}
+	return s.mux
+}
 
 // SetReady opens (true) or closes (false) the routes that are served only
 // once the service is ready (R-API-1).
