@@ -191,16 +191,16 @@ func (p *kvcarProc) stop() error {
 }
 
 // exited reports kvcar's exit when it has exited.
-func (p *kvcarProc) exited() (error, bool) {
+func (p *kvcarProc) exited() (bool, error) {
 	select {
 	case err := <-p.done:
 		p.done <- err
 		if err == nil {
 			err = errors.New("exit status 0")
 		}
-		return err, true
+		return true, err
 	default:
-		return nil, false
+		return false, nil
 	}
 }
 
@@ -225,7 +225,7 @@ func waitReady(ctx context.Context, hc *http.Client, p *kvcarProc, engines []*en
 	deadline := time.Now().Add(timeout)
 	var last error
 	for time.Now().Before(deadline) {
-		if err, ok := p.exited(); ok {
+		if ok, err := p.exited(); ok {
 			return fmt.Errorf("kvcar exited: %w\n%s", err, p.logTail(20))
 		}
 		last = readyOnce(ctx, hc, p.base, engines, streams)

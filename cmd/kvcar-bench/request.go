@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -91,16 +92,21 @@ func post(ctx context.Context, hc *http.Client, url string, req *benchRequest, h
 }
 
 // probe reads every rank's reusable prefix for tokens from the engines'
-// own caches.
+// own caches, all ranks at once: each read waits for its rank's
+// goroutine, which polls its sockets between commands.
 func probe(engines []*enginesim.Engine, tokens []uint32) [][]int {
 	out := make([][]int, len(engines))
+	var wg sync.WaitGroup
 	for i, e := range engines {
 		out[i] = make([]int, e.DPSize())
 		for dp := range out[i] {
-			dev, host := e.Oracle(dp, tokens)
-			out[i][dp] = dev + host
+			wg.Go(func() {
+				dev, host := e.Oracle(dp, tokens)
+				out[i][dp] = dev + host
+			})
 		}
 	}
+	wg.Wait()
 	return out
 }
 

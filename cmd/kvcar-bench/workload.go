@@ -199,3 +199,38 @@ func randTokens(rng *rand.Rand, n int) []uint32 {
 	}
 	return t
 }
+
+// idealReuse is what one cache of unbounded size would reuse serving the
+// workload in order: per request, the full blocks of its prompt that an
+// earlier prompt already had (prefixes as chains, as engines key them).
+// No routing over several caches can do better in that order.
+func (w *workload) idealReuse(blockSize int) int64 {
+	type key struct {
+		parent int
+		block  string
+	}
+	ids := map[key]int{}
+	var reused int64
+	buf := make([]byte, 0, 4*blockSize)
+	for i := range w.requests {
+		p := w.requests[i].Prompt
+		parent, hit := -1, true
+		for b := 0; b+blockSize <= len(p); b += blockSize {
+			buf = buf[:0]
+			for _, t := range p[b : b+blockSize] {
+				buf = append(buf, byte(t), byte(t>>8), byte(t>>16), byte(t>>24))
+			}
+			k := key{parent, string(buf)}
+			id, ok := ids[k]
+			if !ok {
+				hit = false
+				id = len(ids)
+				ids[k] = id
+			} else if hit {
+				reused += int64(blockSize)
+			}
+			parent = id
+		}
+	}
+	return reused
+}

@@ -210,3 +210,22 @@ func BenchmarkEncodeChat8k(b *testing.B) {
 	}
 	b.ReportMetric(float64(len(ids)), "tokens/op")
 }
+
+// BenchmarkLoad loads a generated tokenizer.json of about the size of
+// Qwen2's (~150k merges, ~150k vocabulary entries).
+func BenchmarkLoad(b *testing.B) {
+	words := pseudoWords(rand.New(rand.NewPCG(5, 5)), 40000)
+	dir := benchTokenizerDir(b, words, patternQwen2)
+	st, err := os.Stat(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var tk *Tokenizer
+	for b.Loop() {
+		if tk, err = Load(dir); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(st.Size())/1e6, "file-MB")
+	b.ReportMetric(float64(len(tk.p.model.merges)), "merges")
+}

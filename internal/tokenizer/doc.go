@@ -60,8 +60,8 @@
 // normalizer usually Sequence[Prepend("▁"), Replace(" ", "▁")], and
 // byte_fallback to <0xXX> tokens.
 //
-// Normalizers: null, NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace with a
-// String pattern, and Sequence of these.
+// Normalizers: null, NFC, NFD, NFKC, NFKD, Prepend, Replace with a String
+// pattern, and Sequence of these.
 //
 // Post-processors: null, ByteLevel (offsets only, no ids), TemplateProcessing
 // (the "single" template), RobertaProcessing, BertProcessing, and Sequence of
@@ -88,9 +88,10 @@
 // EncodeChat renders the chat template with add_generation_prompt=true and
 // encodes the result without adding special tokens, because the template
 // itself writes bos_token where the model wants one (the HuggingFace and
-// vLLM convention for chat requests). EncodeChatWith selects the other
-// convention where the engine is configured to add special tokens to
-// rendered chat prompts too.
+// vLLM convention for chat requests). Some xLLM service versions encode the
+// rendered chat prompt with add_special_tokens=true instead, which for a
+// Llama-3 style tokenizer yields two BOS ids; EncodeChatWith with
+// ChatOptions.AddSpecialTokens reproduces that where a deployment does it.
 //
 // # Chat templates
 //

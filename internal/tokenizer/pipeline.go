@@ -189,6 +189,8 @@ func parseByteToken(t string) (byte, bool) {
 			return c - '0', true
 		case c >= 'A' && c <= 'F':
 			return c - 'A' + 10, true
+		case c >= 'a' && c <= 'f':
+			return c - 'a' + 10, true
 		}
 		return 0, false
 	}

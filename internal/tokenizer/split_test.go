@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/dlclark/regexp2"
 )
@@ -37,8 +38,6 @@ func regexSplit(t testing.TB, re *regexp2.Regexp, s string) []string {
 
 func handSplit(match matcher, s string) []string {
 	var out []string
-	e := &encoder{}
-	_ = e
 	gap := 0
 	for pos := 0; pos < len(s); {
 		end := match(s, pos)
@@ -95,7 +94,7 @@ func TestSplitMatchesRegexReference(t *testing.T) {
 					t.Errorf("%q:\n hand  %q\n regex %q", s, got, want)
 				}
 			}
-			for range 20000 {
+			for range 5000 {
 				s := randomSplitInput(r)
 				if got, want := handSplit(p.match, s), regexSplit(t, re, s); !reflect.DeepEqual(got, want) {
 					t.Fatalf("%q:\n hand  %q\n regex %q", s, got, want)
@@ -117,4 +116,31 @@ func TestSplitLongS(t *testing.T) {
 	if want := []string{"it", "'", "ſ"}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("gpt2: got %q, want %q", got, want)
 	}
+}
+
+// FuzzSplit compares the hand-written matchers with the regex reference on
+// arbitrary text (U+017F aside, see TestSplitLongS).
+func FuzzSplit(f *testing.F) {
+	type ref struct {
+		name  string
+		match matcher
+		re    *regexp2.Regexp
+	}
+	var refs []ref
+	for text, p := range knownPatterns() {
+		refs = append(refs, ref{p.name, p.match, regexp2.MustCompile(text, regexp2.None)})
+	}
+	for _, s := range []string{"Hello  world\n\n", "it's 'LL 12345", "a.\r\n b", "\u00a0x\u0301"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if !utf8.ValidString(s) || strings.ContainsRune(s, 0x17F) {
+			return
+		}
+		for _, r := range refs {
+			if got, want := handSplit(r.match, s), regexSplit(t, r.re, s); !reflect.DeepEqual(got, want) {
+				t.Fatalf("%s %q:\n hand  %q\n regex %q", r.name, s, got, want)
+			}
+		}
+	})
 }
