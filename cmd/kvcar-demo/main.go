@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -88,7 +89,7 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 
-	cmd := exec.CommandContext(ctx, o.kvcar, fmt.Sprintf("--port=%d", o.port), "--advertise_host=127.0.0.1",
+	cmd := exec.CommandContext(ctx, o.kvcar, fmt.Sprintf("--port=%d", o.port), "--advertise_host=127.0.0.1", "--load_balance_policy=CAR",
 		"--etcd_addr="+strings.Join(etcd.Endpoints(), ","), "--kv_events_config_file="+cfgPath)
 	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
@@ -102,10 +103,22 @@ func run(ctx context.Context, args []string) error {
 	if err := waitReady(ctx, base, len(streamsOf(engines))); err != nil {
 		return err
 	}
+	// CAR schedules only instances with a first load report.
+	for _, e := range engines {
+		for e.LastHeartbeatStatus() != http.StatusOK {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
 	fmt.Printf("\nkvcar is serving on %s with %d discovered streams from %d emulated engines\n", base, len(streamsOf(engines)), len(engines))
-	fmt.Printf("query endpoint: curl -sS %s/v1/internal/kv-cache/query -d '{\"token_ids\":[]}'\n\n", base)
+	fmt.Printf("send requests:  curl -sS %s/v1/completions -H 'Content-Type: application/json' -d '{\"model\":\"enginesim\",\"prompt\":[1,2,3],\"max_tokens\":4}'\n", base)
+	fmt.Printf("query endpoint: curl -sS %s/v1/internal/kv-cache/query -d '{\"token_ids\":[]}'\n", base)
+	fmt.Printf("metrics:        curl -sS %s/metrics\n\n", base)
 
-	if err := load(ctx, base, engines, blockSize, o); err != nil {
+	if err := load(ctx, base, blockSize, o); err != nil {
 		return err
 	}
 	fmt.Printf("\nkvcar keeps serving on %s; ", base)
@@ -220,18 +233,17 @@ func waitReady(ctx context.Context, base string, streams int) error {
 	return errors.New("kvcar did not synchronise every stream within 30s")
 }
 
-// load sends prompts that share system prompts and grow as multi-turn
-// sessions, each to the stream where kvcar reports the longest reusable
-// prefix (rotating on ties).
-func load(ctx context.Context, base string, engines []*enginesim.Engine, blockSize int, o options) error {
+// load sends completions that share system prompts and grow as
+// multi-turn sessions to kvcar, which routes each (CAR) and relays the
+// engine's answer; it prints where each went and what the engine reused.
+func load(ctx context.Context, base string, blockSize int, o options) error {
 	rng := rand.New(rand.NewPCG(o.seed, 0))
-	refs := streamsOf(engines)
 	systems := make([][]uint32, 3)
 	for i := range systems {
 		systems[i] = randTokens(rng, 8*blockSize)
 	}
 	sessions := make([][]uint32, 8)
-	var predicted, reused, total int
+	var reused, total int
 	for i := range o.requests {
 		s := rng.IntN(len(sessions))
 		if sessions[s] == nil || rng.IntN(5) == 0 {
@@ -240,42 +252,56 @@ func load(ctx context.Context, base string, engines []*enginesim.Engine, blockSi
 		sessions[s] = append(sessions[s], randTokens(rng, (1+rng.IntN(3))*blockSize)...)
 		prompt := sessions[s]
 
-		ms, err := queryKV(ctx, base, prompt)
+		res, err := complete(ctx, base, prompt)
 		if err != nil {
 			return err
 		}
-		best, bestHit := i%len(ms), -1
-		for j := range ms {
-			k := (i + j) % len(ms)
-			if ms[k].ReusablePrefixTokens > bestHit {
-				best, bestHit = k, ms[k].ReusablePrefixTokens
-			}
-		}
-		m := ms[best]
-		var ref streamRef
-		for _, r := range refs {
-			if r.e.Name() == m.InstanceName && r.dp == m.DPRank {
-				ref = r
-			}
-		}
-		dev, host, err := ref.e.Prefill(ref.dp, prompt)
-		if err != nil {
-			return err
-		}
-		predicted += m.ReusablePrefixTokens
-		reused += dev + host
+		reused += res.Engine.DeviceHitTokens + res.Engine.HostHitTokens
 		total += len(prompt)
-		fmt.Printf("request %3d: %5d tokens -> %s dp%d  kvcar predicted %5d reusable (device %d, host %d), engine reused %5d\n",
-			i+1, len(prompt), m.InstanceName, m.DPRank, m.ReusablePrefixTokens, m.DeviceHitTokens, m.HostOnlyHitTokens, dev+host)
-		// Give the events of this prefill time to reach kvcar.
+		fmt.Printf("request %3d: %5d tokens -> %s dp%d  kvcar hit ratio %.2f, engine reused %5d (device %d, host %d)\n",
+			i+1, len(prompt), res.prefill, res.Engine.DPRank, res.hitRatio,
+			res.Engine.DeviceHitTokens+res.Engine.HostHitTokens, res.Engine.DeviceHitTokens, res.Engine.HostHitTokens)
+		// Give the events of this prefill time to reach kvcar, as the
+		// next turn of a session follows its answer.
 		time.Sleep(20 * time.Millisecond)
 	}
-	fmt.Printf("\n%d requests, %d prompt tokens: kvcar predicted %d reusable tokens, engines reused %d (%.1f%% of prompt tokens)\n",
-		o.requests, total, predicted, reused, 100*float64(reused)/float64(max(total, 1)))
-	if predicted != reused {
-		fmt.Println("(predictions can trail the engines by the events still in flight)")
-	}
+	fmt.Printf("\n%d requests, %d prompt tokens: the engines reused %d (%.1f%% of prompt tokens)\n",
+		o.requests, total, reused, 100*float64(reused)/float64(max(total, 1)))
 	return nil
+}
+
+type completion struct {
+	prefill  string
+	hitRatio float64
+	Engine   enginesim.EngineUsage `json:"kvcar_engine"`
+}
+
+func complete(ctx context.Context, base string, prompt []uint32) (completion, error) {
+	body, _ := json.Marshal(map[string]any{"model": "enginesim", "max_tokens": 4, "prompt": prompt})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", bytes.NewReader(body))
+	if err != nil {
+		return completion{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return completion{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return completion{}, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return completion{}, fmt.Errorf("completion: %s: %s", resp.Status, b)
+	}
+	var c completion
+	if err := json.Unmarshal(b, &c); err != nil {
+		return completion{}, fmt.Errorf("completion answer: %w", err)
+	}
+	c.prefill = resp.Header.Get("X-Prefill-Name")
+	c.hitRatio, _ = strconv.ParseFloat(resp.Header.Get("X-Kvcar-Hit-Ratio"), 64)
+	return c, nil
 }
 
 func randTokens(rng *rand.Rand, n int) []uint32 {

@@ -29,6 +29,7 @@ import (
 	"github.com/kvcar/kvcar/internal/kvdir"
 	"github.com/kvcar/kvcar/internal/lb"
 	"github.com/kvcar/kvcar/internal/server"
+	"github.com/kvcar/kvcar/internal/tokenizer"
 )
 
 func main() {
@@ -58,11 +59,12 @@ type flags struct {
 	probeAttempts  int
 	blockSize      int
 
-	policy     string
-	carLambda  float64
-	carHostW   float64
-	targetTTFT int
-	targetTPOT int
+	policy        string
+	tokenizerPath string
+	carLambda     float64
+	carHostW      float64
+	targetTTFT    int
+	targetTPOT    int
 }
 
 func parseFlags(args []string, out io.Writer) (*flags, error) {
@@ -83,6 +85,7 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	fs.IntVar(&f.probeTimeoutMs, "instance_delete_probe_timeout_ms", 1000, "timeout of each health probe after an instance's etcd key is deleted")
 	fs.IntVar(&f.probeAttempts, "instance_delete_probe_attempts", 2, "health probe attempts after an instance's etcd key is deleted")
 	fs.StringVar(&f.policy, "load_balance_policy", lb.PolicyRR, "routing policy: RR, CAR or SLO_AWARE")
+	fs.StringVar(&f.tokenizerPath, "tokenizer_path", "", "directory with the model's tokenizer.json (and tokenizer_config.json) so text and chat prompts get token ids for CAR; empty: they are routed by load only")
 	fs.Float64Var(&f.carLambda, "car_prefill_lambda", lb.DefaultCARPrefillLambda, "CAR weight of the cache-miss cost against the queue cost, in [0, 1]")
 	fs.Float64Var(&f.carHostW, "car_host_hit_weight", lb.DefaultCARHostHitWeight, "CAR benefit of a Host-only hit relative to a Device hit, in [0, 1]")
 	fs.IntVar(&f.targetTTFT, "target_ttft", lb.DefaultTargetTTFTms, "SLO_AWARE target time to first token, ms")
@@ -214,6 +217,14 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 
 	opts := server.Options{InternalAPIToken: f.internalAPIToken, Logger: log, Heartbeats: reg,
 		Router: registryRouter{policy: policy, reg: reg}, Metrics: metricsReg}
+	if f.tokenizerPath != "" {
+		tok, err := tokenizer.Load(f.tokenizerPath)
+		if err != nil {
+			return fmt.Errorf("--tokenizer_path: %w", err)
+		}
+		opts.Tokenizer = chatTokenizer{tok}
+		log.Info("tokenizer loaded", "path", f.tokenizerPath, "vocab", tok.VocabSize(), "chat_template", tok.HasChatTemplate())
+	}
 	if dir != nil {
 		opts.Directory = dir
 	}
@@ -317,6 +328,21 @@ func (r registryRouter) Policy() string { return r.policy.Name() }
 
 func (r registryRouter) Route(req lb.Request) (lb.Decision, error) {
 	return r.policy.Route(req, r.reg.Snapshot())
+}
+
+// chatTokenizer gives the request path the model's tokenizer.
+type chatTokenizer struct{ t *tokenizer.Tokenizer }
+
+func (c chatTokenizer) Encode(text string, dst []uint32) ([]uint32, error) {
+	return c.t.Encode(text, dst)
+}
+
+func (c chatTokenizer) EncodeChat(msgs []server.ChatMessage, dst []uint32) ([]uint32, error) {
+	tm := make([]tokenizer.Message, len(msgs))
+	for i, m := range msgs {
+		tm[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
+	}
+	return c.t.EncodeChat(tm, dst)
 }
 
 func splitEndpoints(s string) []string {

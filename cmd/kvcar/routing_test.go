@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvcar/kvcar/internal/enginesim"
 	"github.com/kvcar/kvcar/internal/etcdembed"
+	"github.com/kvcar/kvcar/internal/tokenizer"
 )
 
 type cluster struct {
@@ -23,19 +24,23 @@ type cluster struct {
 // startCluster runs an embedded etcd, n emulated engines that register
 // and heartbeat, and kvcar with discovery and the given flags; it returns
 // once every engine's heartbeat is accepted and its stream synchronised.
-func startCluster(t *testing.T, n int, flags ...string) *cluster {
+func startCluster(t *testing.T, n int, mod func(*enginesim.Config), flags ...string) *cluster {
 	t.Helper()
 	c := &cluster{etcd: startEtcd(t)}
 	cfg := writeConfig(t, `{"discovery":{"enabled":true,"block_size":16,"topic":"xllm-kv","refresh_interval_ms":50}}`)
 	c.addr = startKVCar(t, append([]string{"--etcd_addr=" + strings.Join(c.etcd.Endpoints(), ","), "--advertise_host=127.0.0.1",
 		"--kv_events_config_file=" + cfg}, flags...)...)
 	for range n {
-		e, err := enginesim.New(enginesim.Config{
+		ec := enginesim.Config{
 			BlockSize: 16, DeviceBlocks: 256, Topic: "xllm-kv", TimeScale: 0.001,
 			DiscoveryOffsets: enginesim.DefaultDiscoveryOffsets(),
 			Etcd:             &enginesim.EtcdConfig{Endpoints: c.etcd.Endpoints(), Type: enginesim.TypeDefault, LeaseTTL: time.Second},
 			Heartbeat:        &enginesim.HeartbeatConfig{Interval: 50 * time.Millisecond},
-		})
+		}
+		if mod != nil {
+			mod(&ec)
+		}
+		e, err := enginesim.New(ec)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -59,6 +64,7 @@ type completion struct {
 	status  int
 	prefill string
 	policy  string
+	hit     string
 	body    string
 	engine  enginesim.EngineUsage
 }
@@ -79,7 +85,8 @@ func (c *cluster) complete(t *testing.T, path, body string) completion {
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := completion{status: resp.StatusCode, prefill: resp.Header.Get("X-Prefill-Name"), policy: resp.Header.Get("X-Kvcar-Policy"), body: string(b)}
+	out := completion{status: resp.StatusCode, prefill: resp.Header.Get("X-Prefill-Name"), policy: resp.Header.Get("X-Kvcar-Policy"),
+		hit: resp.Header.Get("X-Kvcar-Hit-Ratio"), body: string(b)}
 	var parsed struct {
 		Engine enginesim.EngineUsage `json:"kvcar_engine"`
 	}
@@ -101,7 +108,7 @@ func idsPrompt(from, n int) string {
 // to the instance that cached it, which then reuses its prefix; the
 // decision travels to the engine as routing names.
 func TestRouteCAR(t *testing.T) {
-	c := startCluster(t, 3, "--load_balance_policy=CAR", "--car_prefill_lambda=0.9")
+	c := startCluster(t, 3, nil, "--load_balance_policy=CAR", "--car_prefill_lambda=0.9")
 	first := c.complete(t, "/v1/completions", idsPrompt(1000, 64))
 	if first.status != 200 || first.policy != "CAR" || first.engine.Instance != first.prefill || first.engine.PrefillName != first.prefill {
 		t.Fatalf("first: %+v", first)
@@ -125,7 +132,7 @@ func TestRouteCAR(t *testing.T) {
 // TestRouteRR covers R-CAR-9: RR rotates over the instances whatever the
 // cache holds.
 func TestRouteRR(t *testing.T) {
-	c := startCluster(t, 3, "--load_balance_policy=RR")
+	c := startCluster(t, 3, nil, "--load_balance_policy=RR")
 	seen := map[string]int{}
 	for i := range 6 {
 		r := c.complete(t, "/v1/completions", idsPrompt(i*100, 32))
@@ -147,7 +154,7 @@ func TestRouteRR(t *testing.T) {
 // TestRouteSLOAwareStreamingAndChat covers SLO_AWARE routing, SSE relay
 // and chat requests routed by load without a tokenizer.
 func TestRouteSLOAwareStreamingAndChat(t *testing.T) {
-	c := startCluster(t, 2, "--load_balance_policy=SLO_AWARE")
+	c := startCluster(t, 2, nil, "--load_balance_policy=SLO_AWARE")
 	r := c.complete(t, "/v1/completions", strings.Replace(idsPrompt(5, 32), `"max_tokens":2`, `"max_tokens":3,"stream":true`, 1))
 	if r.status != 200 || r.policy != "SLO_AWARE" || !strings.Contains(r.body, "data: ") || !strings.HasSuffix(strings.TrimSpace(r.body), "data: [DONE]") {
 		t.Fatalf("stream: %d %q", r.status, r.body)
@@ -171,7 +178,7 @@ func TestRouteSLOAwareStreamingAndChat(t *testing.T) {
 // prompts get 400 naming the field, an engine error is relayed, and no
 // instance gives 503.
 func TestRouteErrors(t *testing.T) {
-	c := startCluster(t, 1, "--load_balance_policy=CAR")
+	c := startCluster(t, 1, nil, "--load_balance_policy=CAR")
 	for _, tc := range []struct {
 		body, want string
 		code       int
@@ -203,7 +210,7 @@ func TestRouteErrors(t *testing.T) {
 // unsynchronised (snapshots never answered), CAR still routes every
 // request, on load alone.
 func TestDirectoryFaultDoesNotBlockRouting(t *testing.T) {
-	c := startCluster(t, 2, "--load_balance_policy=CAR")
+	c := startCluster(t, 2, nil, "--load_balance_policy=CAR")
 	// A first message makes each stream expect a sequence (an engine that
 	// never published accepts any), so the skip below is a gap.
 	for _, e := range c.engines {
@@ -245,7 +252,7 @@ func TestDirectoryFaultDoesNotBlockRouting(t *testing.T) {
 // TestMetricsEndpoint checks /metrics after routed traffic: stream,
 // registry, routing and HTTP series are all served.
 func TestMetricsEndpoint(t *testing.T) {
-	c := startCluster(t, 1, "--load_balance_policy=CAR")
+	c := startCluster(t, 1, nil, "--load_balance_policy=CAR")
 	if r := c.complete(t, "/v1/completions", idsPrompt(1, 32)); r.status != 200 {
 		t.Fatalf("completion: %d %s", r.status, r.body)
 	}
@@ -271,5 +278,36 @@ func TestMetricsEndpoint(t *testing.T) {
 		if !strings.Contains(body, want) {
 			t.Errorf("missing %s", want)
 		}
+	}
+}
+
+// TestRouteChatWithTokenizer covers the text path of R-CAR-2: with
+// --tokenizer_path, kvcar applies the model's chat template and
+// tokenizer, so a repeated conversation goes back to the instance that
+// cached it, exactly as for token-id prompts.
+func TestRouteChatWithTokenizer(t *testing.T) {
+	const dir = "../../internal/tokenizer/testdata/qwen2like"
+	tok, err := tokenizer.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := startCluster(t, 3, func(ec *enginesim.Config) { ec.Tokenizer = tok },
+		"--load_balance_policy=CAR", "--car_prefill_lambda=0.9", "--tokenizer_path="+dir)
+	chat := `{"model":"m","max_tokens":2,"messages":[{"role":"system","content":"` + strings.Repeat("You are a careful assistant. ", 12) +
+		`"},{"role":"user","content":"Tell me about prefix caches and routing."}]}`
+	first := c.complete(t, "/v1/chat/completions", chat)
+	if first.status != 200 {
+		t.Fatalf("first: %d %s", first.status, first.body)
+	}
+	var again completion
+	waitUntil(t, "repeat routed to the cached instance with a hit", 10*time.Second, func() bool {
+		again = c.complete(t, "/v1/chat/completions", chat)
+		// A non-zero hit ratio proves kvcar's own token ids (template +
+		// tokenizer) matched the blocks the engine announced.
+		return again.status == 200 && again.prefill == first.prefill && again.engine.DeviceHitTokens > 0 &&
+			again.hit != "" && again.hit != "0.0000"
+	})
+	if first.engine.DeviceHitTokens != 0 {
+		t.Fatalf("first request hit %d tokens on an empty cache", first.engine.DeviceHitTokens)
 	}
 }

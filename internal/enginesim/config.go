@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/kvcar/kvcar/internal/kvevent"
+
+	"github.com/kvcar/kvcar/internal/tokenizer"
 )
 
 // Defaults an xLLM engine uses when its flags leave them out.
@@ -70,6 +72,11 @@ type Config struct {
 	// Clock supplies batch timestamps (time.Now when nil), so runs can be
 	// made byte-for-byte reproducible.
 	Clock func() time.Time
+
+	// Tokenizer, when set, tokenizes text and chat prompts as the model
+	// would (the same files kvcar's --tokenizer_path loads); nil uses the
+	// toy tokenizer.
+	Tokenizer *tokenizer.Tokenizer
 
 	// HTTPAddr, when set, is the business HTTP address Start listens on,
 	// "127.0.0.1:0" for any free port. An empty Name becomes the bound

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvcar/kvcar/internal/tokenizer"
 )
 
 // Extensions of the OpenAI request and response JSON that the emulated
@@ -121,7 +123,7 @@ func invalid(format string, args ...any) error {
 }
 
 // parseInference reads and checks the body of a completion request.
-func parseInference(w http.ResponseWriter, r *http.Request, chat bool) (*inference, error) {
+func parseInference(w http.ResponseWriter, r *http.Request, chat bool, tok *tokenizer.Tokenizer) (*inference, error) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRequestBody))
 	if err != nil {
 		if mb := (*http.MaxBytesError)(nil); errors.As(err, &mb) {
@@ -154,11 +156,11 @@ func parseInference(w http.ResponseWriter, r *http.Request, chat bool) (*inferen
 	case req.TokenIDs != nil:
 		inf.tokens = req.TokenIDs
 	case chat:
-		if inf.tokens, err = chatTokens(req.Messages); err != nil {
+		if inf.tokens, err = chatTokens(req.Messages, tok); err != nil {
 			return nil, err
 		}
 	default:
-		if inf.tokens, err = promptTokens(req.Prompt); err != nil {
+		if inf.tokens, err = promptTokens(req.Prompt, tok); err != nil {
 			return nil, err
 		}
 	}
@@ -178,9 +180,10 @@ func parseInference(w http.ResponseWriter, r *http.Request, chat bool) (*inferen
 }
 
 // promptTokens reads a completion prompt: token ids as they are, or a
-// string for the toy tokenizer, alone or as the only element of a batch.
-// Batches of several prompts are refused: one request is one sequence.
-func promptTokens(raw json.RawMessage) ([]uint32, error) {
+// string for the model tokenizer (the toy one when tok is nil), alone or
+// as the only element of a batch. Batches of several prompts are refused:
+// one request is one sequence.
+func promptTokens(raw json.RawMessage, tok *tokenizer.Tokenizer) ([]uint32, error) {
 	raw = json.RawMessage(strings.TrimSpace(string(raw)))
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, invalid("prompt is required")
@@ -191,7 +194,7 @@ func promptTokens(raw json.RawMessage) ([]uint32, error) {
 		if err := json.Unmarshal(raw, &s); err != nil {
 			return nil, invalid("prompt: %v", err)
 		}
-		return ToyTokenize(s), nil
+		return encodeText(s, tok)
 	case '[':
 		inner := strings.TrimLeft(string(raw[1:]), " \t\r\n")
 		if inner == "" || inner[0] == ']' {
@@ -206,7 +209,7 @@ func promptTokens(raw json.RawMessage) ([]uint32, error) {
 			if len(ss) != 1 {
 				return nil, invalid("prompt holds %d prompts: batches are not supported", len(ss))
 			}
-			return ToyTokenize(ss[0]), nil
+			return encodeText(ss[0], tok)
 		case '[':
 			var ids [][]uint32
 			if err := json.Unmarshal(raw, &ids); err != nil {
@@ -227,9 +230,22 @@ func promptTokens(raw json.RawMessage) ([]uint32, error) {
 	return nil, invalid("prompt must be a string or an array of token ids")
 }
 
-// chatTokens flattens the messages with the toy chat template and
-// tokenizes the result.
-func chatTokens(msgs []chatMessageJSON) ([]uint32, error) {
+// encodeText tokenizes a text prompt like the engine's model would, or
+// with the toy tokenizer when no model tokenizer is configured.
+func encodeText(s string, tok *tokenizer.Tokenizer) ([]uint32, error) {
+	if tok == nil {
+		return ToyTokenize(s), nil
+	}
+	ids, err := tok.Encode(s, nil)
+	if err != nil {
+		return nil, invalid("prompt: %v", err)
+	}
+	return ids, nil
+}
+
+// chatTokens applies the model's chat template (the toy one when tok is
+// nil) and tokenizes the result.
+func chatTokens(msgs []chatMessageJSON, tok *tokenizer.Tokenizer) ([]uint32, error) {
 	if len(msgs) == 0 {
 		return nil, invalid("messages is required and must not be empty")
 	}
@@ -244,7 +260,18 @@ func chatTokens(msgs []chatMessageJSON) ([]uint32, error) {
 		}
 		flat[i] = ChatMessage{Role: m.Role, Content: text}
 	}
-	return ChatTokenIDs(flat), nil
+	if tok == nil {
+		return ChatTokenIDs(flat), nil
+	}
+	tm := make([]tokenizer.Message, len(flat))
+	for i, m := range flat {
+		tm[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
+	}
+	ids, err := tok.EncodeChat(tm, nil)
+	if err != nil {
+		return nil, invalid("messages: %v", err)
+	}
+	return ids, nil
 }
 
 // contentText joins a message's text: a string, or the text parts of an
@@ -398,7 +425,7 @@ func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat boo
 		writeError(w, code, "injected engine failure")
 		return
 	}
-	inf, err := parseInference(w, r, chat)
+	inf, err := parseInference(w, r, chat, e.cfg.Tokenizer)
 	if err != nil {
 		e.serve.count(func(st *EngineStats) { st.BadRequests++ })
 		code := http.StatusBadRequest
