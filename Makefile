@@ -1,5 +1,5 @@
 # kvcar — two commands do everything on a fresh machine:
-#   make run    start emulated engines and kvcar, and send them requests
+#   make run    embedded etcd, emulated engines and kvcar routing real requests
 #   make test   vet, format check, and the whole test suite with -race
 GO      ?= go
 BIN     := bin
@@ -32,11 +32,13 @@ bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
 fuzz: deps
-	$(GO) test -run '^$$' -fuzz FuzzDecodeBatch -fuzztime $(FUZZTIME) ./internal/kvevent/
-	$(GO) test -run '^$$' -fuzz FuzzParseReplay -fuzztime $(FUZZTIME) ./internal/kvevent/
-	$(GO) test -run '^$$' -fuzz FuzzParseLive -fuzztime $(FUZZTIME) ./internal/kvevent/
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./internal/config/
-	$(GO) test -run '^$$' -fuzz FuzzQueryRequest -fuzztime $(FUZZTIME) ./internal/server/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeBatch$$' -fuzztime $(FUZZTIME) ./internal/kvevent/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseReplay$$' -fuzztime $(FUZZTIME) ./internal/kvevent/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseLive$$' -fuzztime $(FUZZTIME) ./internal/kvevent/
+	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/config/
+	$(GO) test -run '^$$' -fuzz '^FuzzQueryRequest$$' -fuzztime $(FUZZTIME) ./internal/server/
+	$(GO) test -run '^$$' -fuzz '^FuzzEncode$$' -fuzztime $(FUZZTIME) ./internal/tokenizer/
+	$(GO) test -run '^$$' -fuzz '^FuzzSplit$$' -fuzztime $(FUZZTIME) ./internal/tokenizer/
 
 clean:
 	rm -rf $(BIN)
