@@ -390,3 +390,25 @@ func TestResyncFindsDroppedTail(t *testing.T) {
 	})
 	assertMatchesEngine(t, d, e, 0)
 }
+
+// TestStreamsStatus checks the operator view of a stream against what it
+// did: synchronised, counters, last snapshot time and event age.
+func TestStreamsStatus(t *testing.T) {
+	e := startEngine(t, enginesim.Config{DeviceBlocks: 64})
+	d := newDirectory(t, testLimits(), specOf(e, 0))
+	waitSynced(t, d, StreamKey{e.Name(), 0}, 0)
+	if _, _, err := e.Prefill(0, seqTokens(1, 2*testBlock)); err != nil {
+		t.Fatal(err)
+	}
+	waitCaughtUp(t, d, e, 0)
+	st := d.Streams()
+	if len(st) != 1 {
+		t.Fatalf("%d streams", len(st))
+	}
+	s := st[0]
+	if !s.Synchronized || s.InstanceName != e.Name() || s.Endpoint != e.EventEndpoint(0) || s.DeviceBlocks != 2 ||
+		s.BatchesApplied != 1 || s.EventsApplied != 1 || s.SnapshotsOK != 1 || s.LastSnapshot <= 0 ||
+		s.LastEventAge <= 0 || s.LastEventAge > 10*time.Second {
+		t.Fatalf("status %+v", s)
+	}
+}

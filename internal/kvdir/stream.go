@@ -54,6 +54,8 @@ type streamCounters struct {
 	// lastSnapshotReceive is the part of it from the first reply batch
 	// to publish: kvcar's own receive, decode and apply work.
 	lastSnapshotReceive atomic.Int64
+	// lastApplied is when the last live batch was applied, UnixNano.
+	lastApplied atomic.Int64
 }
 
 // countEvents adds the events of an applied batch to the totals.

@@ -311,7 +311,9 @@ func (y *syncer) applyLive(seq uint64) {
 	y.s.seq = seq
 	y.s.mu.Unlock()
 	y.s.counters.batchesApplied.Add(1)
-	y.s.obs.observeLag(y.batch.Timestamp, time.Now())
+	now := time.Now()
+	y.s.counters.lastApplied.Store(now.UnixNano())
+	y.s.obs.observeLag(y.batch.Timestamp, now)
 }
 
 func seqFault(expected, got uint64) string {

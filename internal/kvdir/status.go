@@ -1,0 +1,71 @@
+package kvdir
+
+import "time"
+
+// StreamStatus is one stream's state for operators: what it serves, why
+// not, and what it has been through.
+type StreamStatus struct {
+	InstanceName   string
+	DPRank         int
+	Endpoint       string
+	ReplayEndpoint string
+	Incarnation    string
+	Synchronized   bool
+	Sequence       uint64
+	Error          string
+	DeviceBlocks   int
+	HostBlocks     int
+
+	BatchesApplied   uint64
+	EventsApplied    uint64
+	DecodeErrors     uint64
+	Gaps             uint64
+	SnapshotsStarted uint64
+	SnapshotsOK      uint64
+	SnapshotsFailed  uint64
+	BufferedBytes    int64
+	// LastSnapshot is how long the last successful snapshot took.
+	LastSnapshot time.Duration
+	// LastEventAge is how long ago the last live batch was applied; zero
+	// when none has been.
+	LastEventAge time.Duration
+}
+
+// Streams returns the status of every stream, sorted by instance then DP
+// rank. It reads in-process state only.
+func (d *Directory) Streams() []StreamStatus {
+	set := d.set.Load()
+	out := make([]StreamStatus, 0, len(set.streams))
+	now := time.Now()
+	var m Match
+	for _, s := range set.streams {
+		s.match(nil, &m)
+		c := &s.counters
+		st := StreamStatus{
+			InstanceName:     s.spec.InstanceName,
+			DPRank:           s.spec.DPRank,
+			Endpoint:         s.spec.Endpoint,
+			ReplayEndpoint:   s.spec.ReplayEndpoint,
+			Incarnation:      s.spec.Incarnation,
+			Synchronized:     m.Synchronized,
+			Sequence:         m.Sequence,
+			Error:            m.Error,
+			DeviceBlocks:     m.DeviceBlocks,
+			HostBlocks:       m.HostBlocks,
+			BatchesApplied:   c.batchesApplied.Load(),
+			EventsApplied:    c.eventsApplied.Load(),
+			DecodeErrors:     c.decodeErrors.Load(),
+			Gaps:             c.gaps.Load(),
+			SnapshotsStarted: c.snapshotsStarted.Load(),
+			SnapshotsOK:      c.snapshotsOK.Load(),
+			SnapshotsFailed:  c.snapshotsFailed.Load(),
+			BufferedBytes:    c.bufferedBytes.Load(),
+			LastSnapshot:     time.Duration(c.lastSnapshot.Load()),
+		}
+		if t := c.lastApplied.Load(); t != 0 {
+			st.LastEventAge = now.Sub(time.Unix(0, t))
+		}
+		out = append(out, st)
+	}
+	return out
+}
