@@ -64,9 +64,11 @@ func writeConfig(t *testing.T, cfg string) string {
 	return p
 }
 
-func query(t *testing.T, addr, token, body string) (int, []byte) {
+// postJSON posts body to url with the internal token when given and
+// returns the response (body already read and closed) and its body.
+func postJSON(t *testing.T, url, token, body string) (*http.Response, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/internal/kv-cache/query", strings.NewReader(body))
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,6 +85,12 @@ func query(t *testing.T, addr, token, body string) (int, []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return resp, b
+}
+
+func query(t *testing.T, addr, token, body string) (int, []byte) {
+	t.Helper()
+	resp, b := postJSON(t, "http://"+addr+"/v1/internal/kv-cache/query", token, body)
 	return resp.StatusCode, b
 }
 

@@ -24,29 +24,8 @@ func startEtcd(t *testing.T) *etcdembed.Server {
 
 func post(t *testing.T, url, token, body string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if token != "" {
-		req.Header.Set("X-Internal-Token", token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var sb strings.Builder
-	buf := make([]byte, 4096)
-	for {
-		n, err := resp.Body.Read(buf)
-		sb.Write(buf[:n])
-		if err != nil {
-			break
-		}
-	}
-	return resp.StatusCode, sb.String()
+	resp, b := postJSON(t, url, token, body)
+	return resp.StatusCode, string(b)
 }
 
 func waitUntil(t *testing.T, what string, d time.Duration, cond func() bool) {

@@ -71,20 +71,7 @@ type completion struct {
 
 func (c *cluster) complete(t *testing.T, path, body string) completion {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, "http://"+c.addr+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp, b := postJSON(t, "http://"+c.addr+path, "", body)
 	out := completion{status: resp.StatusCode, prefill: resp.Header.Get("X-Prefill-Name"), policy: resp.Header.Get("X-Kvcar-Policy"),
 		hit: resp.Header.Get("X-Kvcar-Hit-Ratio"), body: string(b)}
 	var parsed struct {
