@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -60,6 +61,19 @@ type Options struct {
 	// Metrics, when set, receives the HTTP and routing series and is
 	// served on /metrics with everything else registered in it.
 	Metrics *prometheus.Registry
+	// Streams lists the directory's streams for the operator routes
+	// (/v1/internal/kv-cache/streams, /debug/kvcar); nil reports the
+	// index as disabled.
+	Streams StreamLister
+	// Instances gives the registry's view for /v1/internal/instances and
+	// the status page; nil shows no instances.
+	Instances InstanceLister
+	// Policy names the routing policy on the status page; empty takes
+	// Router's.
+	Policy string
+	// IsMaster reports whether this replica is the master, for the
+	// operator routes; nil leaves it unknown.
+	IsMaster func() bool
 }
 
 // Server serves kvcar's HTTP API. Its methods are safe for concurrent use.
@@ -77,6 +91,7 @@ type Server struct {
 	ready       atomic.Bool
 	buffers     sync.Pool
 	mux         *http.ServeMux
+	status      statusSources
 }
 
 // queryBuffers are the per-request buffers reused across queries.
@@ -125,6 +140,7 @@ func New(opts Options) *Server {
 		}
 	}
 	s.buffers.New = func() any { return &queryBuffers{read: make([]byte, readChunk)} }
+	s.status = newStatusSources(opts)
 	s.mux = http.NewServeMux()
 	s.routes()
 	return s
@@ -139,6 +155,12 @@ func (s *Server) routes() {
 	s.mux.HandleFunc(CompletionsPath, allow("POST", s.handleInference))
 	s.mux.HandleFunc(ChatCompletionsPath, allow("POST", s.handleInference))
 	s.mux.HandleFunc(ModelsPath, allow("GET", s.handleModels))
+	s.mux.HandleFunc(StreamsPath, allow("GET", s.handleStreams))
+	s.mux.HandleFunc(InstancesPath, allow("GET", s.handleInstances))
+	s.mux.HandleFunc(StatusPagePath, allow("GET", s.handleStatusPage))
+	// Only the bare root: a catch-all "/" would turn every unknown path
+	// into a redirect and hide 404s.
+	s.mux.HandleFunc("/{$}", allow("GET", s.handleRoot))
 	if s.gatherer != nil {
 		s.mux.Handle("GET /metrics", metricsHandler(s.gatherer))
 	}
@@ -209,6 +231,7 @@ func (s *Server) reject(w http.ResponseWriter, r *http.Request, code int, messag
 
 // handleQuery serves POST /v1/internal/kv-cache/query (R-API).
 func (s *Server) handleQuery(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
 	if ok, why := s.authorized(r); !ok {
 		s.reject(w, r, http.StatusUnauthorized, why)
 		return
@@ -250,5 +273,8 @@ func (s *Server) handleQuery(w http.ResponseWriter, r *http.Request) {
 	}
 	out = append(out, '\n')
 	buf.out = out[:0]
+	// Server-Timing separates kvcar's own time (parse, lookup, encode)
+	// from the network and the client in any measurement.
+	w.Header().Set("Server-Timing", "kvcar;dur="+strconv.FormatFloat(float64(time.Since(start).Microseconds())/1000, 'f', 3, 64))
 	writeJSON(w, http.StatusOK, out)
 }
