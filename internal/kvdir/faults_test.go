@@ -170,3 +170,53 @@ func TestWrongRankAndBlockSize(t *testing.T) {
 		})
 	}
 }
+
+// TestSnapshotMissingBatchRepairedByCalibration covers a snapshot that
+// silently loses a middle batch (a ROUTER past its send HWM): every batch
+// carries the same watermark, so the loss cannot be seen at once. The
+// view then under-reports (never a stale hit) and the periodic
+// calibration (R-REC-4) makes it equal to the engine's state.
+func TestSnapshotMissingBatchRepairedByCalibration(t *testing.T) {
+	e := startEngine(t, enginesim.Config{DeviceBlocks: 256, SnapshotBatchBlocks: 2})
+	var prompts [][]uint32
+	for i := range 6 {
+		p := seqTokens(i*1000, 3*testBlock)
+		prompts = append(prompts, p)
+		if _, _, err := e.Prefill(0, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.SetReplayMode(0, enginesim.ReplayGapInMiddle); err != nil {
+		t.Fatal(err)
+	}
+	lim := testLimits()
+	lim.ResyncInterval = 300 * time.Millisecond
+	d := newDirectory(t, lim, specOf(e, 0))
+	k := StreamKey{e.Name(), 0}
+	waitSynced(t, d, k, 0)
+	short := false
+	for _, p := range prompts {
+		dev, host := e.Oracle(0, p)
+		m := matchOf(t, d, k, p)
+		if m.DeviceHitTokens > dev || m.HostOnlyHitTokens > host {
+			t.Fatalf("stale hit: directory %s, engine device=%d host=%d", describe(m), dev, host)
+		}
+		short = short || m.DeviceHitTokens < dev
+	}
+	if !short {
+		t.Fatal("the incomplete snapshot was not incomplete")
+	}
+	if err := e.SetReplayMode(0, enginesim.ReplayNormal); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "calibration restores the missing blocks", 10*time.Second, func() (bool, string) {
+		for _, p := range prompts {
+			dev, _ := e.Oracle(0, p)
+			if m := matchOf(t, d, k, p); m.DeviceHitTokens != dev {
+				return false, describe(m)
+			}
+		}
+		return true, ""
+	})
+	assertMatchesEngine(t, d, e, 0)
+}
