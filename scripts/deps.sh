@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs the system packages kvcar needs on a fresh Debian machine:
-# libzmq (cgo, through pkg-config) and Debian's python3-zmq, which the
-# interop tests use as a reference libzmq publisher. Idempotent.
+# libzmq (cgo, through pkg-config), Debian's python3-zmq, which the
+# interop tests use as a reference libzmq publisher, and chromium, which
+# renders the status page for its screenshot test. Idempotent.
 set -euo pipefail
 
 need=()
 pkg-config --exists libzmq 2>/dev/null || need+=(libzmq3-dev pkg-config)
 /usr/bin/python3 -c 'import zmq' 2>/dev/null || need+=(python3-zmq)
+command -v chromium >/dev/null || need+=(chromium)
 [ ${#need[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -216,7 +216,8 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	log.Info("routing", "policy", policy.Name())
 
 	opts := server.Options{InternalAPIToken: f.internalAPIToken, Logger: log, Heartbeats: reg,
-		Router: registryRouter{policy: policy, reg: reg}, Metrics: metricsReg}
+		Router: registryRouter{policy: policy, reg: reg}, Metrics: metricsReg,
+		Instances: reg, Policy: policy.Name(), IsMaster: reg.IsMaster}
 	if f.tokenizerPath != "" {
 		tok, err := tokenizer.Load(f.tokenizerPath)
 		if err != nil {
@@ -227,6 +228,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	}
 	if dir != nil {
 		opts.Directory = dir
+		opts.Streams = dir
 	}
 	srv := server.New(opts)
 	hs := &http.Server{

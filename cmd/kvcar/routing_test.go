@@ -198,8 +198,8 @@ func TestRouteErrors(t *testing.T) {
 // request, on load alone.
 func TestDirectoryFaultDoesNotBlockRouting(t *testing.T) {
 	c := startCluster(t, 2, nil, "--load_balance_policy=CAR")
-	// A first message makes each stream expect a sequence (an engine that
-	// never published accepts any), so the skip below is a gap.
+	// A first message gives each stream a live sequence, so the skip below
+	// is a gap in the middle of the stream.
 	for _, e := range c.engines {
 		if _, _, err := e.Prefill(0, []uint32{9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9}); err != nil {
 			t.Fatal(err)

@@ -136,14 +136,25 @@ func waitSynced(t *testing.T, d *Directory, k StreamKey, seq uint64) Match {
 }
 
 // waitCaughtUp waits until stream k has applied everything the engine
-// rank has published.
+// rank has published: its view reflects a live sequence (not an empty
+// snapshot) at least the last one sent.
 func waitCaughtUp(t *testing.T, d *Directory, e *enginesim.Engine, dp int) Match {
 	t.Helper()
+	k := StreamKey{e.Name(), dp}
 	next := e.Seq(dp)
 	if next == 0 {
-		return waitSynced(t, d, StreamKey{e.Name(), dp}, 0)
+		return waitSynced(t, d, k, 0)
 	}
-	return waitSynced(t, d, StreamKey{e.Name(), dp}, next-1)
+	var m Match
+	eventually(t, fmt.Sprintf("%v caught up with sequence %d", k, next-1), 10*time.Second, func() (bool, string) {
+		m = matchOf(t, d, k, nil)
+		s := d.streamOf(k)
+		s.mu.RLock()
+		has := s.hasSeq
+		s.mu.RUnlock()
+		return m.Synchronized && has && m.Sequence >= next-1, describe(m)
+	})
+	return m
 }
 
 func waitUnsynced(t *testing.T, d *Directory, k StreamKey) Match {

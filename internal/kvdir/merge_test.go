@@ -123,3 +123,32 @@ func TestSnapshotUnderFlood(t *testing.T) {
 		c.bufferedBatches.Load(), c.coveredBatches.Load(), c.duplicates.Load(), c.gaps.Load(),
 		c.snapshotsOK.Load(), c.snapshotsFailed.Load())
 }
+
+// TestEmptySnapshotExpectsSequenceZero covers the empty-snapshot rule: a
+// snapshot without a watermark means the engine has published nothing,
+// so the first live message must be sequence 0 — one lost before the
+// subscription took effect is a gap, not silently accepted. An engine
+// that keeps breaking the rule is tolerated after a few resyncs.
+func TestEmptySnapshotExpectsSequenceZero(t *testing.T) {
+	y := mergeSyncer(t, 0, 3, 4)
+	y.snap.haveWatermark = false
+	for attempt := 1; attempt <= emptySnapshotTolerance; attempt++ {
+		y.finishSnapshot()
+		if synced, _, reason := y.s.status(); synced || !strings.Contains(reason, "expected 0, got 3") {
+			t.Fatalf("attempt %d: synced=%v reason=%q", attempt, synced, reason)
+		}
+		if y.emptyGaps != attempt {
+			t.Fatalf("attempt %d: emptyGaps = %d", attempt, y.emptyGaps)
+		}
+		// The next attempt brings the same answer.
+		y.snap = mergeSyncer(t, 0, 3, 4).snap
+		y.snap.haveWatermark = false
+	}
+	y.finishSnapshot()
+	if synced, seq, reason := y.s.status(); !synced || seq != 4 || y.expected != 5 {
+		t.Fatalf("after tolerance: synced=%v seq=%d expected=%d reason=%q", synced, seq, y.expected, reason)
+	}
+	if y.emptyGaps != 0 {
+		t.Fatalf("emptyGaps not reset by a live message: %d", y.emptyGaps)
+	}
+}

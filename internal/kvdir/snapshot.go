@@ -165,10 +165,14 @@ func (y *syncer) bufferLive(seq uint64, wireBytes int) {
 // new index and publishes it in one step.
 func (y *syncer) finishSnapshot() {
 	sn := y.snap
-	next, any := uint64(0), !sn.haveWatermark
+	// Without a watermark the engine had published nothing, so its next
+	// message is sequence 0; only an engine seen breaking that rule
+	// repeatedly gets any next sequence accepted.
+	next, any := uint64(0), !sn.haveWatermark && y.emptyGaps >= emptySnapshotTolerance
 	if sn.haveWatermark {
 		next = sn.watermark + 1
 	}
+	applied := sn.haveWatermark
 	for _, bb := range sn.buffered {
 		if sn.haveWatermark && bb.seq <= sn.watermark {
 			y.s.counters.coveredBatches.Add(1)
@@ -176,6 +180,9 @@ func (y *syncer) finishSnapshot() {
 		}
 		if !any && bb.seq != next {
 			y.s.counters.gaps.Add(1)
+			if !sn.haveWatermark {
+				y.emptyGaps++
+			}
 			y.snapshotFailed(fmt.Sprintf("live deltas after snapshot watermark %d: %s", sn.watermark, seqFault(next, bb.seq)))
 			return
 		}
@@ -187,11 +194,11 @@ func (y *syncer) finishSnapshot() {
 			}
 		}
 		y.s.counters.countEvents(bb.batch)
-		next = bb.seq + 1
+		next, applied = bb.seq+1, true
 	}
-	published := next - 1
-	if any {
-		published = 0
+	published := uint64(0)
+	if applied {
+		published = next - 1
 	}
 	if sn.calibrate {
 		y.s.obs.observeDrift(drift(y.s.idx, sn.idx))
@@ -203,16 +210,26 @@ func (y *syncer) finishSnapshot() {
 	if sn.batches > 0 {
 		y.s.counters.lastSnapshotReceive.Store(int64(time.Since(sn.firstReply)))
 	}
-	y.synchronised(sn.idx, published, next, any, fmt.Sprintf("snapshot of %d batches in %v", sn.batches, time.Since(sn.started).Round(time.Millisecond)))
+	y.synchronised(sn.idx, published, applied, next, any, fmt.Sprintf("snapshot of %d batches in %v", sn.batches, time.Since(sn.started).Round(time.Millisecond)))
 }
 
-// synchronised publishes ix as the stream's view at seq and resets the
-// live sequence tracking: next is the sequence expected next, or any
-// sequence when expectAny.
-func (y *syncer) synchronised(ix *kvindex.Index, seq, next uint64, expectAny bool, how string) {
-	y.s.publish(ix, seq)
+// emptySnapshotTolerance is how many times an empty snapshot may be
+// followed by a first sequence other than 0 before the stream stops
+// expecting 0 after one: an engine that answers without a watermark
+// although it has published would otherwise resynchronise forever.
+const emptySnapshotTolerance = 2
+
+// synchronised publishes ix as the stream's view and resets the live
+// sequence tracking. seq is the last sequence the view reflects when
+// hasSeq; next is the sequence expected next, or any when expectAny.
+func (y *syncer) synchronised(ix *kvindex.Index, seq uint64, hasSeq bool, next uint64, expectAny bool, how string) {
+	y.s.publish(ix, seq, hasSeq)
 	y.expected, y.expectAny = next, expectAny
-	y.dedupUpTo, y.dedupActive = seq, !expectAny
+	y.dedupUpTo, y.dedupActive = seq, hasSeq
+	y.emptySnapshot = !hasSeq
+	if hasSeq {
+		y.emptyGaps = 0
+	}
 	y.backoff = 0
 	y.retryAt = time.Time{}
 	y.nextResync = time.Time{}

@@ -20,6 +20,9 @@ type stream struct {
 	idx    *kvindex.Index
 	synced bool
 	seq    uint64
+	// hasSeq is false while the view reflects no live message at all (an
+	// empty snapshot of an engine that has published nothing).
+	hasSeq bool
 	reason string
 
 	counters streamCounters
@@ -80,9 +83,8 @@ func newStream(spec StreamSpec) *stream {
 // match fills m with the stream's view for keys. It holds the read lock
 // only for the walk over the index.
 func (s *stream) match(keys []kvindex.Key, m *Match) {
-	m.InstanceName = s.spec.InstanceName
-	m.DPRank = s.spec.DPRank
-	m.Incarnation = s.spec.Incarnation
+	// Every field is written: callers reuse one Match across streams.
+	*m = Match{InstanceName: s.spec.InstanceName, DPRank: s.spec.DPRank, Incarnation: s.spec.Incarnation}
 	s.mu.RLock()
 	m.Synchronized = s.synced
 	m.Sequence = s.seq
@@ -102,9 +104,9 @@ func (s *stream) match(keys []kvindex.Key, m *Match) {
 
 // publish makes idx the stream's view at sequence seq (R-REC-2: the whole
 // snapshot becomes visible at once).
-func (s *stream) publish(idx *kvindex.Index, seq uint64) {
+func (s *stream) publish(idx *kvindex.Index, seq uint64, hasSeq bool) {
 	s.mu.Lock()
-	s.idx, s.synced, s.seq, s.reason = idx, true, seq, ""
+	s.idx, s.synced, s.seq, s.hasSeq, s.reason = idx, true, seq, hasSeq, ""
 	s.mu.Unlock()
 }
 

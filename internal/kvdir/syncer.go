@@ -34,10 +34,16 @@ type syncer struct {
 
 	// Live sequence tracking while synchronised.
 	expected uint64
-	// expectAny accepts any next sequence: set after an empty snapshot
-	// from an engine that had published nothing, where every later
-	// message counts.
+	// expectAny accepts any next sequence: only after an empty snapshot
+	// from an engine that broke the empty-snapshot rule (see
+	// emptySnapshotTolerance).
 	expectAny bool
+	// emptySnapshot is true while the view comes from a snapshot without
+	// a watermark and no live message has been applied on it;
+	// emptyGaps counts such snapshots followed by a first sequence other
+	// than 0.
+	emptySnapshot bool
+	emptyGaps     int
 	// dedupUpTo drops live messages at or below the last snapshot's
 	// watermark that were still queued when the snapshot was published.
 	dedupUpTo   uint64
@@ -286,7 +292,7 @@ func (y *syncer) recoverFromLive(seq uint64) {
 	y.s.counters.countEvents(&y.batch)
 	y.s.counters.batchesApplied.Add(1)
 	y.s.counters.fullStateSyncs.Add(1)
-	y.synchronised(ix, seq, seq+1, false, "full-state batch")
+	y.synchronised(ix, seq, true, seq+1, false, "full-state batch")
 }
 
 // applyLive applies the live message in y.batch to the published view.
@@ -298,6 +304,9 @@ func (y *syncer) applyLive(seq uint64) {
 	y.dedupActive = false
 	if !y.expectAny && seq != y.expected {
 		y.s.counters.gaps.Add(1)
+		if y.emptySnapshot {
+			y.emptyGaps++
+		}
 		y.fault(seqFault(y.expected, seq))
 		return
 	}
@@ -305,10 +314,10 @@ func (y *syncer) applyLive(seq uint64) {
 		y.fault(err.Error())
 		return
 	}
-	y.expectAny = false
+	y.expectAny, y.emptySnapshot, y.emptyGaps = false, false, 0
 	y.expected = seq + 1
 	y.s.mu.Lock()
-	y.s.seq = seq
+	y.s.seq, y.s.hasSeq = seq, true
 	y.s.mu.Unlock()
 	y.s.counters.batchesApplied.Add(1)
 	now := time.Now()
