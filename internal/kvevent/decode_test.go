@@ -155,9 +155,17 @@ func TestDecodeHugeClaimsDoNotAllocate(t *testing.T) {
 		if !errors.Is(err, ErrMalformed) {
 			t.Fatalf("%x: got %v, want ErrMalformed", p, err)
 		}
-		// Only the error value itself may be allocated.
-		if n := allocatedBytes(func() { _ = d.DecodeBatch(p, &b) }); n > 4096 {
-			t.Fatalf("%x: %d bytes allocated for a %d-byte message", p, n, len(p))
+		// Only the error value itself may be allocated. The counter is
+		// process-wide, so average over many decodes to keep background
+		// allocations (the race detector, the test runner) out of it.
+		const runs = 200
+		n := allocatedBytes(func() {
+			for range runs {
+				_ = d.DecodeBatch(p, &b)
+			}
+		})
+		if per := n / runs; per > 1024 {
+			t.Fatalf("%x: %d bytes allocated per decode of a %d-byte message", p, per, len(p))
 		}
 		if !storageWithinPayload(&b, len(p)) {
 			t.Fatalf("%x: storage grew on claims alone: events %d hashes %d tokens %d", p, cap(b.Events), cap(b.hashes), cap(b.tokens))
