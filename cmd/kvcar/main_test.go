@@ -64,15 +64,21 @@ func writeConfig(t *testing.T, cfg string) string {
 	return p
 }
 
-// postJSON posts body to url with the internal token when given and
-// returns the response (body already read and closed) and its body.
-func postJSON(t *testing.T, url, token, body string) (*http.Response, []byte) {
+// send makes one request with the internal token when given and returns
+// the response (its body already read and closed) and the body.
+func send(t *testing.T, method, url, token, body string) (*http.Response, []byte) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, rd)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Content-Type", "application/json")
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	if token != "" {
 		req.Header.Set("X-Internal-Token", token)
 	}
@@ -86,6 +92,12 @@ func postJSON(t *testing.T, url, token, body string) (*http.Response, []byte) {
 		t.Fatal(err)
 	}
 	return resp, b
+}
+
+// postJSON posts a JSON body.
+func postJSON(t *testing.T, url, token, body string) (*http.Response, []byte) {
+	t.Helper()
+	return send(t, http.MethodPost, url, token, body)
 }
 
 func query(t *testing.T, addr, token, body string) (int, []byte) {

@@ -7,7 +7,6 @@ import (
 	"html"
 	"image"
 	"image/png"
-	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -80,22 +79,7 @@ type instancesAnswer struct {
 // get fetches path from kvcar, with the token header when not empty.
 func get(t *testing.T, addr, path, token string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, "http://"+addr+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if token != "" {
-		req.Header.Set("X-Internal-Token", token)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp, b := send(t, http.MethodGet, "http://"+addr+path, token, "")
 	return resp.StatusCode, string(b)
 }
 
