@@ -4,6 +4,7 @@
 GO      ?= go
 BIN     := bin
 PKGS    := ./...
+# FUZZTIME is a duration (20s) or an execution count (100000x).
 FUZZTIME ?= 20s
 
 .PHONY: all deps build run test vet fmt-check bench fuzz clean
