@@ -164,6 +164,7 @@ func (s *Server) routes() {
 	if s.gatherer != nil {
 		s.mux.Handle("GET /metrics", metricsHandler(s.gatherer))
 	}
+	s.pprofRoutes()
 }
 
 // Handler returns the HTTP handler of all routes.

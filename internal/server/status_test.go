@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -274,6 +275,30 @@ func TestHumanFormats(t *testing.T) {
 	for n, want := range map[int64]string{0: "0 B", 1023: "1023 B", 1536: "1.5 KiB", 5 << 30: "5.0 GiB"} {
 		if got := humanBytes(n); got != want {
 			t.Errorf("humanBytes(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+// TestPprofBehindToken checks that the profiler is served only with the
+// internal token.
+func TestPprofBehindToken(t *testing.T) {
+	srv := httptest.NewServer(New(Options{InternalAPIToken: "tok"}).Handler())
+	defer srv.Close()
+	for _, tc := range []struct {
+		token string
+		code  int
+	}{{"", http.StatusUnauthorized}, {"bad", http.StatusUnauthorized}, {"tok", http.StatusOK}} {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/debug/pprof/", nil)
+		if tc.token != "" {
+			req.Header.Set("X-Internal-Token", tc.token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.code {
+			t.Errorf("token %q: %d, want %d", tc.token, resp.StatusCode, tc.code)
 		}
 	}
 }
