@@ -336,5 +336,6 @@ func benignServeError(err error) bool {
 	msg := strings.ToLower(err.Error())
 	return strings.Contains(msg, "use of closed network connection") ||
 		strings.Contains(msg, "server closed") ||
-		strings.Contains(msg, "server has been stopped")
+		strings.Contains(msg, "server has been stopped") ||
+		strings.Contains(msg, "mux: listener closed")
 }

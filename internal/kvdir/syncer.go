@@ -290,6 +290,7 @@ func (y *syncer) recoverFromLive(seq uint64) {
 	}
 	y.abortSnapshot()
 	y.s.counters.countEvents(&y.batch)
+	y.s.counters.lastApplied.Store(time.Now().UnixNano())
 	y.s.counters.batchesApplied.Add(1)
 	y.s.counters.fullStateSyncs.Add(1)
 	y.synchronised(ix, seq, true, seq+1, false, "full-state batch")
@@ -319,9 +320,11 @@ func (y *syncer) applyLive(seq uint64) {
 	y.s.mu.Lock()
 	y.s.seq, y.s.hasSeq = seq, true
 	y.s.mu.Unlock()
-	y.s.counters.batchesApplied.Add(1)
+	// lastApplied before the count, so a reader that sees the count sees
+	// the time too.
 	now := time.Now()
 	y.s.counters.lastApplied.Store(now.UnixNano())
+	y.s.counters.batchesApplied.Add(1)
 	y.s.obs.observeLag(y.batch.Timestamp, now)
 }
 
