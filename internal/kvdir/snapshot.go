@@ -194,6 +194,8 @@ func (y *syncer) finishSnapshot() {
 			}
 		}
 		y.s.counters.countEvents(bb.batch)
+		y.s.counters.lastApplied.Store(time.Now().UnixNano())
+		y.s.counters.batchesApplied.Add(1)
 		next, applied = bb.seq+1, true
 	}
 	published := uint64(0)
