@@ -25,11 +25,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/kvcar/kvcar/internal/enginesim"
 	"github.com/kvcar/kvcar/internal/etcdembed"
+	"github.com/kvcar/kvcar/internal/kvevent"
 )
 
 type options struct {
@@ -42,6 +44,9 @@ type options struct {
 	promptBlocks int
 	queries      int
 	seed         uint64
+	adversarial  bool
+	maxBlocks    int
+	maxMessage   int
 }
 
 func main() {
@@ -66,6 +71,9 @@ func run(ctx context.Context, args []string) error {
 	fs.IntVar(&o.promptBlocks, "prompt_blocks", 8, "new blocks per prefill")
 	fs.IntVar(&o.queries, "queries", 200, "HTTP queries timed at the end (8k-token prompts)")
 	fs.Uint64Var(&o.seed, "seed", 1, "workload seed")
+	fs.BoolVar(&o.adversarial, "adversarial", false, "engines publish to exhaust kvcar's limits: messages at and over max_message_bytes, chains past max_blocks_per_stream, repeated AllBlocksCleared")
+	fs.IntVar(&o.maxBlocks, "max_blocks_per_stream", 262144, "kvcar's max_blocks_per_stream")
+	fs.IntVar(&o.maxMessage, "max_message_bytes", 8<<20, "kvcar's max_message_bytes")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -95,7 +103,8 @@ func run(ctx context.Context, args []string) error {
 	}
 	defer os.RemoveAll(dir)
 	cfgPath := filepath.Join(dir, "kv_events.json")
-	cfg := fmt.Sprintf(`{"max_streams":128,"discovery":{"enabled":true,"block_size":%d,"topic":"xllm-kv","refresh_interval_ms":200}}`, o.blockSize)
+	cfg := fmt.Sprintf(`{"max_streams":128,"max_blocks_per_stream":%d,"max_message_bytes":%d,"max_buffered_bytes":%d,"discovery":{"enabled":true,"block_size":%d,"topic":"xllm-kv","refresh_interval_ms":200}}`,
+		o.maxBlocks, o.maxMessage, 2*o.maxMessage, o.blockSize)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return err
 	}
@@ -124,7 +133,12 @@ func run(ctx context.Context, args []string) error {
 		return err
 	}
 	t0 := time.Now()
-	blocks := drive(ctx, engines, o)
+	var blocks int64
+	if o.adversarial {
+		blocks = attack(ctx, engines, o)
+	} else {
+		blocks = drive(ctx, engines, o)
+	}
 	wall := time.Since(t0)
 	cpu1, err := cpuTime(cmd.Process.Pid)
 	if err != nil {
@@ -147,10 +161,19 @@ func run(ctx context.Context, args []string) error {
 		o.streams, o.rate, o.promptBlocks, o.blockSize, wall.Round(time.Millisecond))
 	fmt.Printf("| measure | value |\n|---|---|\n")
 	fmt.Printf("| kvcar start to all %d streams synchronised | %v |\n", o.streams, syncTook.Round(time.Millisecond))
-	fmt.Printf("| blocks stored by the engines during the window | %d (%.0f blocks/s) |\n", blocks, float64(blocks)/wall.Seconds())
+	what := "blocks stored by the engines during the window"
+	if o.adversarial {
+		what = "blocks sent in at-limit messages and over-long chains (over-limit messages not counted)"
+	}
+	fmt.Printf("| %s | %d (%.0f blocks/s) |\n", what, blocks, float64(blocks)/wall.Seconds())
 	fmt.Printf("| kvcar CPU during the window | %.1f%% of one core |\n", 100*(cpu1-cpu0).Seconds()/wall.Seconds())
 	fmt.Printf("| this driver's CPU (etcd + emulated engines) in the window, on the same 2 cores | %.1f%% of one core |\n", 100*(self1-self0).Seconds()/wall.Seconds())
 	fmt.Printf("| kvcar resident memory (now / peak) | %.1f MiB / %.1f MiB |\n", float64(rss)/(1<<20), float64(hwm)/(1<<20))
+	// Per stream: a served and a building index (entries and tables with
+	// growth headroom, 2 × 96 B a block), the snapshot buffer, a few
+	// messages being received and decoded; plus the process's base.
+	bound := int64(o.streams)*(2*96*int64(o.maxBlocks)+2*int64(o.maxMessage)+4*int64(o.maxMessage)) + 64<<20
+	fmt.Printf("| memory the config allows (estimate: streams × (2 indexes + buffer + 4 messages) + 64 MiB) | %.1f MiB |\n", float64(bound)/(1<<20))
 	fmt.Printf("| streams synchronised after the window | %d of %d |\n", synced, o.streams)
 	fmt.Printf("| resident Device blocks kvcar reports | %d |\n", resident)
 	fmt.Printf("| HTTP query, 8k tokens over all streams, kvcar's own time (Server-Timing): p50 / p99 | %v / %v |\n", srv[len(srv)/2], srv[len(srv)*99/100])
@@ -181,6 +204,49 @@ func startEngines(o options, etcd []string) ([]*enginesim.Engine, error) {
 		engines = append(engines, e)
 	}
 	return engines, nil
+}
+
+// attack makes every engine publish what costs a subscriber the most:
+// messages just under and just over max_message_bytes, chains longer
+// than max_blocks_per_stream, and AllBlocksCleared, in turn, as fast as
+// it can for o.duration.
+func attack(ctx context.Context, engines []*enginesim.Engine, o options) int64 {
+	ctx, cancel := context.WithTimeout(ctx, o.duration)
+	defer cancel()
+	var (
+		wg    sync.WaitGroup
+		total atomic.Int64
+	)
+	// Bytes of msgpack per block: ~3 per token plus the hash.
+	perBlock := 3*o.blockSize + 9
+	for i, e := range engines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(o.seed, uint64(i+1)))
+			for step := 0; ctx.Err() == nil; step++ {
+				var err error
+				switch step % 4 {
+				case 0:
+					err = e.SendOversize(0, o.maxMessage-perBlock*4)
+					total.Add(int64(o.maxMessage / perBlock))
+				case 1:
+					err = e.SendOversize(0, 2*o.maxMessage) // refused by libzmq, link dropped
+				case 2:
+					n := min(o.maxBlocks+64, (o.maxMessage/perBlock)-8)
+					_, err = e.StoreChain(0, tokens(rng, n*o.blockSize), kvevent.Device)
+					total.Add(int64(n))
+				default:
+					err = e.Clear(0)
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return total.Load()
 }
 
 // drive makes every engine prefill at o.rate for o.duration: a shared
