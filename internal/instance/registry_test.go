@@ -538,19 +538,27 @@ func TestFreshestLoadWins(t *testing.T) {
 	}
 }
 
+// twoReplicas starts two registries on one etcd, each with its own
+// client; A (10.0.0.1:9000) is master before B (10.0.0.2:9000) starts.
+func twoReplicas(t *testing.T) (cliA, cliB *clientv3.Client, a, b *running, optsA, optsB Options) {
+	t.Helper()
+	srv := startEtcd(t)
+	cliA = newClient(t, srv.Endpoint())
+	cliB = newClient(t, srv.Endpoint())
+	optsA = fastOptions()
+	optsB = optsA
+	optsA.SelfAddr, optsB.SelfAddr = "10.0.0.1:9000", "10.0.0.2:9000"
+	a = startRegistry(t, cliA, optsA)
+	waitMaster(t, a.Registry, true)
+	b = startRegistry(t, cliB, optsB)
+	return cliA, cliB, a, b, optsA, optsB
+}
+
 // R-CAR-11: two replicas on one etcd elect one master, whose address is
 // the master key's value; each registers its service key; when the
 // master stops, the other takes over within about the lease TTL.
 func TestMasterElectionAndFailover(t *testing.T) {
-	srv := startEtcd(t)
-	cliA := newClient(t, srv.Endpoint())
-	cliB := newClient(t, srv.Endpoint())
-	opts := fastOptions()
-	optsA, optsB := opts, opts
-	optsA.SelfAddr, optsB.SelfAddr = "10.0.0.1:9000", "10.0.0.2:9000"
-	a := startRegistry(t, cliA, optsA)
-	waitMaster(t, a.Registry, true)
-	b := startRegistry(t, cliB, optsB)
+	cliA, cliB, a, b, optsA, optsB := twoReplicas(t)
 
 	ctx := ctxT(t)
 	for _, key := range []string{"XLLM:SERVICE:10.0.0.1:9000", "XLLM:SERVICE:10.0.0.2:9000"} {
@@ -568,8 +576,8 @@ func TestMasterElectionAndFailover(t *testing.T) {
 	waitMaster(t, b.Registry, true)
 	took := time.Since(began)
 	t.Logf("failover after a clean stop took %v", took)
-	if took > 2*opts.MasterLeaseTTL+time.Second {
-		t.Errorf("failover took %v, lease TTL %v", took, opts.MasterLeaseTTL)
+	if took > 2*optsB.MasterLeaseTTL+time.Second {
+		t.Errorf("failover took %v, lease TTL %v", took, optsB.MasterLeaseTTL)
 	}
 	if v := getValue(t, cliB, "XLLM:SERVICE:MASTER"); v != optsB.SelfAddr {
 		t.Fatalf("master key after failover = %q", v)
@@ -582,15 +590,7 @@ func TestMasterElectionAndFailover(t *testing.T) {
 // R-CAR-11: a master that vanishes without revoking (crash, network
 // loss) is replaced once its lease lapses.
 func TestMasterCrashFailover(t *testing.T) {
-	srv := startEtcd(t)
-	cliA := newClient(t, srv.Endpoint())
-	cliB := newClient(t, srv.Endpoint())
-	opts := fastOptions()
-	optsA, optsB := opts, opts
-	optsA.SelfAddr, optsB.SelfAddr = "10.0.0.1:9000", "10.0.0.2:9000"
-	a := startRegistry(t, cliA, optsA)
-	waitMaster(t, a.Registry, true)
-	b := startRegistry(t, cliB, optsB)
+	cliA, _, a, b, _, _ := twoReplicas(t)
 
 	began := time.Now()
 	cliA.Close() // A can no longer keep its lease alive, nor revoke it
@@ -604,15 +604,7 @@ func TestMasterCrashFailover(t *testing.T) {
 // XLLM:LOADMETRICS, where the other replica picks them up; it deletes
 // the entry of an instance that leaves.
 func TestMasterSyncsLoads(t *testing.T) {
-	srv := startEtcd(t)
-	cliA := newClient(t, srv.Endpoint())
-	cliB := newClient(t, srv.Endpoint())
-	opts := fastOptions()
-	optsA, optsB := opts, opts
-	optsA.SelfAddr, optsB.SelfAddr = "10.0.0.1:9000", "10.0.0.2:9000"
-	a := startRegistry(t, cliA, optsA)
-	waitMaster(t, a.Registry, true)
-	b := startRegistry(t, cliB, optsB)
+	cliA, cliB, a, b, _, _ := twoReplicas(t)
 
 	name := deadAddr(t)
 	key := engineKey("", Default, name)
