@@ -22,13 +22,12 @@ func waitReason(t *testing.T, d *Directory, k StreamKey, want string, probe []ui
 	})
 }
 
-// TestMessageLimit covers R-REC-3 and R-CFG-2 max_message_bytes: an
-// oversize live message is refused without being allocated (libzmq drops
-// the link), the stream recovers by snapshot, and nothing is lost.
-func TestMessageLimit(t *testing.T) {
+// caughtUpStream starts an engine and a directory with one stream, has
+// the engine store a prompt, and returns once the stream applied it,
+// with the stream's count of successful snapshots at that point.
+func caughtUpStream(t *testing.T, lim Limits) (*enginesim.Engine, *Directory, StreamKey, []uint32, *stream, uint64) {
+	t.Helper()
 	e := startEngine(t, enginesim.Config{DeviceBlocks: 64})
-	lim := testLimits()
-	lim.MaxMessageBytes = 16 << 10
 	d := newDirectory(t, lim, specOf(e, 0))
 	k := StreamKey{e.Name(), 0}
 	prompt := seqTokens(1, 3*testBlock)
@@ -37,7 +36,16 @@ func TestMessageLimit(t *testing.T) {
 	}
 	waitCaughtUp(t, d, e, 0)
 	s := d.streamOf(k)
-	okBefore := s.counters.snapshotsOK.Load()
+	return e, d, k, prompt, s, s.counters.snapshotsOK.Load()
+}
+
+// TestMessageLimit covers R-REC-3 and R-CFG-2 max_message_bytes: an
+// oversize live message is refused without being allocated (libzmq drops
+// the link), the stream recovers by snapshot, and nothing is lost.
+func TestMessageLimit(t *testing.T) {
+	lim := testLimits()
+	lim.MaxMessageBytes = 16 << 10
+	e, d, k, prompt, s, okBefore := caughtUpStream(t, lim)
 	if err := e.SendOversize(0, 64<<10); err != nil {
 		t.Fatal(err)
 	}
@@ -112,16 +120,7 @@ func TestBlockLimit(t *testing.T) {
 // TestUnknownParentInDelta covers R-IDX-5: a live BlockStored whose
 // parent the stream never saw triggers a snapshot recovery.
 func TestUnknownParentInDelta(t *testing.T) {
-	e := startEngine(t, enginesim.Config{DeviceBlocks: 64})
-	d := newDirectory(t, testLimits(), specOf(e, 0))
-	k := StreamKey{e.Name(), 0}
-	prompt := seqTokens(1, 3*testBlock)
-	if _, _, err := e.Prefill(0, prompt); err != nil {
-		t.Fatal(err)
-	}
-	waitCaughtUp(t, d, e, 0)
-	s := d.streamOf(k)
-	okBefore := s.counters.snapshotsOK.Load()
+	e, d, k, _, s, okBefore := caughtUpStream(t, testLimits())
 	if err := e.SendUnknownParent(0); err != nil {
 		t.Fatal(err)
 	}
