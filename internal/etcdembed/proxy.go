@@ -2,27 +2,58 @@ package etcdembed
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"time"
 )
 
+// relayBufBytes is what one direction of a relayed connection reads at
+// a time. During a stall at most this much per direction is held back
+// in the relay; the rest waits in the kernel's socket buffers and then
+// in the sender's, as it would on a black-holed path.
+const relayBufBytes = 32 << 10
+
 // proxy relays the public client port to the server's own client port.
-// It exists so that Stop can cut every client connection at once, as an
-// outage does: the server's own shutdown waits for open watch streams
-// for its whole request timeout (over five seconds) before it gives up.
+// It exists so that faults can be injected at the network: Stop cuts
+// every client connection at once, as an outage does (the server's own
+// shutdown waits for open watch streams for its whole request timeout,
+// over five seconds, before it gives up), and a stall holds every byte
+// back while the connections stay open.
 type proxy struct {
 	target string
 
-	mu    sync.Mutex
-	ln    net.Listener
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
+	mu     sync.Mutex
+	ln     net.Listener
+	relays map[*relay]struct{}
+	// quit is closed by shut, so that relays held at the gate give up;
+	// each open makes a new one.
+	quit chan struct{}
+	// flowing is closed while bytes may pass. A stall replaces it by an
+	// open channel, which the end of the stall closes.
+	flowing chan struct{}
+	wg      sync.WaitGroup
+}
+
+// relay is one client connection and its connection to the server.
+type relay struct {
+	client, server net.Conn
+	once           sync.Once
+	ended          chan struct{} // closed when the relay ends, for either reason
+}
+
+// end closes both connections; the copies in both directions return.
+func (r *relay) end() {
+	r.once.Do(func() {
+		close(r.ended)
+		r.client.Close()
+		r.server.Close()
+	})
 }
 
 func newProxy(target string) *proxy {
-	return &proxy{target: target, conns: make(map[net.Conn]struct{})}
+	flowing := make(chan struct{})
+	close(flowing)
+	return &proxy{target: target, relays: make(map[*relay]struct{}), flowing: flowing}
 }
 
 // open listens on addr and relays each connection to the target.
@@ -33,13 +64,15 @@ func (p *proxy) open(addr string) error {
 	}
 	p.mu.Lock()
 	p.ln = ln
+	p.quit = make(chan struct{})
+	quit := p.quit
 	p.mu.Unlock()
 	p.wg.Add(1)
-	go p.accept(ln)
+	go p.accept(ln, quit)
 	return nil
 }
 
-func (p *proxy) accept(ln net.Listener) {
+func (p *proxy) accept(ln net.Listener, quit <-chan struct{}) {
 	defer p.wg.Done()
 	for {
 		c, err := ln.Accept()
@@ -47,67 +80,129 @@ func (p *proxy) accept(ln net.Listener) {
 			return
 		}
 		p.wg.Add(1)
-		go p.relay(c)
+		go p.relay(c, quit)
 	}
 }
 
-func (p *proxy) relay(c net.Conn) {
+func (p *proxy) relay(c net.Conn, quit <-chan struct{}) {
 	defer p.wg.Done()
+	// A connection accepted during a stall is relayed like any other: it
+	// is established (the kernel completed its handshake before Accept)
+	// and then carries nothing until the stall ends.
 	u, err := net.DialTimeout("tcp", p.target, 2*time.Second)
 	if err != nil {
 		c.Close()
 		return
 	}
-	if !p.track(c, u) {
-		c.Close()
-		u.Close()
+	r := &relay{client: c, server: u, ended: make(chan struct{})}
+	if !p.track(r) {
+		r.end()
 		return
 	}
-	done := make(chan struct{}, 2)
-	pipe := func(dst, src net.Conn) {
-		io.Copy(dst, src)
-		done <- struct{}{}
-	}
-	go pipe(u, c)
-	go pipe(c, u)
-	<-done
-	// Either side ending ends the relay: closing both unblocks the other copy.
-	c.Close()
-	u.Close()
-	<-done
-	p.untrack(c, u)
+	var wg sync.WaitGroup
+	// Either direction ending ends the relay: closing both connections
+	// unblocks the other copy.
+	wg.Go(func() { p.copy(r, u, c, quit); r.end() })
+	wg.Go(func() { p.copy(r, c, u, quit); r.end() })
+	wg.Wait()
+	p.untrack(r)
 }
 
-func (p *proxy) track(cs ...net.Conn) bool {
+// copy relays src to dst until either fails or the relay ends. Bytes
+// read during a stall are held until it ends.
+func (p *proxy) copy(r *relay, dst, src net.Conn, quit <-chan struct{}) {
+	buf := make([]byte, relayBufBytes)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if !p.waitFlowing(r, quit) {
+				return
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// waitFlowing waits until bytes may pass, and reports false if the
+// relay ended or the proxy was shut meanwhile.
+func (p *proxy) waitFlowing(r *relay, quit <-chan struct{}) bool {
+	p.mu.Lock()
+	flowing := p.flowing
+	p.mu.Unlock()
+	select {
+	case <-flowing:
+		return true
+	case <-r.ended:
+		return false
+	case <-quit:
+		return false
+	}
+}
+
+// stall holds back every byte in both directions, on the connections
+// open now and on those accepted later, until unstall.
+func (p *proxy) stall() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.flowing:
+		p.flowing = make(chan struct{})
+	default: // already stalled
+	}
+}
+
+// unstall ends a stall. With drop, the connections it held are closed
+// first, and the bytes held back with them, so that nothing read during
+// the stall reaches the other side; otherwise they carry on and the held
+// bytes are delivered.
+func (p *proxy) unstall(drop bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if drop {
+		for r := range p.relays {
+			r.end()
+		}
+	}
+	select {
+	case <-p.flowing:
+	default:
+		close(p.flowing)
+	}
+}
+
+func (p *proxy) track(r *relay) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.ln == nil {
 		return false
 	}
-	for _, c := range cs {
-		p.conns[c] = struct{}{}
-	}
+	p.relays[r] = struct{}{}
 	return true
 }
 
-func (p *proxy) untrack(cs ...net.Conn) {
+func (p *proxy) untrack(r *relay) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, c := range cs {
-		delete(p.conns, c)
-	}
+	delete(p.relays, r)
 }
 
 // shut closes the listener and every relayed connection and waits for
-// the relay goroutines to end.
+// the relay goroutines to end. A stall outlives it: a proxy opened again
+// stays stalled until unstall.
 func (p *proxy) shut() {
 	p.mu.Lock()
 	if p.ln != nil {
 		p.ln.Close()
 		p.ln = nil
+		close(p.quit)
 	}
-	for c := range p.conns {
-		c.Close()
+	for r := range p.relays {
+		r.end()
 	}
 	p.mu.Unlock()
 	p.wg.Wait()

@@ -58,6 +58,7 @@ type Server struct {
 	etcd        *embed.Etcd
 	proxy       *proxy
 	partitioned bool
+	stalled     bool
 	closed      bool
 }
 
@@ -202,13 +203,14 @@ func (s *Server) Start(ctx context.Context) error {
 	return nil
 }
 
-// DirectEndpoint is the server's own client URL, which Partition does
-// not cut: a test uses it to change data while its subjects are cut off.
+// DirectEndpoint is the server's own client URL, which neither
+// Partition nor Stall affects: a test uses it to change data while its
+// subjects are cut off.
 func (s *Server) DirectEndpoint() string { return s.innerURL.String() }
 
 // Partition cuts every connection to Endpoint and refuses new ones while
 // the server keeps running, as a network partition between the clients
-// and etcd would. Heal ends it.
+// and etcd would: clients fail fast. Heal ends it.
 func (s *Server) Partition() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -216,10 +218,38 @@ func (s *Server) Partition() {
 	s.proxy.shut()
 }
 
-// Heal lets clients reach Endpoint again after Partition.
-func (s *Server) Heal() error {
+// Stall black-holes Endpoint while the server keeps running: every
+// connection stays open and new ones are accepted, but no byte passes
+// in either direction, so nothing fails fast and a client notices only
+// by its own timeouts. Heal or Resume ends it. A stall lasts across Stop
+// and Start.
+func (s *Server) Stall() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.stalled = true
+	s.proxy.stall()
+}
+
+// Heal lets clients reach Endpoint again after Partition or Stall. The
+// connections a stall held are closed, with the bytes it held back, as
+// TCP connections through a black hole time out in the end: clients
+// reconnect, and a request sent during the stall either failed or is
+// sent again by its client.
+func (s *Server) Heal() error { return s.heal(true) }
+
+// Resume ends a stall keeping its connections: the bytes held back are
+// delivered and the connections carry on, as TCP does when a black hole
+// lasts less than its retransmission timeouts. After a Partition it is
+// Heal.
+func (s *Server) Resume() error { return s.heal(false) }
+
+func (s *Server) heal(drop bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stalled {
+		s.stalled = false
+		s.proxy.unstall(drop)
+	}
 	if !s.partitioned {
 		return nil
 	}

@@ -2,7 +2,10 @@ package etcdembed
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -247,6 +250,199 @@ func TestPartitionCutsClientsOnly(t *testing.T) {
 	}
 	if string(get.Kvs[0].Value) != "during" {
 		t.Fatalf("after heal p = %q, want the value written during the partition", get.Kvs[0].Value)
+	}
+}
+
+// rawConn opens a plain TCP connection to the relay, the way a
+// client's connection exists before and during a fault.
+func rawConn(t *testing.T, s *Server) net.Conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", strings.TrimPrefix(s.Endpoint(), "http://"), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+const versionRequest = "GET /version HTTP/1.1\r\nHost: etcd\r\n\r\n"
+
+// readSome reads what arrives within d: the bytes, or the error.
+func readSome(c net.Conn, d time.Duration) (string, error) {
+	c.SetReadDeadline(time.Now().Add(d))
+	buf := make([]byte, 4096)
+	n, err := c.Read(buf)
+	return string(buf[:n]), err
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// A stall passes no byte in either direction but closes nothing, on a
+// connection open before it and on one opened during it; Resume then
+// delivers what was held back on the same connections.
+func TestStallHoldsBytesAndResumeDelivers(t *testing.T) {
+	s := start(t)
+	before := rawConn(t, s)
+	if _, err := before.Write([]byte(versionRequest)); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readSome(before, 5*time.Second); err != nil || !strings.HasPrefix(got, "HTTP/1.1 200") {
+		t.Fatalf("before the stall: %q, %v", got, err)
+	}
+
+	s.Stall()
+	during := rawConn(t, s)
+	for _, c := range []net.Conn{before, during} {
+		if _, err := c.Write([]byte(versionRequest)); err != nil {
+			t.Fatalf("write during the stall: %v", err)
+		}
+	}
+	for name, c := range map[string]net.Conn{"open before": before, "opened during": during} {
+		if got, err := readSome(c, 300*time.Millisecond); !isTimeout(err) {
+			t.Fatalf("connection %s the stall: read %q, %v; want a timeout with the connection open", name, got, err)
+		}
+	}
+	if err := s.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	for name, c := range map[string]net.Conn{"open before": before, "opened during": during} {
+		if got, err := readSome(c, 5*time.Second); err != nil || !strings.HasPrefix(got, "HTTP/1.1 200") {
+			t.Fatalf("connection %s the stall, after Resume: %q, %v; want the held answer", name, got, err)
+		}
+	}
+}
+
+// Heal after a stall closes the connections it held, without delivering
+// the held bytes, and new connections work.
+func TestStallHealDropsHeldConnections(t *testing.T) {
+	s := start(t)
+	s.Stall()
+	held := rawConn(t, s)
+	if _, err := held.Write([]byte(versionRequest)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readSome(held, 200*time.Millisecond); !isTimeout(err) {
+		t.Fatalf("read during the stall: %v, want a timeout", err)
+	}
+	if err := s.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readSome(held, 5*time.Second); err == nil || isTimeout(err) {
+		t.Fatalf("held connection after Heal: read %q, %v; want it closed without the answer", got, err)
+	}
+	fresh := rawConn(t, s)
+	if _, err := fresh.Write([]byte(versionRequest)); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := readSome(fresh, 5*time.Second); err != nil || !strings.HasPrefix(got, "HTTP/1.1 200") {
+		t.Fatalf("new connection after Heal: %q, %v", got, err)
+	}
+}
+
+// An etcd client sees a stall only as requests that never answer; the
+// server keeps taking writes on DirectEndpoint. After Heal the client
+// reconnects by itself; after Resume a request sent during the stall is
+// answered on its old connection.
+func TestStallWithClient(t *testing.T) {
+	for _, heal := range []string{"Heal", "Resume"} {
+		t.Run(heal, func(t *testing.T) {
+			s := start(t)
+			cli := client(t, s)
+			direct, err := s.DirectClient()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer direct.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			if _, err := cli.Put(ctx, "s", "before"); err != nil {
+				t.Fatal(err)
+			}
+
+			s.Stall()
+			short, scancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			_, err = cli.Get(short, "s")
+			scancel()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Get through a stall: %v, want the caller's deadline", err)
+			}
+			if _, err := direct.Put(ctx, "s", "during"); err != nil {
+				t.Fatalf("direct client during the stall: %v", err)
+			}
+			pending := make(chan error, 1)
+			go func() {
+				get, err := cli.Get(ctx, "s")
+				if err == nil && string(get.Kvs[0].Value) != "during" {
+					err = fmt.Errorf("got %q, want the value written during the stall", get.Kvs[0].Value)
+				}
+				pending <- err
+			}()
+			select {
+			case err := <-pending:
+				t.Fatalf("Get answered during the stall: %v", err)
+			case <-time.After(200 * time.Millisecond):
+			}
+
+			began := time.Now()
+			if heal == "Heal" {
+				err = s.Heal()
+			} else {
+				err = s.Resume()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := <-pending; err != nil {
+				t.Fatalf("Get sent during the stall, after %s: %v", heal, err)
+			}
+			t.Logf("Get sent during the stall answered %v after %s", time.Since(began), heal)
+		})
+	}
+}
+
+// Stop and Close do not wait for connections a stall holds, and a stall
+// lasts across a restart until Heal.
+func TestStallAcrossRestart(t *testing.T) {
+	s := start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	held := rawConn(t, s)
+	s.Stall()
+	if _, err := held.Write([]byte(versionRequest)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readSome(held, 100*time.Millisecond); !isTimeout(err) {
+		t.Fatalf("read during the stall: %v", err)
+	}
+	began := time.Now()
+	if err := s.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(began); took > 2*time.Second {
+		t.Errorf("Stop with a held connection took %v", took)
+	}
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := rawConn(t, s)
+	if _, err := c.Write([]byte(versionRequest)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readSome(c, 200*time.Millisecond); !isTimeout(err) {
+		t.Fatalf("after a restart the stall is gone: %v", err)
+	}
+	if err := s.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readSome(c, 5*time.Second); err == nil || isTimeout(err) {
+		t.Fatalf("held connection after Heal: %v, want closed", err)
+	}
+	cli := client(t, s)
+	if _, err := cli.Put(ctx, "after", "heal"); err != nil {
+		t.Fatalf("client after Heal: %v", err)
 	}
 }
 

@@ -13,6 +13,17 @@
 // must not be modified. WaitFor and Changes let a reader wait for the
 // next snapshot instead of polling.
 //
+// A snapshot is published for every change, with one exception that
+// keeps heartbeat intake cheap at a hundred engines and more: a
+// heartbeat that only moves an instance's load or latency values (or
+// nothing but its time) waits for the next snapshot, at most
+// LoadPublishDelay, so that the heartbeats of many engines cost one
+// copy of the list rather than one each. A heartbeat that changes what
+// routing may do with an instance (its state, whether its load is
+// usable, where the load came from) is published at once. Publishing
+// copies the instances in an order kept sorted across publications; it
+// sorts again only when an instance comes or goes.
+//
 // # etcd layout
 //
 // Every key may carry a namespace prefix "/<ns>/". Engines write
@@ -27,6 +38,19 @@
 // etcd restarts; after a compaction, or any watch failure, the registry
 // lists the range again and reconciles, treating a vanished key as a
 // DELETE.
+//
+// A watch can also stall: its connection stays open and nothing arrives
+// (a black-holed network path). No error reports it: gRPC's keepalive
+// closes the connection only after 13 s, and the client then resumes
+// the watch by itself, silently, once it can reconnect. So a watch that
+// has brought nothing for WatchProgressInterval asks etcd for a
+// progress notification, and one that has brought nothing, answers
+// included, for WatchStallTimeout is abandoned: the stall is logged and
+// counted, and the registry lists again and watches anew, on a watch
+// stream of its own that ends with the abandoned watch. Meanwhile the
+// last snapshot keeps serving and heartbeats keep applying; WatchState
+// and the metrics say that the view is not live and how long etcd has
+// been silent.
 //
 // # State machine
 //
@@ -60,10 +84,10 @@
 // report whose gpu_cache_usage_perc is negative, NaN or infinite makes
 // LoadValid false and is not stored: Load keeps the last valid values.
 // The most recent report, by the time this replica receives it, wins:
-// a heartbeat (R-CAR-10) is applied at once, and a XLLM:LOADMETRICS
-// value replaces it only when it arrives later. A synced value written
-// before the instance's current incarnation registered is never
-// applied. The master does not let XLLM:LOADMETRICS (its own writes)
+// a heartbeat (R-CAR-10) is applied at once (and published as above),
+// and a XLLM:LOADMETRICS value replaces it only when it arrives later. A
+// synced value written before the instance's current incarnation
+// registered is never applied. The master does not let XLLM:LOADMETRICS (its own writes)
 // override a heartbeat it received, but takes the values of instances it
 // has not heard from, which its predecessor wrote. Every
 // LoadSyncInterval it writes the valid load of every instance there and
@@ -86,7 +110,8 @@
 // and routes on its own (R-CAR-11).
 //
 // Every call to etcd has a context: the listing and the lease and
-// election calls a timeout, the watches and keep-alives Run's context.
+// election calls a timeout, the registry's watch the stall timeout, the
+// election's watch and the keep-alives Run's context.
 //
 // The package must not read or write KV cache metadata, subscribe to
 // engines or decide routing: it reports which instances exist, in which

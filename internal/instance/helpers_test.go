@@ -46,7 +46,7 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
 
-func startEtcd(t *testing.T) *etcdembed.Server {
+func startEtcd(t testing.TB) *etcdembed.Server {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -63,7 +63,7 @@ func startEtcd(t *testing.T) *etcdembed.Server {
 }
 
 // newClient builds a client the way the service does.
-func newClient(t *testing.T, endpoint string) *clientv3.Client {
+func newClient(t testing.TB, endpoint string) *clientv3.Client {
 	t.Helper()
 	cfg, err := ClientConfig([]string{endpoint}, func(string) string { return "" }, testLogger())
 	if err != nil {
@@ -85,7 +85,7 @@ type running struct {
 }
 
 // stop ends Run and waits for it to return; later calls do nothing.
-func (r *running) stop(t *testing.T) {
+func (r *running) stop(t testing.TB) {
 	t.Helper()
 	r.once.Do(func() {
 		r.cancel()
@@ -101,7 +101,7 @@ func (r *running) stop(t *testing.T) {
 }
 
 // startRegistry runs a registry on cli until the test ends.
-func startRegistry(t *testing.T, cli *clientv3.Client, opts Options) *running {
+func startRegistry(t testing.TB, cli *clientv3.Client, opts Options) *running {
 	t.Helper()
 	opts.Client = cli
 	if opts.Logger == nil {
@@ -121,7 +121,7 @@ func startRegistry(t *testing.T, cli *clientv3.Client, opts Options) *running {
 
 // waitSnap waits until pred holds, and fails the test with the last
 // snapshot if it does not within waitLimit.
-func waitSnap(t *testing.T, reg *Registry, what string, pred func(*Snapshot) bool) *Snapshot {
+func waitSnap(t testing.TB, reg *Registry, what string, pred func(*Snapshot) bool) *Snapshot {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
@@ -188,7 +188,7 @@ func (m meta) with(k string, v any) meta {
 	return n
 }
 
-func (m meta) json(t *testing.T) string {
+func (m meta) json(t testing.TB) string {
 	t.Helper()
 	b, err := json.Marshal(m)
 	if err != nil {

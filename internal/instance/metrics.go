@@ -1,6 +1,8 @@
 package instance
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -11,6 +13,15 @@ var (
 		"Instances with a usable load report (schedulable by CAR and SLO_AWARE).", nil, nil)
 	descMaster = prometheus.NewDesc("kvcar_service_is_master",
 		"1 while this replica holds XLLM:SERVICE:MASTER.", nil, nil)
+	descSynced = prometheus.NewDesc("kvcar_instance_registry_synced",
+		"1 while the registry follows etcd: listed, and the watch since neither failed nor stalled. "+
+			"0 meanwhile: the last snapshot is served.", nil, nil)
+	descContactAge = prometheus.NewDesc("kvcar_instance_registry_contact_age_seconds",
+		"Seconds since etcd last answered the registry's listing or watch (events or a progress notification).", nil, nil)
+	descListings = prometheus.NewDesc("kvcar_instance_registry_listings_total",
+		"Listings of the registry's etcd range: the first, and one after every compaction, watch failure or stall.", nil, nil)
+	descStalls = prometheus.NewDesc("kvcar_instance_registry_watch_stalls_total",
+		"Registry watches abandoned because etcd answered nothing, not even progress requests, within the stall timeout.", nil, nil)
 )
 
 // Collector reports the registry's snapshot at scrape time.
@@ -22,6 +33,10 @@ func (c registryCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descInstances
 	ch <- descLoaded
 	ch <- descMaster
+	ch <- descSynced
+	ch <- descContactAge
+	ch <- descListings
+	ch <- descStalls
 }
 
 func (c registryCollector) Collect(ch chan<- prometheus.Metric) {
@@ -45,9 +60,20 @@ func (c registryCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descInstances, prometheus.GaugeValue, float64(n), k.t, k.s)
 	}
 	ch <- prometheus.MustNewConstMetric(descLoaded, prometheus.GaugeValue, float64(loaded))
-	master := 0.0
-	if c.r.IsMaster() {
-		master = 1
+	ch <- prometheus.MustNewConstMetric(descMaster, prometheus.GaugeValue, boolValue(c.r.IsMaster()))
+
+	ws := c.r.WatchState()
+	ch <- prometheus.MustNewConstMetric(descSynced, prometheus.GaugeValue, boolValue(ws.Live))
+	if !ws.LastContact.IsZero() {
+		ch <- prometheus.MustNewConstMetric(descContactAge, prometheus.GaugeValue, max(0, time.Since(ws.LastContact).Seconds()))
 	}
-	ch <- prometheus.MustNewConstMetric(descMaster, prometheus.GaugeValue, master)
+	ch <- prometheus.MustNewConstMetric(descListings, prometheus.CounterValue, float64(ws.Listings))
+	ch <- prometheus.MustNewConstMetric(descStalls, prometheus.CounterValue, float64(ws.Stalls))
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -24,6 +24,16 @@ const (
 	DefaultProbeAttempts    = 2
 	DefaultMasterLeaseTTL   = 3 * time.Second
 	DefaultLoadSyncInterval = 3 * time.Second
+	// A watch silent for a second asks for progress, and one that has
+	// not answered within three is stalled: a black-holed connection is
+	// found in seconds, long before gRPC's keepalive (10 s + 3 s) would
+	// close it, while etcd answers a progress request in milliseconds.
+	DefaultWatchProgressInterval = time.Second
+	DefaultWatchStallTimeout     = 3 * time.Second
+	// Engines report once a second, so a load is up to a second old
+	// when it arrives; 100 ms more bounds the snapshots heartbeats cause
+	// to ten a second however many engines there are.
+	DefaultLoadPublishDelay = 100 * time.Millisecond
 )
 
 // Options configures a Registry. Zero durations and counts select the
@@ -61,6 +71,21 @@ type Options struct {
 	MasterLeaseTTL time.Duration
 	// LoadSyncInterval is how often the master writes XLLM:LOADMETRICS.
 	LoadSyncInterval time.Duration
+	// WatchProgressInterval: a watch that has brought nothing for this
+	// long asks etcd for a progress notification, and asks again as long
+	// as it stays silent.
+	WatchProgressInterval time.Duration
+	// LoadPublishDelay: a heartbeat that changes only load or latency
+	// values, or nothing but its time, is published with the next
+	// snapshot, at most this much later. One that changes an instance's
+	// state, whether its load is usable or where the load came from is
+	// published at once.
+	LoadPublishDelay time.Duration
+	// WatchStallTimeout: a watch that has brought nothing for this long,
+	// not even the progress notifications it asked for, is stalled; the
+	// registry abandons it and lists again. It must exceed
+	// WatchProgressInterval.
+	WatchStallTimeout time.Duration
 }
 
 // Registry is the local instance registry. Its methods are safe for
@@ -78,6 +103,9 @@ type Registry struct {
 	probeAttempts int
 	leaseTTL      int64 // seconds
 	syncEvery     time.Duration
+	progressEvery time.Duration
+	stallAfter    time.Duration
+	publishDelay  time.Duration
 
 	snap        atomic.Pointer[Snapshot]
 	master      atomic.Bool
@@ -87,15 +115,28 @@ type Registry struct {
 	kick        chan struct{} // wakes the state timer after a deadline moved
 	probes      sync.WaitGroup
 
-	mu        sync.Mutex
-	runCtx    context.Context // for probes started by the watch
-	entries   map[string]*entry
-	synced    map[string]syncedLoad // XLLM:LOADMETRICS entries, by name
-	warned    map[string]int64      // key -> mod revision of a bad value already logged
-	listed    bool
-	dirty     bool
-	version   uint64
-	lastEpoch uint64
+	// How current the view is, for WatchState and the metrics.
+	live        atomic.Bool  // listed, and the watch since has not failed or stalled
+	lastContact atomic.Int64 // Unix nanoseconds of etcd's last answer to the listing or watch
+	listings    atomic.Uint64
+	stalls      atomic.Uint64
+
+	mu      sync.Mutex
+	runCtx  context.Context // for probes started by the watch
+	entries map[string]*entry
+	synced  map[string]syncedLoad // XLLM:LOADMETRICS entries, by name
+	warned  map[string]int64      // key -> mod revision of a bad value already logged
+	listed  bool
+	dirty   bool // a change to publish before the lock is released
+	// deferredSince is when the oldest change a heartbeat left for the
+	// next snapshot was made; zero when there is none.
+	deferredSince time.Time
+	// order is every entry sorted by name, the snapshot's order, kept
+	// across publications until an entry is added or removed.
+	order      []*entry
+	orderStale bool
+	version    uint64
+	lastEpoch  uint64
 }
 
 // entry is an instance with the bookkeeping the state machine needs.
@@ -137,10 +178,16 @@ func New(opts Options) (*Registry, error) {
 		probeTimeout:  orDefault(opts.ProbeTimeout, DefaultProbeTimeout),
 		probeAttempts: opts.ProbeAttempts,
 		syncEvery:     orDefault(opts.LoadSyncInterval, DefaultLoadSyncInterval),
+		progressEvery: orDefault(opts.WatchProgressInterval, DefaultWatchProgressInterval),
+		stallAfter:    orDefault(opts.WatchStallTimeout, DefaultWatchStallTimeout),
+		publishDelay:  orDefault(opts.LoadPublishDelay, DefaultLoadPublishDelay),
 		kick:          make(chan struct{}, 1),
 		entries:       make(map[string]*entry),
 		synced:        make(map[string]syncedLoad),
 		warned:        make(map[string]int64),
+	}
+	if r.stallAfter <= r.progressEvery {
+		return nil, fmt.Errorf("instance: WatchStallTimeout %v must exceed WatchProgressInterval %v", r.stallAfter, r.progressEvery)
 	}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
@@ -219,6 +266,19 @@ func (r *Registry) WaitFor(ctx context.Context, pred func(*Snapshot) bool) error
 	}
 }
 
+// WatchState says how current the view is. It never blocks.
+func (r *Registry) WatchState() WatchState {
+	ws := WatchState{
+		Live:     r.live.Load(),
+		Listings: r.listings.Load(),
+		Stalls:   r.stalls.Load(),
+	}
+	if ns := r.lastContact.Load(); ns != 0 {
+		ws.LastContact = time.Unix(0, ns)
+	}
+	return ws
+}
+
 // IsMaster reports whether this replica holds XLLM:SERVICE:MASTER with
 // a lease it knows to be alive: a master cut off from etcd stops
 // reporting itself master when its lease may have expired, before
@@ -230,7 +290,11 @@ func (r *Registry) IsMaster() bool {
 // Heartbeat applies an engine heartbeat: it keeps a LEASE_LOST instance
 // schedulable, brings a SUSPECT one back to LEASE_LOST, and makes its
 // load the freshest (R-CAR-10). The heartbeat's incarnation_id must be
-// the registered one.
+// the registered one. A heartbeat that changes what routing may do with
+// the instance (its state, whether its load is usable, where the load
+// came from) is in the snapshot when Heartbeat returns; one that only
+// moves the values is published within LoadPublishDelay, together with
+// the heartbeats of other engines meanwhile.
 func (r *Registry) Heartbeat(hb Heartbeat) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -242,6 +306,7 @@ func (r *Registry) Heartbeat(hb Heartbeat) error {
 		return fmt.Errorf("instance: heartbeat from %q with incarnation_id %q, registered %q: %w",
 			hb.Name, hb.IncarnationID, e.inst.Meta.IncarnationID, ErrStaleIncarnation)
 	}
+	was := e.inst.routing()
 	now := time.Now()
 	e.inst.LastHeartbeat = now
 	if e.inst.State == Suspect {
@@ -256,8 +321,19 @@ func (r *Registry) Heartbeat(hb Heartbeat) error {
 		e.inst.Latency = *hb.Latency
 		e.inst.HasLatency = true
 	}
-	r.dirty = true
-	r.flushLocked()
+	if e.inst.routing() != was {
+		r.dirty = true
+		r.flushLocked()
+		return nil
+	}
+	// Every holder of the lock publishes before it lets go, so nothing
+	// else is waiting to be published: only this heartbeat's values,
+	// which can wait for the next snapshot.
+	r.dirty = false
+	if r.deferredSince.IsZero() {
+		r.deferredSince = now
+		r.kickTimer()
+	}
 	return nil
 }
 
@@ -285,25 +361,41 @@ func (r *Registry) SetRole(name string, role Type) error {
 	return nil
 }
 
-// flushLocked publishes a new snapshot if anything changed.
+// flushLocked publishes a new snapshot if anything changed, with every
+// change made so far, deferred ones included.
 func (r *Registry) flushLocked() {
 	if !r.dirty {
 		return
 	}
 	r.dirty = false
+	r.deferredSince = time.Time{}
 	r.version++
+	if r.orderStale {
+		r.order = r.order[:0]
+		for _, e := range r.entries {
+			r.order = append(r.order, e)
+		}
+		slices.SortFunc(r.order, func(a, b *entry) int { return strings.Compare(a.inst.Meta.Name, b.inst.Meta.Name) })
+		clear(r.order[len(r.order):cap(r.order)]) // removed entries are not kept alive
+		r.orderStale = false
+	}
 	s := &Snapshot{
-		Instances: make([]Instance, 0, len(r.entries)),
+		Instances: make([]Instance, len(r.order)),
 		Version:   r.version,
 		Synced:    r.listed,
 		next:      make(chan struct{}),
 	}
-	for _, e := range r.entries {
-		s.Instances = append(s.Instances, e.inst)
+	for i, e := range r.order {
+		s.Instances[i] = e.inst
 	}
-	slices.SortFunc(s.Instances, func(a, b Instance) int { return strings.Compare(a.Meta.Name, b.Meta.Name) })
 	old := r.snap.Swap(s)
 	close(old.next)
+}
+
+// removeEntry forgets the instance called name.
+func (r *Registry) removeEntry(name string) {
+	delete(r.entries, name)
+	r.orderStale = true
 }
 
 func (r *Registry) kickTimer() {

@@ -723,6 +723,13 @@ func TestNewValidates(t *testing.T) {
 	if _, err := New(Options{Client: cli, SelfAddr: "MASTER"}); err == nil {
 		t.Error("SelfAddr MASTER accepted")
 	}
+	// A watch must be given time to answer the progress request it sends.
+	if _, err := New(Options{Client: cli, WatchProgressInterval: time.Second, WatchStallTimeout: time.Second}); err == nil {
+		t.Error("a stall timeout no longer than the progress interval accepted")
+	}
+	if _, err := New(Options{Client: cli, WatchStallTimeout: 500 * time.Millisecond}); err == nil {
+		t.Error("a stall timeout under the default progress interval accepted")
+	}
 }
 
 func waitMaster(t *testing.T, reg *Registry, want bool) {

@@ -35,7 +35,7 @@ func (r *Registry) applyPut(t Type, name string, kv *mvccpb.KeyValue, now time.T
 	default:
 		r.log.Warn("instance replaced", "instance", name,
 			"old_incarnation", e.inst.Incarnation(), "new_incarnation", meta.incarnation())
-		delete(r.entries, name)
+		r.removeEntry(name)
 		r.register(t, meta, kv, now)
 	}
 }
@@ -56,6 +56,7 @@ func (r *Registry) register(t Type, meta Meta, kv *mvccpb.KeyValue, now time.Tim
 	}
 	e.inst.Role = r.roleFor(t, e)
 	r.entries[meta.Name] = e
+	r.orderStale = true
 	// A load synced after this incarnation registered is its own; an
 	// older one belongs to a previous process on the same address. A
 	// master adopts it too: it is the previous master's latest view.
@@ -223,13 +224,24 @@ func (r *Registry) clearLoad(e *entry) {
 	r.dirty = true
 }
 
-// timerLoop moves instances along the state machine's timeouts.
+// timerLoop moves instances along the state machine's timeouts and
+// publishes the changes heartbeats deferred.
 func (r *Registry) timerLoop(ctx context.Context) {
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
 		r.mu.Lock()
-		next := r.expireLocked(time.Now())
+		now := time.Now()
+		next := r.expireLocked(now)
+		if !r.deferredSince.IsZero() {
+			if due := r.deferredSince.Add(r.publishDelay); now.Before(due) {
+				if next.IsZero() || due.Before(next) {
+					next = due
+				}
+			} else {
+				r.dirty = true
+			}
+		}
 		r.flushLocked()
 		r.mu.Unlock()
 		d := time.Hour
@@ -275,7 +287,7 @@ func (r *Registry) expireLocked(now time.Time) time.Time {
 				soonest(due)
 				continue
 			}
-			delete(r.entries, name)
+			r.removeEntry(name)
 			r.log.Warn("suspect instance removed", "instance", name, "incarnation", e.inst.Incarnation())
 			r.dirty = true
 		}

@@ -184,6 +184,20 @@ func (i *Instance) Schedulable() bool { return i.State != Suspect }
 // load-aware routing requires (R-CAR-2).
 func (i *Instance) LoadUsable() bool { return i.HasLoad && i.LoadValid }
 
+// routingView is what decides whether routing may use an instance,
+// beyond its load and latency values.
+type routingView struct {
+	state      State
+	hasLoad    bool
+	loadValid  bool
+	source     LoadSource
+	hasLatency bool
+}
+
+func (i *Instance) routing() routingView {
+	return routingView{i.State, i.HasLoad, i.LoadValid, i.LoadSource, i.HasLatency}
+}
+
 // Snapshot is an immutable view of the registry. It must not be
 // modified.
 type Snapshot struct {
@@ -206,6 +220,26 @@ func (s *Snapshot) Lookup(name string) (Instance, bool) {
 		return Instance{}, false
 	}
 	return s.Instances[i], true
+}
+
+// WatchState says how current a registry's view of etcd is. While it
+// is not Live, the registry keeps serving its last snapshot.
+type WatchState struct {
+	// Live is true while the view follows etcd: the range was listed and
+	// the watch since has neither failed nor been found stalled. A stall
+	// is found only WatchStallTimeout after etcd's last answer;
+	// LastContact shows the silence before that.
+	Live bool
+	// LastContact is when etcd last answered the listing or the watch
+	// (events or a progress notification); zero before the first
+	// listing.
+	LastContact time.Time
+	// Listings counts the listings of the watched range: the first, and
+	// one after every compaction, watch failure or stall.
+	Listings uint64
+	// Stalls counts watches abandoned because etcd did not answer them
+	// within WatchStallTimeout.
+	Stalls uint64
 }
 
 // Errors of Heartbeat; the HTTP layer answers both with 409 Conflict.

@@ -9,6 +9,7 @@ import (
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
 )
 
 // Bounds of the retry delay after a failed listing or watch.
@@ -21,9 +22,13 @@ const (
 // is logged and retried rather than waited for silently.
 const listTimeout = 30 * time.Second
 
+// errWatchStalled ends a watch that etcd stopped answering.
+var errWatchStalled = errors.New("instance: watch stalled")
+
 // watchLoop keeps the registry in step with etcd: list, then watch from
 // the listed revision; whenever the watch cannot go on (compaction,
-// cancellation by the server, a closed channel) list again.
+// cancellation by the server, a closed channel, a stall) list again.
+// The snapshot stays as it was until a listing succeeds.
 func (r *Registry) watchLoop(ctx context.Context) {
 	delay := retryMin
 	for ctx.Err() == nil {
@@ -31,6 +36,7 @@ func (r *Registry) watchLoop(ctx context.Context) {
 		if err == nil {
 			began := time.Now()
 			err = r.watch(ctx, rev)
+			r.live.Store(false)
 			if time.Since(began) > retryMax {
 				delay = retryMin // it watched for a while: no backoff
 			}
@@ -38,8 +44,15 @@ func (r *Registry) watchLoop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if errors.Is(err, rpctypes.ErrCompacted) {
+		switch {
+		case errors.Is(err, rpctypes.ErrCompacted):
 			r.log.Info("instance watch compacted, listing again", "err", err)
+			continue
+		case errors.Is(err, errWatchStalled):
+			// The listing has its own timeout; waiting first would only
+			// add to the time the view is stale.
+			r.stalls.Add(1)
+			r.log.Warn("instance watch stalled, listing again; serving the last snapshot meanwhile", "err", err)
 			continue
 		}
 		r.log.Warn("instance watch interrupted, listing again", "err", err, "retry_in", delay)
@@ -94,32 +107,112 @@ func (r *Registry) list(ctx context.Context) (int64, error) {
 		r.log.Info("instance registry synced", "instances", len(r.entries), "revision", resp.Header.Revision)
 	}
 	r.flushLocked()
+	r.listings.Add(1)
+	r.contact(time.Now())
+	r.live.Store(true)
 	return resp.Header.Revision, nil
 }
 
-// watch applies changes after rev until the watch ends, and says why.
-func (r *Registry) watch(ctx context.Context, rev int64) error {
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+// watch applies changes after the listed revision until the watch
+// ends, and says why.
+//
+// etcd answers nothing on an idle watch, and the client resumes a watch
+// by itself across broken connections, so neither a silent channel nor
+// a missing error means the watch is alive. A watch silent for
+// progressEvery asks etcd for a progress notification, which etcd
+// answers at once on a healthy stream; one that brings nothing for
+// stallAfter, answers included, is abandoned as stalled.
+func (r *Registry) watch(ctx context.Context, listed int64) error {
+	// The client multiplexes watches with equal metadata onto one
+	// stream; the registry's watch has a stream of its own, so that its
+	// progress requests reach it alone (not the election's watch) and
+	// abandoning it closes the stream: the stream ends with its last
+	// watch, and the next watch opens a new one. The key is the same
+	// for every watch, so that a stream RequestProgress may open after
+	// the old one ended is the one the next watch takes, not one left
+	// open until the client closes.
+	wctx, cancel := context.WithCancel(metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx),
+		watchStreamKey, "registry"))
 	defer cancel()
+	// The watch starts at the listed revision itself, whose changes the
+	// listing already holds and which are skipped below: etcd drops a
+	// progress request while a watch's start revision is ahead of its
+	// own, so a watch from the next revision would go unanswered on an
+	// idle cluster. Watch returns only once etcd has created the watch,
+	// so a stall before that is bounded here: the timer ends the watch's
+	// context, which makes Watch return.
+	creating := time.AfterFunc(r.stallAfter, cancel)
 	wch := r.cli.Watch(wctx, r.keys.rangeBeg,
-		clientv3.WithRange(r.keys.rangeEnd), clientv3.WithRev(rev+1), clientv3.WithPrevKV())
-	for resp := range wch {
-		if err := resp.Err(); err != nil {
-			return fmt.Errorf("instance: watch from revision %d: %w", rev+1, err)
+		clientv3.WithRange(r.keys.rangeEnd), clientv3.WithRev(listed), clientv3.WithPrevKV())
+	if !creating.Stop() {
+		if err := ctx.Err(); err != nil {
+			return err
 		}
-		if resp.Canceled {
-			return fmt.Errorf("instance: watch from revision %d canceled by the server", rev+1)
-		}
-		r.applyEvents(resp.Events)
-		if len(resp.Events) > 0 {
-			rev = resp.Events[len(resp.Events)-1].Kv.ModRevision
+		return fmt.Errorf("instance: watch after revision %d not created within %v: %w", listed, r.stallAfter, errWatchStalled)
+	}
+	heard := time.Now() // etcd created the watch
+	r.contact(heard)
+	progress := time.NewTimer(r.progressEvery)
+	defer progress.Stop()
+	stall := time.NewTimer(r.stallAfter)
+	defer stall.Stop()
+	seen := listed // the revision the registry reflects
+	for {
+		select {
+		case resp, ok := <-wch:
+			if !ok {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				return fmt.Errorf("instance: watch after revision %d closed", seen)
+			}
+			if err := resp.Err(); err != nil {
+				return fmt.Errorf("instance: watch after revision %d: %w", seen, err)
+			}
+			if resp.Canceled {
+				return fmt.Errorf("instance: watch after revision %d canceled by the server", seen)
+			}
+			heard = time.Now()
+			r.contact(heard)
+			progress.Reset(r.progressEvery)
+			stall.Reset(r.stallAfter)
+			events := resp.Events
+			for len(events) > 0 && events[0].Kv.ModRevision <= listed {
+				events = events[1:]
+			}
+			if len(events) == 0 {
+				continue // a progress notification, or the listed revision again
+			}
+			r.applyEvents(events)
+			seen = events[len(events)-1].Kv.ModRevision
+		case <-progress.C:
+			r.requestProgress(wctx)
+			progress.Reset(r.progressEvery)
+		case <-stall.C:
+			return fmt.Errorf("instance: watch after revision %d: no answer for %v, not even to progress requests: %w",
+				seen, time.Since(heard).Round(time.Millisecond), errWatchStalled)
 		}
 	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return fmt.Errorf("instance: watch from revision %d closed", rev+1)
 }
+
+// watchStreamKey is the metadata that gives the registry's watch a
+// stream of its own; etcd ignores it.
+const watchStreamKey = "kvcar-watch"
+
+// requestProgress asks etcd for a progress notification on wctx's
+// stream. The client hands the request over only while the stream is
+// connected, so the wait is bounded: an unanswered request is what the
+// stall timer is for.
+func (r *Registry) requestProgress(wctx context.Context) {
+	ctx, cancel := context.WithTimeout(wctx, r.progressEvery)
+	defer cancel()
+	if err := r.cli.RequestProgress(ctx); err != nil && wctx.Err() == nil {
+		r.log.Debug("instance watch progress request not sent", "err", err)
+	}
+}
+
+// contact records that etcd answered at t.
+func (r *Registry) contact(t time.Time) { r.lastContact.Store(t.UnixNano()) }
 
 func (r *Registry) applyEvents(events []*clientv3.Event) {
 	now := time.Now()
