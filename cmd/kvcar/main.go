@@ -200,8 +200,12 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 				dir.RunDiscovery(runCtx, reg, cfg.Discovery, cfg.MaxStreams)
 			}()
 		}
+		// The bound is what an engine sending the worst the limits let
+		// through could make kvcar hold; operators size the host by it.
+		bound := kvdir.LimitsFromConfig(cfg).MemoryBound()
 		log.Info("KV index enabled", "config", f.kvEventsConfig, "static_streams", len(cfg.Streams),
-			"discovery", cfg.Discovery.Enabled)
+			"discovery", cfg.Discovery.Enabled, "memory_bound_mib_per_stream", bound.Process(1)>>20,
+			"memory_bound_mib_at_max_streams", bound.Process(cfg.MaxStreams)>>20)
 	}
 
 	lbOpts := lb.Options{CARPrefillLambda: f.carLambda, CARHostHitWeight: f.carHostW,

@@ -60,6 +60,10 @@ type Config struct {
 	// SendHWM is the send high-water mark of both sockets of every rank
 	// (DefaultSendHWM); past it the engine drops, as libzmq does.
 	SendHWM int
+	// ReplaySendHWM overrides SendHWM for the replay ROUTER when
+	// positive, so a test can make the live channel drop under a flood
+	// without the snapshot replies dropping too.
+	ReplaySendHWM int
 	// HashSeed seeds the engine's own 64-bit block hash. It is unrelated
 	// to kvcar's hash_seed: the two hashes are deliberately different.
 	HashSeed uint64
@@ -175,6 +179,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.SendHWM == 0 {
 		c.SendHWM = DefaultSendHWM
 	}
+	if c.ReplaySendHWM == 0 {
+		c.ReplaySendHWM = c.SendHWM
+	}
 	if c.ReplaySlowDelay == 0 {
 		c.ReplaySlowDelay = DefaultReplaySlowDelay
 	}
@@ -198,6 +205,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("enginesim: SnapshotBatchBlocks %d is negative", c.SnapshotBatchBlocks)
 	case c.SendHWM < 0:
 		return c, fmt.Errorf("enginesim: SendHWM %d is negative", c.SendHWM)
+	case c.ReplaySendHWM < 0:
+		return c, fmt.Errorf("enginesim: ReplaySendHWM %d is negative", c.ReplaySendHWM)
 	}
 	var err error
 	if c.EventEndpoints, err = endpointsFor("EventEndpoints", c.EventEndpoints, c.DPSize); err != nil {

@@ -162,7 +162,7 @@ func (r *rank) bindOnce() error {
 	if err != nil {
 		return err
 	}
-	rs, err := r.tctx.BindReplayServer(r.replayEP, kvtransport.ReplayServerOptions{SendHWM: r.cfg.SendHWM})
+	rs, err := r.tctx.BindReplayServer(r.replayEP, kvtransport.ReplayServerOptions{SendHWM: r.cfg.ReplaySendHWM})
 	if err != nil {
 		pub.Close()
 		return err

@@ -1,6 +1,7 @@
 package kvdir
 
 import (
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -218,4 +219,81 @@ func TestSnapshotMissingBatchRepairedByCalibration(t *testing.T) {
 		return true, ""
 	})
 	assertMatchesEngine(t, d, e, 0)
+}
+
+// TestSlowSubscriberFlood_RREC3: a stream that falls behind a flood loses
+// nothing silently. While its goroutine is held up (a reader holds the
+// stream's lock, as a stalled process would), libzmq queues only the
+// receive HWM derived from the byte limits, TCP pushes back, and the
+// engine's publisher drops past its own send HWM. Once free, the stream
+// sees the gap, leaves the synchronised state, resynchronises, and its
+// view equals the engine's state block for block. A stall longer than
+// the ZMTP heartbeat timeout (3 s, possible on a loaded machine) loses
+// the link instead, which is detected and repaired the same way.
+func TestSlowSubscriberFlood_RREC3(t *testing.T) {
+	const chainBlocks = 16384
+	e := startEngine(t, enginesim.Config{DeviceBlocks: chainBlocks, SendHWM: 4, ReplaySendHWM: enginesim.DefaultSendHWM})
+	lim := testLimits()
+	lim.MaxBlocksPerStream = 4 * chainBlocks
+	lim.MaxMessageBytes, lim.MaxBufferedBytes = 2<<20, 8<<20
+	lim.ReplayTimeout = 5 * time.Second
+	if hwm := lim.receiveHWM(); hwm != 4 {
+		t.Fatalf("receive HWM %d for %d/%d bytes, want 4", hwm, lim.MaxBufferedBytes, lim.MaxMessageBytes)
+	}
+	d := newDirectory(t, lim, specOf(e, 0))
+	k := StreamKey{e.Name(), 0}
+	if _, _, err := e.Prefill(0, seqTokens(1, 8*testBlock)); err != nil {
+		t.Fatal(err)
+	}
+	waitCaughtUp(t, d, e, 0)
+	s := d.streamOf(k)
+	gapsBefore, okBefore := s.counters.gaps.Load(), s.counters.snapshotsOK.Load()
+	lostBefore := s.counters.disconnects.Load()
+
+	// Each chain replaces the whole Device cache: about 1.3 MB of stores
+	// and removals per message, 130 MB in all, more than the kernel's
+	// socket buffers hold.
+	rng := rand.New(rand.NewPCG(1, 2))
+	s.mu.RLock()
+	held := true
+	release := func() {
+		if held {
+			held = false
+			s.mu.RUnlock()
+		}
+	}
+	defer release()
+	began := time.Now()
+	const messages = 100
+	for i := range messages {
+		tokens := make([]uint32, chainBlocks*testBlock)
+		for j := range tokens {
+			tokens[j] = 1<<16 + rng.Uint32N(1<<20)
+		}
+		if _, err := e.StoreChain(0, tokens, kvevent.Device); err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+	}
+	flood := time.Since(began)
+	release()
+
+	// The flood's tail may be what was dropped, and the publisher drops
+	// until it takes in that its subscriber's queue has room again; the
+	// engine's next messages show the gap (a dropped tail with nothing
+	// after it is what calibration is for, TestResyncFindsDroppedTail).
+	next := 0
+	eventually(t, "gap or lost link seen after the flood", 20*time.Second, func() (bool, string) {
+		next++
+		if _, _, err := e.Prefill(0, seqTokens(next*testBlock, testBlock)); err != nil {
+			t.Fatal(err)
+		}
+		return s.counters.gaps.Load() > gapsBefore || s.counters.disconnects.Load() > lostBefore, describe(matchOf(t, d, k, nil))
+	})
+	eventually(t, "resynchronised after the flood", 20*time.Second, func() (bool, string) {
+		m := matchOf(t, d, k, nil)
+		return s.counters.snapshotsOK.Load() > okBefore && m.Synchronized && m.Sequence+1 == e.Seq(0), describe(m)
+	})
+	assertMatchesEngine(t, d, e, 0)
+	t.Logf("%d messages published in %v, %d gaps and %d lost links seen, %d snapshots", messages, flood,
+		s.counters.gaps.Load()-gapsBefore, s.counters.disconnects.Load()-lostBefore, s.counters.snapshotsOK.Load()-okBefore)
 }

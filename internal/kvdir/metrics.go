@@ -114,6 +114,8 @@ var (
 		"Messages that failed to decode; each invalidates the stream.", streamLabels, nil)
 	descGaps = prometheus.NewDesc("kvcar_stream_gaps_total",
 		"Sequence gaps and regressions detected on the live channel.", streamLabels, nil)
+	descDisconnects = prometheus.NewDesc("kvcar_stream_disconnects_total",
+		"Losses of the live channel's connection; each invalidates the stream.", streamLabels, nil)
 	descSnapshots = prometheus.NewDesc("kvcar_stream_snapshots_total",
 		"Snapshot attempts by result.", append(streamLabels, "result"), nil)
 	descBuffered = prometheus.NewDesc("kvcar_stream_buffered_bytes",
@@ -126,7 +128,7 @@ var (
 
 func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSynced, descSequence, descResident, descEvents,
-		descDecodeErrors, descGaps, descSnapshots, descBuffered, descStreams, descExclusions} {
+		descDecodeErrors, descGaps, descDisconnects, descSnapshots, descBuffered, descStreams, descExclusions} {
 		ch <- d
 	}
 }
@@ -164,6 +166,7 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descEvents, k[kvevent.AllBlocksCleared].Load(), "AllBlocksCleared")
 		counter(descDecodeErrors, s.counters.decodeErrors.Load())
 		counter(descGaps, s.counters.gaps.Load())
+		counter(descDisconnects, s.counters.disconnects.Load())
 		counter(descSnapshots, s.counters.snapshotsStarted.Load(), "started")
 		counter(descSnapshots, s.counters.snapshotsOK.Load(), "succeeded")
 		counter(descSnapshots, s.counters.snapshotsFailed.Load(), "failed")

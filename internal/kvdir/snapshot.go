@@ -1,6 +1,7 @@
 package kvdir
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -22,6 +23,10 @@ type snapshot struct {
 	// which keeps serving its current view until the new one is ready.
 	calibrate bool
 
+	// requested is false until the request has gone out: it is sent
+	// once the connection is up, within the snapshot's deadline.
+	requested bool
+
 	haveWatermark bool
 	watermark     uint64
 	batches       int
@@ -38,11 +43,11 @@ type bufferedBatch struct {
 func (y *syncer) startSnapshot(calibrate bool) {
 	rep, err := y.tctx.DialReplay(y.s.spec.ReplayEndpoint, kvtransport.ReplayOptions{
 		MaxMessageBytes: int64(y.lim.MaxMessageBytes),
+		ReceiveHWM:      y.lim.receiveHWM(),
 	})
+	requested := false
 	if err == nil {
-		// The engine answers with its current full state whatever the
-		// start sequence (R-WIRE-3); 0 asks for everything.
-		err = rep.Send(kvevent.ReplayRequest(0))
+		requested, err = sendReplayRequest(rep)
 		if err != nil {
 			rep.Close()
 		}
@@ -64,11 +69,37 @@ func (y *syncer) startSnapshot(calibrate bool) {
 		deadline:  now.Add(y.lim.ReplayTimeout),
 		calibrate: calibrate,
 		idx:       y.newIndex(),
+		requested: requested,
 	}
 	y.retryAt = time.Time{}
 	if !calibrate {
 		y.setReason("snapshot in progress")
 	}
+}
+
+// sendReplayRequest asks for the engine's full state; sent is false while
+// the connection is not up yet. The engine answers with its current full
+// state whatever the start sequence (R-WIRE-3); 0 asks for everything.
+func sendReplayRequest(rep *kvtransport.Replayer) (sent bool, err error) {
+	err = rep.Send(kvevent.ReplayRequest(0))
+	if errors.Is(err, kvtransport.ErrNotConnected) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// retryRequest sends the request of a snapshot whose connection was not
+// up when it started.
+func (y *syncer) retryRequest() {
+	if y.snap == nil || y.snap.requested {
+		return
+	}
+	sent, err := sendReplayRequest(y.snap.rep)
+	if err != nil {
+		y.snapshotFailed(fmt.Sprintf("snapshot request: %v", err))
+		return
+	}
+	y.snap.requested = sent
 }
 
 func (y *syncer) newIndex() *kvindex.Index {
@@ -100,6 +131,7 @@ func (y *syncer) drainReplay() {
 			return
 		}
 		y.onReplay(frames)
+		y.trimBatch()
 	}
 }
 

@@ -46,6 +46,28 @@ type Limits struct {
 	ResyncInterval     time.Duration
 }
 
+// receiveHWM is the receive high-water mark of a stream's sockets, in
+// messages. libzmq counts messages, not bytes, and each may be
+// max_message_bytes long, so it is derived from the byte budgets: what
+// libzmq queues outside the Go heap fits in max_buffered_bytes, as the
+// deltas buffered during a snapshot must. A full queue does not lose
+// anything at this end: libzmq stops reading the connection, TCP pushes
+// back, and the engine's publisher drops past its own send HWM, which
+// the stream sees as a gap and repairs (R-REC-3). The floor of 2 keeps
+// one message queued while another is read; the ceiling is libzmq's
+// usual default, past which a small-message budget buys nothing.
+func (l Limits) receiveHWM() int {
+	if l.MaxMessageBytes <= 0 {
+		return minReceiveHWM
+	}
+	return min(max(l.MaxBufferedBytes/l.MaxMessageBytes, minReceiveHWM), maxReceiveHWM)
+}
+
+const (
+	minReceiveHWM = 2
+	maxReceiveHWM = 10000
+)
+
 // LimitsFromConfig takes the top-level bounds of a parsed config.
 func LimitsFromConfig(c *config.Config) Limits {
 	return Limits{

@@ -40,6 +40,7 @@ type streamCounters struct {
 	eventsByKind     [4]atomic.Uint64
 	decodeErrors     atomic.Uint64
 	gaps             atomic.Uint64
+	disconnects      atomic.Uint64
 	snapshotsStarted atomic.Uint64
 	snapshotsOK      atomic.Uint64
 	snapshotsFailed  atomic.Uint64

@@ -16,8 +16,11 @@ const (
 	// pollInterval bounds how long the stream goroutine waits on its
 	// sockets before it looks at its timers and its stop channel.
 	pollInterval = 50 * time.Millisecond
-	backoffMin   = 100 * time.Millisecond
-	backoffMax   = 5 * time.Second
+	// requestRetryInterval paces a snapshot request waiting for its
+	// connection.
+	requestRetryInterval = time.Millisecond
+	backoffMin           = 100 * time.Millisecond
+	backoffMax           = 5 * time.Second
 )
 
 // syncer is the stream goroutine's private state: sockets, decoder,
@@ -111,6 +114,7 @@ func (y *syncer) subscribe() error {
 	}
 	sub, err := y.tctx.Subscribe(y.s.spec.Endpoint, y.s.spec.Topic, kvtransport.SubscriberOptions{
 		MaxMessageBytes: int64(y.lim.MaxMessageBytes),
+		ReceiveHWM:      y.lim.receiveHWM(),
 	})
 	if err != nil {
 		return fmt.Errorf("subscribe: %w", err)
@@ -144,6 +148,11 @@ func (y *syncer) replayer() *kvtransport.Replayer {
 // waitFor returns how long the next poll may block.
 func (y *syncer) waitFor(now time.Time) time.Duration {
 	d := pollInterval
+	if y.snap != nil && !y.snap.requested {
+		// A loopback connection is up within a millisecond or so; the
+		// request goes out as soon as it is.
+		d = requestRetryInterval
+	}
 	for _, t := range []time.Time{y.retryAt, y.nextResync, y.snapDeadline()} {
 		if !t.IsZero() {
 			if until := t.Sub(now); until < d {
@@ -161,12 +170,15 @@ func (y *syncer) snapDeadline() time.Time {
 	return y.snap.deadline
 }
 
-// onTimers starts snapshots that are due and expires one that is late.
+// onTimers starts snapshots that are due, sends a request still waiting
+// for its connection, and expires a snapshot that is late.
 func (y *syncer) onTimers(now time.Time) {
 	if y.snap != nil {
 		if now.After(y.snap.deadline) {
 			y.snapshotFailed(fmt.Sprintf("snapshot timed out after %v without end marker", y.lim.ReplayTimeout))
+			return
 		}
+		y.retryRequest()
 		return
 	}
 	synced, _, _ := y.s.status()
@@ -200,6 +212,7 @@ func (y *syncer) drainLink() {
 			// R-REC-3: subscription loss. Whatever was published while
 			// down is gone, so the view and any snapshot in progress are
 			// void; a new snapshot starts once the link is back.
+			y.s.counters.disconnects.Add(1)
 			y.abortSnapshot()
 			y.invalidate("publisher disconnected")
 			y.retryAt = time.Now()
@@ -223,6 +236,20 @@ func (y *syncer) drainLive() {
 			return
 		}
 		y.onLive(frames)
+		y.trimBatch()
+	}
+}
+
+// batchRetainBytes is how much decode storage a stream keeps between
+// messages. Steady traffic fits and decodes without allocating; storage
+// grown by a rare large message (up to kvevent.MaxStorageBytes of
+// max_message_bytes) is dropped after it, so it is not held per stream
+// for good.
+const batchRetainBytes = 1 << 20
+
+func (y *syncer) trimBatch() {
+	if y.batch.StorageBytes() > batchRetainBytes {
+		y.batch = kvevent.Batch{}
 	}
 }
 

@@ -120,6 +120,21 @@ func (b *Batch) Clone() *Batch {
 // eventSize is the in-memory size of one decoded event record.
 const eventSize = int(unsafe.Sizeof(Event{}))
 
+// StorageBytes is the memory the batch's reusable storage holds, by
+// capacity: what keeping the batch for the next decode costs. A holder
+// that decoded an unusually large payload can drop the batch rather than
+// keep that much per stream.
+func (b *Batch) StorageBytes() int {
+	return cap(b.Events)*eventSize + cap(b.hashes)*8 + cap(b.tokens)*4
+}
+
+// MaxStorageBytes bounds StorageBytes of a fresh batch decoded from an
+// n-byte payload, so a size limit on payloads is a size limit on decoded
+// memory too. Each wire byte becomes at most 8 bytes of records (a
+// 14-byte event is an 88-byte record, a 1-byte hash 8 bytes, a 1-byte
+// token 4) and appending may double the hash and token storage.
+func MaxStorageBytes(n int) int { return 16*n + 256 }
+
 // DecodedBytes estimates the memory the decoded records occupy (event
 // records, hashes and tokens), for budgets such as max_buffered_bytes that
 // count decoded state on top of wire bytes.

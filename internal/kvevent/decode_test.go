@@ -345,3 +345,68 @@ func TestDecodedBytes(t *testing.T) {
 		t.Fatalf("empty batch reports %d bytes", empty.DecodedBytes())
 	}
 }
+
+// TestMaxStorageBytesWorstShapes builds the payloads that decode into the
+// most memory per wire byte (R-CFG-2 max_message_bytes bounds decoded
+// memory too): the shortest events, 1-byte hashes, 1-byte tokens.
+func TestMaxStorageBytesWorstShapes(t *testing.T) {
+	const n = 1 << 16
+	batch := func(events int, event func(p []byte, i int) []byte) []byte {
+		p := msgp.AppendArrayHeader(nil, 3)
+		p = msgp.AppendInt(p, 0)
+		p = msgp.AppendArrayHeader(p, uint32(events))
+		for i := range events {
+			p = event(p, i)
+		}
+		return msgp.AppendNil(p)
+	}
+	shapes := map[string][]byte{
+		"shortest events": batch(n, func(p []byte, _ int) []byte {
+			p = msgp.AppendArrayHeader(p, 2)
+			p = msgp.AppendString(p, "BlockStored")
+			return msgp.AppendArrayHeader(p, 0)
+		}),
+		"1-byte hashes": batch(1, func(p []byte, _ int) []byte {
+			p = msgp.AppendArrayHeader(p, 2)
+			p = msgp.AppendString(p, "BlockRemoved")
+			p = msgp.AppendArrayHeader(p, n)
+			for i := range n {
+				p = msgp.AppendUint(p, uint(i%128))
+			}
+			return p
+		}),
+		"1-byte hashes over many events": batch(n/16, func(p []byte, _ int) []byte {
+			p = msgp.AppendArrayHeader(p, 2)
+			p = msgp.AppendString(p, "BlockRemoved")
+			p = msgp.AppendArrayHeader(p, 16)
+			for i := range 16 {
+				p = msgp.AppendUint(p, uint(i))
+			}
+			return p
+		}),
+		"1-byte tokens": batch(1, func(p []byte, _ int) []byte {
+			p = msgp.AppendArrayHeader(p, 5)
+			p = msgp.AppendString(p, "BlockStored")
+			p = msgp.AppendArrayHeader(p, 1)
+			p = msgp.AppendUint(p, 7)
+			p = msgp.AppendNil(p)
+			p = msgp.AppendArrayHeader(p, n)
+			for range n {
+				p = msgp.AppendUint(p, 1)
+			}
+			return msgp.AppendInt(p, n)
+		}),
+	}
+	d := NewDecoder(64 << 20)
+	for name, payload := range shapes {
+		var b Batch
+		if err := d.DecodeBatch(payload, &b); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		got, limit := b.StorageBytes(), MaxStorageBytes(len(payload))
+		if got > limit {
+			t.Errorf("%s: %d bytes of storage from %d wire bytes, over the bound %d", name, got, len(payload), limit)
+		}
+		t.Logf("%s: %d wire bytes -> %d bytes of storage (%.1f per wire byte)", name, len(payload), got, float64(got)/float64(len(payload)))
+	}
+}

@@ -53,6 +53,9 @@ func FuzzDecodeBatch(f *testing.F) {
 			}
 			return
 		}
+		if got, limit := b.StorageBytes(), MaxStorageBytes(len(payload)); got > limit {
+			t.Fatalf("decoded storage %d bytes for a %d-byte payload, over the bound %d", got, len(payload), limit)
+		}
 		if !storageWithinPayload(&b, len(payload)) {
 			t.Fatalf("storage beyond the payload's means: events %d hashes %d tokens %d for %d bytes",
 				cap(b.Events), cap(b.hashes), cap(b.tokens), len(payload))

@@ -3,6 +3,7 @@ package kvindex
 import (
 	"errors"
 	"fmt"
+	"unsafe"
 
 	"github.com/kvcar/kvcar/internal/kvevent"
 )
@@ -483,4 +484,29 @@ func (ix *Index) unlinkGhost(s uint32) {
 	}
 	e.prev = noSlot
 	e.setNext(noSlot)
+}
+
+// entryBytes is the size of one entry record.
+const entryBytes = int64(unsafe.Sizeof(entry{}))
+
+// StorageBytes is the memory the index's storage holds, by capacity.
+func (ix *Index) StorageBytes() int64 {
+	return int64(cap(ix.entries))*entryBytes + int64(len(ix.byEngine.cells)+len(ix.byKey.cells))*4
+}
+
+// MaxStorageBytes bounds what an index of this configuration holds at
+// any moment, whatever it is fed: MaxBlocks entries, both tables at the
+// size MaxBlocks entries need, and, while the entry storage grows, the
+// old half beside the new whole.
+func (c Config) MaxStorageBytes() int64 {
+	n := c.MaxBlocks
+	if n <= 0 {
+		n = DefaultMaxBlocks
+	}
+	n = min(n, maxSlots)
+	size := minTableSize
+	for 4*n > 3*size {
+		size *= 2
+	}
+	return int64(n)*entryBytes*3/2 + 2*4*int64(size)
 }

@@ -447,3 +447,38 @@ func TestLookupByEngineHash(t *testing.T) {
 		}
 	}
 }
+
+// TestStorageBound_RCFG2: max_blocks_per_stream bounds the index's memory.
+// Filling an index to its limit and past it (ghost eviction, tokenless
+// replicas of unknown hashes) never holds more than MaxStorageBytes, for
+// limits just past a table-size step, where the tables are largest per
+// block.
+func TestStorageBound_RCFG2(t *testing.T) {
+	for _, maxBlocks := range []int{1, 13, 3<<10 + 1, 12289} {
+		cfg := Config{BlockSize: testBlockSize, HashSeed: testSeed, MaxBlocks: maxBlocks}
+		ix := New(cfg)
+		limit := cfg.MaxStorageBytes()
+		var parent int64 = -1
+		for i := range 2 * maxBlocks {
+			h := kvevent.EngineHash(i + 1)
+			var ev *kvevent.Event
+			if i%3 == 2 {
+				ev = tokenlessEv(kvevent.Host, h)
+			} else {
+				ev = storedEv(kvevent.Device, parent, seq(i*testBlockSize, testBlockSize), h)
+				parent = int64(h)
+			}
+			if err := ix.Apply(ev, Delta); err != nil && !errors.Is(err, ErrCapacity) && !errors.Is(err, ErrUnknownParent) {
+				t.Fatalf("max %d, event %d: %v", maxBlocks, i, err)
+			}
+			if i%64 == 0 && i < maxBlocks {
+				mustApply(t, ix, removedEv(kvevent.Device, h), Delta) // make a ghost
+			}
+			if got := ix.StorageBytes(); got > limit {
+				t.Fatalf("max %d, after %d events: %d bytes, over the bound %d", maxBlocks, i+1, got, limit)
+			}
+		}
+		t.Logf("max_blocks %d: %d bytes at the limit (%.1f per block), bound %d", maxBlocks, ix.StorageBytes(),
+			float64(ix.StorageBytes())/float64(maxBlocks), limit)
+	}
+}

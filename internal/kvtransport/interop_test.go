@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -71,6 +72,15 @@ func startPy(t *testing.T, xpubEP, routerEP string) *pyPublisher {
 
 func (p *pyPublisher) expect(prefix string) string {
 	p.t.Helper()
+	return p.expectPolling(prefix, nil)
+}
+
+// expectPolling waits for a line starting with prefix, polling s in the
+// meantime: a subscriber's subscription goes out only once libzmq has
+// attached the completed connection, which it does inside a call on the
+// socket.
+func (p *pyPublisher) expectPolling(prefix string, s *Subscriber) string {
+	p.t.Helper()
 	deadline := time.After(10 * time.Second)
 	for {
 		select {
@@ -83,6 +93,12 @@ func (p *pyPublisher) expect(prefix string) string {
 			}
 		case <-deadline:
 			p.t.Fatalf("timed out waiting for %q from publisher", prefix)
+		case <-time.After(5 * time.Millisecond):
+			if s != nil {
+				if _, err := s.Wait(nil, 5*time.Millisecond); err != nil {
+					p.t.Fatal(err)
+				}
+			}
 		}
 	}
 }
@@ -172,7 +188,7 @@ func TestInteropLiveAndRestart(t *testing.T) {
 	}
 	defer sub.Close()
 	waitLink(t, sub, LinkConnected, 5*time.Second)
-	first.expect("subscribed " + hex.EncodeToString([]byte("xllm-kv")))
+	first.expectPolling("subscribed "+hex.EncodeToString([]byte("xllm-kv")), sub)
 
 	payload := []byte{0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x90, 0x00}
 	first.send("pub " + hex.EncodeToString([]byte("xllm-kv")) + " 7 " + hex.EncodeToString(payload))
@@ -190,7 +206,7 @@ func TestInteropLiveAndRestart(t *testing.T) {
 
 	second := startPy(t, first.xpub, first.router)
 	took := waitLink(t, sub, LinkConnected, 10*time.Second)
-	second.expect("subscribed ")
+	second.expectPolling("subscribed ", sub)
 	t.Logf("rejoined restarted publisher in %v", took)
 	second.send("pub " + hex.EncodeToString([]byte("xllm-kv")) + " 0 " + hex.EncodeToString(payload))
 	frames = waitLive(t, sub, 5*time.Second)
@@ -222,8 +238,15 @@ func TestInteropReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rep.Close()
-	if err := rep.Send([][]byte{{}, beSeq(0)}); err != nil {
-		t.Fatal(err)
+	// Nothing is queued for a connection that is not up yet.
+	for sent := time.Now(); ; time.Sleep(time.Millisecond) {
+		err := rep.Send([][]byte{{}, beSeq(0)})
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ErrNotConnected) || time.Since(sent) > 5*time.Second {
+			t.Fatal(err)
+		}
 	}
 	py.expect("replay 0")
 

@@ -1,6 +1,7 @@
 package kvtransport
 
 import (
+	"errors"
 	"fmt"
 
 	zmq "github.com/pebbe/zmq4"
@@ -10,8 +11,9 @@ import (
 type ReplayOptions struct {
 	// MaxMessageBytes bounds one reply frame (see SubscriberOptions).
 	MaxMessageBytes int64
-	// ReceiveHWM must hold a whole snapshot's batches queued between
-	// polls; libzmq drops past it.
+	// ReceiveHWM is the number of replies libzmq queues; past it, it
+	// stops reading the connection and the engine's ROUTER queues, then
+	// drops, the rest. 0 means 100000.
 	ReceiveHWM int
 }
 
@@ -27,7 +29,7 @@ type Replayer struct {
 }
 
 // DialReplay connects a DEALER to endpoint. The connection is made in
-// the background; a request sent before it is up is queued.
+// the background; Send fails with ErrNotConnected until it is up.
 func (c *Context) DialReplay(endpoint string, o ReplayOptions) (*Replayer, error) {
 	d, err := c.newSocket(zmq.DEALER)
 	if err != nil {
@@ -50,6 +52,9 @@ func (c *Context) DialReplay(endpoint string, o ReplayOptions) (*Replayer, error
 	if err := d.SetRcvhwm(hwm); err != nil {
 		return fail("set receive hwm", err)
 	}
+	if err := setImmediate(d); err != nil {
+		return fail("set immediate", err)
+	}
 	if err := d.Connect(endpoint); err != nil {
 		return fail("connect", err)
 	}
@@ -59,13 +64,23 @@ func (c *Context) DialReplay(endpoint string, o ReplayOptions) (*Replayer, error
 // Endpoint is the address the replayer connects to.
 func (r *Replayer) Endpoint() string { return r.endpoint }
 
-// Send queues a request without waiting for the peer.
+// ErrNotConnected is returned by Send while the connection to the
+// replay endpoint is not up yet; the caller sends again later.
+var ErrNotConnected = errors.New("kvtransport: replay endpoint not connected yet")
+
+// Send hands a request to the connection without waiting for the peer.
+// A request is never queued for a connection that does not exist yet
+// (see setImmediate): before the link is up Send returns
+// ErrNotConnected.
 func (r *Replayer) Send(frames [][]byte) error {
 	parts := make([]any, len(frames))
 	for i, f := range frames {
 		parts[i] = f
 	}
 	if _, err := r.dealer.SendMessageDontwait(parts...); err != nil {
+		if isAgain(err) {
+			return ErrNotConnected
+		}
 		return fmt.Errorf("kvtransport: replay request %s: %w", r.endpoint, err)
 	}
 	return nil

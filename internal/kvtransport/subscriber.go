@@ -75,7 +75,9 @@ type Subscriber struct {
 
 // Subscribe connects a SUB socket to endpoint and subscribes to topic.
 // The connection is made in the background: a publisher that is not up
-// yet is retried with backoff, and a restarted one is rejoined.
+// yet is retried with backoff, and a restarted one is rejoined. The
+// subscription reaches the publisher from the first Wait or receive
+// after the connection completes, so the owner must keep polling.
 func (c *Context) Subscribe(endpoint, topic string, o SubscriberOptions) (*Subscriber, error) {
 	o = o.withDefaults()
 	sub, err := c.newSocket(zmq.SUB)
@@ -94,6 +96,9 @@ func (c *Context) Subscribe(endpoint, topic string, o SubscriberOptions) (*Subsc
 	}
 	if err := sub.SetRcvhwm(o.ReceiveHWM); err != nil {
 		return fail("set receive hwm", err)
+	}
+	if err := setImmediate(sub); err != nil {
+		return fail("set immediate", err)
 	}
 	if err := sub.SetReconnectIvl(o.ReconnectInterval); err != nil {
 		return fail("set reconnect interval", err)
@@ -212,6 +217,17 @@ func (s *Subscriber) Wait(r *Replayer, timeout time.Duration) (Ready, error) {
 	}
 	return rd, nil
 }
+
+// setImmediate makes libzmq drop a connection's queue with the
+// connection instead of handing it to the next one. Without it, a queue
+// that was full when the link dropped is still attached after the
+// reconnect, and reading from it wakes the new connection's input that
+// was never stopped: libzmq 4.3 then aborts the process on
+// "Assertion failed: _input_stopped (stream_engine_base.cpp)"
+// (zeromq/libzmq#3937), seen here when a stalled subscriber outlived the
+// heartbeat timeout. kvtransport's users treat a disconnect as the loss
+// of everything in flight anyway.
+func setImmediate(s *zmq.Socket) error { return s.SetImmediate(true) }
 
 func recvNoWait(s *zmq.Socket, what string) ([][]byte, error) {
 	frames, err := s.RecvMessageBytes(zmq.DONTWAIT)
