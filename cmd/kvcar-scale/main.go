@@ -31,6 +31,7 @@ import (
 
 	"github.com/kvcar/kvcar/internal/enginesim"
 	"github.com/kvcar/kvcar/internal/etcdembed"
+	"github.com/kvcar/kvcar/internal/kvdir"
 	"github.com/kvcar/kvcar/internal/kvevent"
 )
 
@@ -169,11 +170,9 @@ func run(ctx context.Context, args []string) error {
 	fmt.Printf("| kvcar CPU during the window | %.1f%% of one core |\n", 100*(cpu1-cpu0).Seconds()/wall.Seconds())
 	fmt.Printf("| this driver's CPU (etcd + emulated engines) in the window, on the same 2 cores | %.1f%% of one core |\n", 100*(self1-self0).Seconds()/wall.Seconds())
 	fmt.Printf("| kvcar resident memory (now / peak) | %.1f MiB / %.1f MiB |\n", float64(rss)/(1<<20), float64(hwm)/(1<<20))
-	// Per stream: a served and a building index (entries and tables with
-	// growth headroom, 2 × 96 B a block), the snapshot buffer, a few
-	// messages being received and decoded; plus the process's base.
-	bound := int64(o.streams)*(2*96*int64(o.maxBlocks)+2*int64(o.maxMessage)+4*int64(o.maxMessage)) + 64<<20
-	fmt.Printf("| memory the config allows (estimate: streams × (2 indexes + buffer + 4 messages) + 64 MiB) | %.1f MiB |\n", float64(bound)/(1<<20))
+	lim := kvdir.Limits{MaxBlocksPerStream: o.maxBlocks, MaxMessageBytes: o.maxMessage, MaxBufferedBytes: 2 * o.maxMessage}
+	bound := lim.MemoryBound().Process(o.streams)
+	fmt.Printf("| memory the config allows above kvcar's own (kvdir.MemoryBound for %d streams) | %.1f MiB |\n", o.streams, float64(bound)/(1<<20))
 	fmt.Printf("| streams synchronised after the window | %d of %d |\n", synced, o.streams)
 	fmt.Printf("| resident Device blocks kvcar reports | %d |\n", resident)
 	fmt.Printf("| HTTP query, 8k tokens over all streams, kvcar's own time (Server-Timing): p50 / p99 | %v / %v |\n", srv[len(srv)/2], srv[len(srv)*99/100])
