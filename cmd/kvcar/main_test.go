@@ -55,6 +55,30 @@ func startKVCar(t *testing.T, args ...string) string {
 	return ""
 }
 
+// startStaticEngines starts an engine per config and returns them with
+// the KV events config's static stream entries for all their DP ranks.
+func startStaticEngines(t *testing.T, cfgs ...enginesim.Config) ([]*enginesim.Engine, []string) {
+	t.Helper()
+	var engines []*enginesim.Engine
+	var streams []string
+	for _, c := range cfgs {
+		e, err := enginesim.New(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		engines = append(engines, e)
+		for dp := range e.DPSize() {
+			streams = append(streams, fmt.Sprintf(`{"instance_name":%q,"dp_rank":%d,"block_size":%d,"endpoint":%q,"replay_endpoint":%q,"topic":%q}`,
+				e.Name(), dp, e.BlockSize(), e.EventEndpoint(dp), e.ReplayEndpoint(dp), c.Topic))
+		}
+	}
+	return engines, streams
+}
+
 func writeConfig(t *testing.T, cfg string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "kv_events.json")
@@ -116,26 +140,9 @@ func tokensJSON(tokens []uint32) string {
 // with auth, input validation, and hits equal to what the engines reuse.
 func TestQueryEndToEnd(t *testing.T) {
 	const block = 16
-	var engines []*enginesim.Engine
-	for i, dp := range []int{1, 2} {
-		e, err := enginesim.New(enginesim.Config{Name: fmt.Sprintf("127.0.0.1:%d", 8100+i), DPSize: dp, BlockSize: block,
-			DeviceBlocks: 128, HostBlocks: 128, Topic: "xllm-kv"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := e.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close() })
-		engines = append(engines, e)
-	}
-	var streams []string
-	for _, e := range engines {
-		for dp := range e.DPSize() {
-			streams = append(streams, fmt.Sprintf(`{"instance_name":%q,"dp_rank":%d,"block_size":%d,"endpoint":%q,"replay_endpoint":%q,"topic":"xllm-kv"}`,
-				e.Name(), dp, block, e.EventEndpoint(dp), e.ReplayEndpoint(dp)))
-		}
-	}
+	engines, streams := startStaticEngines(t,
+		enginesim.Config{Name: "127.0.0.1:8100", DPSize: 1, BlockSize: block, DeviceBlocks: 128, HostBlocks: 128, Topic: "xllm-kv"},
+		enginesim.Config{Name: "127.0.0.1:8101", DPSize: 2, BlockSize: block, DeviceBlocks: 128, HostBlocks: 128, Topic: "xllm-kv"})
 	cfg := writeConfig(t, `{"replay_timeout_ms":1000,"streams":[`+strings.Join(streams, ",")+`]}`)
 	addr := startKVCar(t, "--kv_events_config_file="+cfg, "--internal_api_token=s3cret")
 

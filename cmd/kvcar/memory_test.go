@@ -46,22 +46,11 @@ func TestMemoryBoundUnderAdversary(t *testing.T) {
 		rounds    = 6
 		perRound  = 200 // per engine, below its send HWM of 1000
 	)
-	var engines []*enginesim.Engine
-	var specs []string
+	var cfgs []enginesim.Config
 	for i := range streams {
-		e, err := enginesim.New(enginesim.Config{Name: fmt.Sprintf("127.0.0.1:%d", 8300+i), BlockSize: block,
-			DeviceBlocks: 1024, Topic: "xllm-kv"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := e.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close() })
-		engines = append(engines, e)
-		specs = append(specs, fmt.Sprintf(`{"instance_name":%q,"block_size":%d,"endpoint":%q,"replay_endpoint":%q,"topic":"xllm-kv"}`,
-			e.Name(), block, e.EventEndpoint(0), e.ReplayEndpoint(0)))
+		cfgs = append(cfgs, enginesim.Config{Name: fmt.Sprintf("127.0.0.1:%d", 8300+i), BlockSize: block, DeviceBlocks: 1024, Topic: "xllm-kv"})
 	}
+	engines, specs := startStaticEngines(t, cfgs...)
 	cfgText := fmt.Sprintf(`{"max_blocks_per_stream":%d,"max_message_bytes":%d,"max_buffered_bytes":%d,"resync_interval_ms":0,"streams":[%s]}`,
 		maxBlocks, maxMsg, maxBuf, strings.Join(specs, ","))
 	cfgPath := writeConfig(t, cfgText)
@@ -170,6 +159,7 @@ func startKVCarProcess(t *testing.T, args ...string) *kvcarProcess {
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGCONT)
 		_ = cmd.Process.Signal(syscall.SIGTERM)
+		stopping := time.Now()
 		done := make(chan error, 1)
 		go func() { done <- cmd.Wait() }()
 		select {
@@ -177,6 +167,7 @@ func startKVCarProcess(t *testing.T, args ...string) *kvcarProcess {
 			if err != nil {
 				t.Errorf("kvcar exited: %v\n%s", err, logs.String())
 			}
+			t.Logf("kvcar stopped %v after SIGTERM", time.Since(stopping).Round(time.Millisecond))
 		case <-time.After(15 * time.Second):
 			_ = cmd.Process.Kill()
 			<-done

@@ -51,6 +51,22 @@ func client(t *testing.T, s *Server) *clientv3.Client {
 	return cli
 }
 
+// cutOffPair returns a client through the relay that has written key,
+// and one on the direct endpoint that faults do not reach.
+func cutOffPair(t *testing.T, ctx context.Context, s *Server, key string) (cli, direct *clientv3.Client) {
+	t.Helper()
+	cli = client(t, s)
+	direct, err := s.DirectClient()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { direct.Close() })
+	if _, err := cli.Put(ctx, key, "before"); err != nil {
+		t.Fatal(err)
+	}
+	return cli, direct
+}
+
 // The registry tests (R-DISC, R-TEST) rely on a real server that keeps
 // data, revisions and watches across a restart on the same port.
 func TestRestartKeepsDataAndWatchResumes(t *testing.T) {
@@ -218,21 +234,13 @@ func TestShortLeaseExpires(t *testing.T) {
 
 func TestPartitionCutsClientsOnly(t *testing.T) {
 	s := start(t)
-	cli := client(t, s)
-	direct, err := s.DirectClient()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer direct.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if _, err := cli.Put(ctx, "p", "before"); err != nil {
-		t.Fatal(err)
-	}
+	cli, direct := cutOffPair(t, ctx, s, "p")
 
 	s.Partition()
 	short, scancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err = cli.Get(short, "p")
+	_, err := cli.Get(short, "p")
 	scancel()
 	if err == nil {
 		t.Fatal("client reached etcd through a partition")
@@ -350,21 +358,13 @@ func TestStallWithClient(t *testing.T) {
 	for _, heal := range []string{"Heal", "Resume"} {
 		t.Run(heal, func(t *testing.T) {
 			s := start(t)
-			cli := client(t, s)
-			direct, err := s.DirectClient()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer direct.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			if _, err := cli.Put(ctx, "s", "before"); err != nil {
-				t.Fatal(err)
-			}
+			cli, direct := cutOffPair(t, ctx, s, "s")
 
 			s.Stall()
 			short, scancel := context.WithTimeout(ctx, 300*time.Millisecond)
-			_, err = cli.Get(short, "s")
+			_, err := cli.Get(short, "s")
 			scancel()
 			if !errors.Is(err, context.DeadlineExceeded) {
 				t.Fatalf("Get through a stall: %v, want the caller's deadline", err)

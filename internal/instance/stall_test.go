@@ -263,6 +263,11 @@ func TestIdleWatchKeepsContact(t *testing.T) {
 	srv := startEtcd(t)
 	opts := stallOptions()
 	reg := startRegistry(t, newClient(t, srv.Endpoint()), opts)
+	for listed := time.Now().Add(5 * time.Second); !reg.WatchState().Live; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(listed) {
+			t.Fatalf("registry never listed: %+v", reg.WatchState())
+		}
+	}
 	deadline := time.Now().Add(6 * opts.WatchStallTimeout)
 	worst := time.Duration(0)
 	for time.Now().Before(deadline) {

@@ -121,7 +121,7 @@ func (y *syncer) setReason(reason string) {
 }
 
 func (y *syncer) drainReplay() {
-	for y.snap != nil {
+	for i := 0; i < drainMax && y.snap != nil; i++ {
 		frames, err := y.snap.rep.Recv()
 		if err != nil {
 			y.snapshotFailed(fmt.Sprintf("snapshot receive: %v", err))

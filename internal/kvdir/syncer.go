@@ -225,8 +225,13 @@ func (y *syncer) drainLink() {
 	}
 }
 
+// drainMax bounds the messages one drain takes in a row, so that under a
+// flood the stream goroutine still looks at its stop channel, its link
+// and its timers (snapshot deadline, calibration) between batches.
+const drainMax = 64
+
 func (y *syncer) drainLive() {
-	for {
+	for range drainMax {
 		frames, err := y.sub.RecvLive()
 		if err != nil {
 			y.fault(fmt.Sprintf("receive: %v", err))
