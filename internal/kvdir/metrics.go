@@ -141,10 +141,10 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descExclusions, prometheus.GaugeValue, float64((*ex)[kind]), kind)
 		}
 	}
-	var m Match
+	now := time.Now()
 	for _, s := range set.streams {
-		s.match(nil, &m)
-		inst, dp := s.spec.InstanceName, strconv.Itoa(s.spec.DPRank)
+		st := s.report(now)
+		inst, dp := st.InstanceName, strconv.Itoa(st.DPRank)
 		gauge := func(d *prometheus.Desc, v float64, extra ...string) {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, append([]string{inst, dp}, extra...)...)
 		}
@@ -152,23 +152,22 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), append([]string{inst, dp}, extra...)...)
 		}
 		synced := 0.0
-		if m.Synchronized {
+		if st.Synchronized {
 			synced = 1
 		}
 		gauge(descSynced, synced)
-		gauge(descSequence, float64(m.Sequence))
-		gauge(descResident, float64(m.DeviceBlocks), "device")
-		gauge(descResident, float64(m.HostBlocks), "host")
-		gauge(descBuffered, float64(s.counters.bufferedBytes.Load()))
-		k := &s.counters.eventsByKind
-		counter(descEvents, k[kvevent.BlockStored].Load(), "BlockStored")
-		counter(descEvents, k[kvevent.BlockRemoved].Load(), "BlockRemoved")
-		counter(descEvents, k[kvevent.AllBlocksCleared].Load(), "AllBlocksCleared")
-		counter(descDecodeErrors, s.counters.decodeErrors.Load())
-		counter(descGaps, s.counters.gaps.Load())
-		counter(descDisconnects, s.counters.disconnects.Load())
-		counter(descSnapshots, s.counters.snapshotsStarted.Load(), "started")
-		counter(descSnapshots, s.counters.snapshotsOK.Load(), "succeeded")
-		counter(descSnapshots, s.counters.snapshotsFailed.Load(), "failed")
+		gauge(descSequence, float64(st.Sequence))
+		gauge(descResident, float64(st.DeviceBlocks), "device")
+		gauge(descResident, float64(st.HostBlocks), "host")
+		gauge(descBuffered, float64(st.BufferedBytes))
+		for _, k := range []kvevent.Kind{kvevent.BlockStored, kvevent.BlockRemoved, kvevent.AllBlocksCleared} {
+			counter(descEvents, st.EventsByKind[k], k.String())
+		}
+		counter(descDecodeErrors, st.DecodeErrors)
+		counter(descGaps, st.Gaps)
+		counter(descDisconnects, st.Disconnects)
+		counter(descSnapshots, st.SnapshotsStarted, "started")
+		counter(descSnapshots, st.SnapshotsOK, "succeeded")
+		counter(descSnapshots, st.SnapshotsFailed, "failed")
 	}
 }

@@ -16,10 +16,13 @@ type StreamStatus struct {
 	DeviceBlocks   int
 	HostBlocks     int
 
-	BatchesApplied   uint64
-	EventsApplied    uint64
+	BatchesApplied uint64
+	EventsApplied  uint64
+	// EventsByKind counts applied events by kvevent.Kind (index 0 unused).
+	EventsByKind     [4]uint64
 	DecodeErrors     uint64
 	Gaps             uint64
+	Disconnects      uint64
 	SnapshotsStarted uint64
 	SnapshotsOK      uint64
 	SnapshotsFailed  uint64
@@ -37,35 +40,45 @@ func (d *Directory) Streams() []StreamStatus {
 	set := d.set.Load()
 	out := make([]StreamStatus, 0, len(set.streams))
 	now := time.Now()
-	var m Match
 	for _, s := range set.streams {
-		s.match(nil, &m)
-		c := &s.counters
-		st := StreamStatus{
-			InstanceName:     s.spec.InstanceName,
-			DPRank:           s.spec.DPRank,
-			Endpoint:         s.spec.Endpoint,
-			ReplayEndpoint:   s.spec.ReplayEndpoint,
-			Incarnation:      s.spec.Incarnation,
-			Synchronized:     m.Synchronized,
-			Sequence:         m.Sequence,
-			Error:            m.Error,
-			DeviceBlocks:     m.DeviceBlocks,
-			HostBlocks:       m.HostBlocks,
-			BatchesApplied:   c.batchesApplied.Load(),
-			EventsApplied:    c.eventsApplied.Load(),
-			DecodeErrors:     c.decodeErrors.Load(),
-			Gaps:             c.gaps.Load(),
-			SnapshotsStarted: c.snapshotsStarted.Load(),
-			SnapshotsOK:      c.snapshotsOK.Load(),
-			SnapshotsFailed:  c.snapshotsFailed.Load(),
-			BufferedBytes:    c.bufferedBytes.Load(),
-			LastSnapshot:     time.Duration(c.lastSnapshot.Load()),
-		}
-		if t := c.lastApplied.Load(); t != 0 {
-			st.LastEventAge = now.Sub(time.Unix(0, t))
-		}
-		out = append(out, st)
+		out = append(out, s.report(now))
 	}
 	return out
+}
+
+// report reads the stream's view and counters; the metrics collector
+// reports the same reading.
+func (s *stream) report(now time.Time) StreamStatus {
+	var m Match
+	s.match(nil, &m)
+	c := &s.counters
+	st := StreamStatus{
+		InstanceName:     s.spec.InstanceName,
+		DPRank:           s.spec.DPRank,
+		Endpoint:         s.spec.Endpoint,
+		ReplayEndpoint:   s.spec.ReplayEndpoint,
+		Incarnation:      s.spec.Incarnation,
+		Synchronized:     m.Synchronized,
+		Sequence:         m.Sequence,
+		Error:            m.Error,
+		DeviceBlocks:     m.DeviceBlocks,
+		HostBlocks:       m.HostBlocks,
+		BatchesApplied:   c.batchesApplied.Load(),
+		EventsApplied:    c.eventsApplied.Load(),
+		DecodeErrors:     c.decodeErrors.Load(),
+		Gaps:             c.gaps.Load(),
+		Disconnects:      c.disconnects.Load(),
+		SnapshotsStarted: c.snapshotsStarted.Load(),
+		SnapshotsOK:      c.snapshotsOK.Load(),
+		SnapshotsFailed:  c.snapshotsFailed.Load(),
+		BufferedBytes:    c.bufferedBytes.Load(),
+		LastSnapshot:     time.Duration(c.lastSnapshot.Load()),
+	}
+	for k := range c.eventsByKind {
+		st.EventsByKind[k] = c.eventsByKind[k].Load()
+	}
+	if t := c.lastApplied.Load(); t != 0 {
+		st.LastEventAge = now.Sub(time.Unix(0, t))
+	}
+	return st
 }

@@ -89,6 +89,7 @@ type streamJSON struct {
 	EventsApplied      uint64   `json:"events_applied"`
 	DecodeErrors       uint64   `json:"decode_errors"`
 	Gaps               uint64   `json:"gaps"`
+	Disconnects        uint64   `json:"disconnects"`
 	SnapshotsStarted   uint64   `json:"snapshots_started"`
 	SnapshotsSucceeded uint64   `json:"snapshots_succeeded"`
 	SnapshotsFailed    uint64   `json:"snapshots_failed"`
@@ -210,6 +211,7 @@ func streamToJSON(st kvdir.StreamStatus) streamJSON {
 		EventsApplied:      st.EventsApplied,
 		DecodeErrors:       st.DecodeErrors,
 		Gaps:               st.Gaps,
+		Disconnects:        st.Disconnects,
 		SnapshotsStarted:   st.SnapshotsStarted,
 		SnapshotsSucceeded: st.SnapshotsOK,
 		SnapshotsFailed:    st.SnapshotsFailed,

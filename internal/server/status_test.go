@@ -70,7 +70,7 @@ func TestStreamsAndInstancesJSON(t *testing.T) {
 		t.Fatalf("streams: %s", body)
 	}
 	want := []string{"instance_name", "dp_rank", "endpoint", "replay_endpoint", "incarnation", "synchronized", "sequence",
-		"error", "device_blocks", "host_blocks", "batches_applied", "events_applied", "decode_errors", "gaps",
+		"error", "device_blocks", "host_blocks", "batches_applied", "events_applied", "decode_errors", "gaps", "disconnects",
 		"snapshots_started", "snapshots_succeeded", "snapshots_failed", "buffered_bytes", "last_snapshot_ms", "last_event_age_ms"}
 	for _, st := range got.Streams {
 		if len(st) != len(want) {
