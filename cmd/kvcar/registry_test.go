@@ -147,3 +147,41 @@ func TestMasterFailover(t *testing.T) {
 	t.Logf("failover took %v", time.Since(began).Round(time.Millisecond))
 
 }
+
+// TestRegistryStallReported: when the path to etcd black-holes, kvcar
+// keeps serving and says so: /v1/internal/instances reports the watch
+// not live with how long etcd has been silent, the status page shows it,
+// and once the path is back the registry follows etcd again.
+func TestRegistryStallReported(t *testing.T) {
+	etcd := startEtcd(t)
+	addr := startKVCar(t, "--etcd_addr="+etcd.Endpoint(), "--internal_api_token="+statusToken)
+	type watchAnswer struct {
+		Watch *struct {
+			Live             bool     `json:"live"`
+			LastContactAgeMs *float64 `json:"last_contact_age_ms"`
+			Stalls           uint64   `json:"stalls"`
+		} `json:"watch"`
+	}
+	watch := func() watchAnswer {
+		var w watchAnswer
+		getJSON(t, addr, "/v1/internal/instances", &w)
+		if w.Watch == nil {
+			t.Fatal("instances answer without watch state")
+		}
+		return w
+	}
+	waitUntil(t, "registry watch live", 10*time.Second, func() bool { return watch().Watch.Live })
+
+	etcd.Stall()
+	waitUntil(t, "stall reported", 15*time.Second, func() bool {
+		w := watch().Watch
+		return !w.Live && w.Stalls > 0 && w.LastContactAgeMs != nil && *w.LastContactAgeMs > 1000
+	})
+	if code, page := get(t, addr, "/debug/kvcar", statusToken); code != http.StatusOK || !strings.Contains(page, "etcd silent") {
+		t.Fatalf("status page during the stall: %d, want the silence shown\n%s", code, page)
+	}
+	if err := etcd.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "registry watch live after the stall", 15*time.Second, func() bool { return watch().Watch.Live })
+}

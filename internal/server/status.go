@@ -40,6 +40,12 @@ type InstanceLister interface {
 	Snapshot() *instance.Snapshot
 }
 
+// watchReporter is the part of *instance.Registry that says whether its
+// view still follows etcd; a lister without it reports no watch state.
+type watchReporter interface {
+	WatchState() instance.WatchState
+}
+
 //go:embed statuspage.html
 var statusFiles embed.FS
 
@@ -128,6 +134,29 @@ type instancesJSON struct {
 	Synced          bool           `json:"synced"`
 	Version         uint64         `json:"version"`
 	IsMaster        bool           `json:"is_master"`
+	Watch           *watchJSON     `json:"watch"`
+}
+
+// watchJSON is instance.WatchState: live is false while the last snapshot
+// is served without etcd (a failed or stalled watch).
+type watchJSON struct {
+	Live             bool     `json:"live"`
+	LastContactAgeMs *float64 `json:"last_contact_age_ms"`
+	Listings         uint64   `json:"listings"`
+	Stalls           uint64   `json:"stalls"`
+}
+
+func (src statusSources) watch(now time.Time) *watchJSON {
+	wr, ok := src.instances.(watchReporter)
+	if !ok {
+		return nil
+	}
+	ws := wr.WatchState()
+	w := &watchJSON{Live: ws.Live, Listings: ws.Listings, Stalls: ws.Stalls}
+	if !ws.LastContact.IsZero() {
+		w.LastContactAgeMs = optionalMs(max(now.Sub(ws.LastContact), time.Nanosecond))
+	}
+	return w
 }
 
 // handleStreams serves GET /v1/internal/kv-cache/streams, with the query
@@ -159,6 +188,7 @@ func (s *Server) handleInstances(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	out.IsMaster = s.status.isMaster != nil && s.status.isMaster()
+	out.Watch = s.status.watch(time.Now())
 	s.writeValue(w, out)
 }
 
@@ -334,11 +364,14 @@ type statusPage struct {
 	IndexEnabled    bool
 	RegistryEnabled bool
 	RegistrySynced  bool
-	Generated       string
-	Uptime          string
-	Streams         []streamRow
-	SyncedStreams   int
-	Instances       []instanceRow
+	// RegistryStale is how long etcd has been silent to a registry whose
+	// watch failed or stalled; empty while it follows etcd.
+	RegistryStale string
+	Generated     string
+	Uptime        string
+	Streams       []streamRow
+	SyncedStreams int
+	Instances     []instanceRow
 }
 
 type streamRow struct {
@@ -427,6 +460,9 @@ func (s *Server) pageData() statusPage {
 			DecodeErrors:     st.DecodeErrors,
 			Buffered:         humanBytes(st.BufferedBytes),
 		})
+	}
+	if w := s.status.watch(now); w != nil && !w.Live && w.LastContactAgeMs != nil {
+		p.RegistryStale = humanDuration(time.Duration(*w.LastContactAgeMs * float64(time.Millisecond)))
 	}
 	if snap != nil {
 		p.RegistrySynced = snap.Synced
