@@ -134,7 +134,7 @@ type instancesJSON struct {
 	Synced          bool           `json:"synced"`
 	Version         uint64         `json:"version"`
 	IsMaster        bool           `json:"is_master"`
-	Watch           *watchJSON     `json:"watch"`
+	Watch           *watchJSON     `json:"watch,omitempty"`
 }
 
 // watchJSON is instance.WatchState: live is false while the last snapshot
