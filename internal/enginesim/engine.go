@@ -303,6 +303,9 @@ func (e *Engine) stopCore() error {
 func stopRanks(ranks []*rank) {
 	for _, r := range ranks {
 		close(r.quit)
+		if r.waker != nil {
+			_ = r.waker.Wake() // a closed waker has already stopped waiting
+		}
 	}
 	for _, r := range ranks {
 		<-r.done
@@ -347,6 +350,11 @@ func (e *Engine) do(dp int, fn func(r *rank) error) error {
 	case r.cmds <- func() { done <- fn(r) }:
 	case <-r.done:
 		return ErrNotRunning
+	}
+	// After the command is queued, so that the wait it ends is not
+	// followed by another before the command is taken.
+	if err := r.waker.Wake(); err != nil {
+		return fmt.Errorf("enginesim: %s: wake dp rank %d: %w", e.cfg.Name, dp, err)
 	}
 	select {
 	case err := <-done:

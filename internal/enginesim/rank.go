@@ -11,9 +11,14 @@ import (
 	"github.com/kvcar/kvcar/internal/kvtransport"
 )
 
-// pollInterval bounds how long a rank waits on its ROUTER before it looks
-// at its command queue again; it is the command latency.
-const pollInterval = 2 * time.Millisecond
+// idleWait bounds how long a rank waits for a replay request, a
+// subscription or a command before it looks at its quit channel again;
+// commands and quit wake it at once.
+const idleWait = time.Second
+
+// queuedCommands is how many commands may wait for a busy rank before
+// their callers block.
+const queuedCommands = 64
 
 var errUnbound = errors.New("sockets are not bound")
 
@@ -29,6 +34,9 @@ type rank struct {
 	quit chan struct{}
 	done chan struct{}
 	subs atomic.Uint64
+	// waker ends the rank's wait when a command is queued or quit is
+	// closed; set by run before it reports its start.
+	waker *kvtransport.Waker
 
 	// Written before run reports its first bind, then fixed.
 	eventEP, replayEP string
@@ -55,7 +63,7 @@ func newRank(dp int, cfg *Config, tctx *kvtransport.Context, eventEP, replayEP s
 		cfg:         cfg,
 		tctx:        tctx,
 		log:         cfg.Logger.With("engine", cfg.Name, "dp", dp),
-		cmds:        make(chan func()),
+		cmds:        make(chan func(), queuedCommands),
 		quit:        make(chan struct{}),
 		done:        make(chan struct{}),
 		eventEP:     eventEP,
@@ -70,6 +78,17 @@ func newRank(dp int, cfg *Config, tctx *kvtransport.Context, eventEP, replayEP s
 // closed. A failed first bind ends the goroutine.
 func (r *rank) run(bindWait time.Duration, started chan<- error) {
 	defer close(r.done)
+	w, err := r.tctx.NewWaker()
+	if err != nil {
+		started <- fmt.Errorf("enginesim: %s dp %d: %w", r.cfg.Name, r.dp, err)
+		return
+	}
+	r.waker = w
+	defer func() {
+		if err := w.Close(); err != nil {
+			r.log.Warn("closing waker failed", "err", err)
+		}
+	}()
 	defer r.closeSockets()
 	var deadline time.Time
 	if bindWait > 0 {
@@ -113,22 +132,29 @@ func (r *rank) runCommands() {
 	}
 }
 
-// serve waits briefly for a replay request, keeps the XPUB's subscription
-// queue drained and sends the replies that are due.
+// serve waits for a replay request, a subscription, a command or the
+// next reply that is due, keeps the XPUB's subscription queue drained and
+// sends the replies that are due.
 func (r *rank) serve() {
-	wait := pollInterval
+	wait := idleWait
 	now := time.Now()
 	for _, j := range r.jobs {
 		if d := j.due.Sub(now); d < wait {
 			wait = max(d, 0)
 		}
 	}
-	id, frames, err := r.rs.Recv(wait)
-	switch {
-	case err == nil:
-		r.request(id, frames)
-	case !errors.Is(err, kvtransport.ErrTimeout):
-		r.log.Warn("replay receive failed", "err", err)
+	request, err := r.rs.Wait(r.pub, r.waker, wait)
+	if err != nil {
+		r.log.Warn("replay wait failed", "err", err)
+	}
+	if request {
+		id, frames, err := r.rs.Recv(0)
+		switch {
+		case err == nil:
+			r.request(id, frames)
+		case !errors.Is(err, kvtransport.ErrTimeout):
+			r.log.Warn("replay receive failed", "err", err)
+		}
 	}
 	if n, err := r.pub.DrainSubscriptions(); err != nil {
 		r.log.Warn("reading subscriptions failed", "err", err)

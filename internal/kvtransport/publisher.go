@@ -125,6 +125,44 @@ type ReplayServer struct {
 	sock     *zmq.Socket
 	endpoint string
 	poller   *zmq.Poller
+
+	// waitPoller polls the ROUTER with waitPub's XPUB and waitWaker's
+	// receiving end, built once per pair.
+	waitPoller *zmq.Poller
+	waitPub    *Publisher
+	waitWaker  *Waker
+}
+
+// Wait blocks up to timeout until a replay request is queued, a
+// subscription reached pub, or w was woken, and reports whether a
+// request is queued. The engine's loop waits here instead of polling on
+// a short timer, so an idle engine costs nothing.
+func (r *ReplayServer) Wait(pub *Publisher, w *Waker, timeout time.Duration) (request bool, err error) {
+	if r.waitPoller == nil || r.waitPub != pub || r.waitWaker != w {
+		p := zmq.NewPoller()
+		p.Add(r.sock, zmq.POLLIN)
+		p.Add(pub.sock, zmq.POLLIN)
+		p.Add(w.recv, zmq.POLLIN)
+		r.waitPoller, r.waitPub, r.waitWaker = p, pub, w
+	}
+	ready, err := r.waitPoller.Poll(timeout)
+	if err != nil {
+		if isInterrupted(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("kvtransport: replay server wait: %w", err)
+	}
+	for _, pl := range ready {
+		switch pl.Socket {
+		case r.sock:
+			request = true
+		case w.recv:
+			if err := w.drain(); err != nil {
+				return request, err
+			}
+		}
+	}
+	return request, nil
 }
 
 // BindReplayServer binds a ROUTER on endpoint. Binding port 0 picks a free
