@@ -3,21 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/devcluster"
 	"github.com/kvcar/kvcar/internal/enginesim"
 )
 
@@ -64,31 +59,16 @@ func (c clusterConfig) validate() error {
 	return errors.Join(errs...)
 }
 
-func (c clusterConfig) streams() int {
-	n := 0
-	for _, dp := range c.EngineDP {
-		n += dp
-	}
-	return n
-}
-
 // startEngines starts a fresh set of engines, registered in etcd under
 // namespace when etcd is not empty (kvcar discovers them there). Each
 // serves its OpenAI path on a free loopback port from which the
 // discovery rule derives its KV endpoints.
-func startEngines(c clusterConfig, etcd []string, namespace string) ([]*enginesim.Engine, error) {
-	var engines []*enginesim.Engine
-	closeAll := func() {
-		for _, e := range engines {
-			_ = e.Close()
-		}
-	}
+func startEngines(c clusterConfig, etcd []string, namespace string) (devcluster.Engines, error) {
+	var cfgs []enginesim.Config
 	for i, dp := range c.EngineDP {
 		cfg := enginesim.Config{
-			DPSize: dp, BlockSize: c.BlockSize, DeviceBlocks: c.DeviceBlocks, Topic: "xllm-kv",
-			DiscoveryOffsets: enginesim.DefaultDiscoveryOffsets(),
-			Logger:           slog.New(slog.DiscardHandler),
-			TimeScale:        c.TimeScale, PrefillPerToken: c.PrefillPerToken, DecodePerToken: c.DecodePerToken,
+			DPSize: dp, BlockSize: c.BlockSize, DeviceBlocks: c.DeviceBlocks,
+			TimeScale: c.TimeScale, PrefillPerToken: c.PrefillPerToken, DecodePerToken: c.DecodePerToken,
 			BatchSlots: c.BatchSlots,
 			// The whole workload may queue on one engine.
 			MaxQueue: 1 << 16,
@@ -96,29 +76,9 @@ func startEngines(c clusterConfig, etcd []string, namespace string) ([]*enginesi
 		if i < c.HostEngines {
 			cfg.HostBlocks = c.HostBlocks
 		}
-		if len(etcd) > 0 {
-			cfg.Etcd = &enginesim.EtcdConfig{Endpoints: etcd, Namespace: namespace, Type: enginesim.TypeDefault}
-			cfg.Heartbeat = &enginesim.HeartbeatConfig{Interval: c.Heartbeat}
-		}
-		e, err := enginesim.New(cfg)
-		if err == nil {
-			err = e.Start()
-		}
-		if err != nil {
-			closeAll()
-			return nil, fmt.Errorf("engine %d: %w", i, err)
-		}
-		engines = append(engines, e)
+		cfgs = append(cfgs, devcluster.Discoverable(cfg, etcd, namespace, c.Heartbeat))
 	}
-	return engines, nil
-}
-
-// kvcarProc is the kvcar child process of one policy run.
-type kvcarProc struct {
-	cmd  *exec.Cmd
-	base string
-	log  string
-	done chan error
+	return devcluster.StartEngines(cfgs)
 }
 
 // kvcarArgs are the flags kvcar gets besides the policy's.
@@ -134,79 +94,33 @@ type kvcarArgs struct {
 }
 
 // startKvcar writes the discovery config and starts kvcar with the
-// policy under test, logging to a file in a.Dir.
-func startKvcar(ctx context.Context, c clusterConfig, a kvcarArgs) (*kvcarProc, error) {
-	cfgPath := filepath.Join(a.Dir, "kv_events_discovery_config.json")
-	// discovery.block_size is what the index uses; it must be the
-	// engines' block size.
-	cfg := fmt.Sprintf(`{"discovery":{"enabled":true,"block_size":%d,"topic":"xllm-kv","event_port_offset":%d,"replay_port_offset":%d,"refresh_interval_ms":100}}`,
-		c.BlockSize, enginesim.DefaultEventPortOffset, enginesim.DefaultReplayPortOffset)
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
-		return nil, fmt.Errorf("kvcar config: %w", err)
-	}
-	port := a.Port
-	if port == 0 {
-		var err error
-		if port, err = freePort(); err != nil {
-			return nil, err
-		}
+// policy under test, logging to a file in a.Dir whose path it returns.
+func startKvcar(c clusterConfig, a kvcarArgs) (*devcluster.KVCar, string, error) {
+	cfgPath, err := devcluster.WriteConfig(a.Dir, devcluster.DiscoveryConfig(c.BlockSize, 100*time.Millisecond))
+	if err != nil {
+		return nil, "", err
 	}
 	logPath := filepath.Join(a.Dir, "kvcar-"+strings.ToLower(a.Policy)+".log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
-		return nil, fmt.Errorf("kvcar log: %w", err)
+		return nil, "", fmt.Errorf("kvcar log: %w", err)
 	}
+	// kvcar writes to its own descriptor of the file.
 	defer logFile.Close()
-	args := []string{
-		"--port=" + strconv.Itoa(port), "--host=127.0.0.1", "--advertise_host=127.0.0.1",
-		"--etcd_addr=" + strings.Join(a.Etcd, ","), "--etcd_namespace=" + a.Namespace,
-		"--kv_events_config_file=" + cfgPath, "--load_balance_policy=" + a.Policy, "--log_level=warn",
+	args := append([]string{"--host=127.0.0.1", "--load_balance_policy=" + a.Policy, "--log_level=warn"}, a.Extra...)
+	kv, err := devcluster.StartKVCar(devcluster.KVCarOptions{
+		Binary: a.Binary, Port: a.Port, Etcd: a.Etcd, Namespace: a.Namespace, ConfigFile: cfgPath,
+		Args: args, Stdout: logFile, Stderr: logFile,
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("%w (build it with make build, or pass --kvcar)", err)
 	}
-	args = append(args, a.Extra...)
-	cmd := exec.CommandContext(ctx, a.Binary, args...)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-	cmd.WaitDelay = 10 * time.Second
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s (build it with make build, or pass --kvcar): %w", a.Binary, err)
-	}
-	p := &kvcarProc{cmd: cmd, base: "http://127.0.0.1:" + strconv.Itoa(port), log: logPath, done: make(chan error, 1)}
-	go func() { p.done <- cmd.Wait() }()
-	return p, nil
-}
-
-// stop ends kvcar with SIGTERM and waits for it.
-func (p *kvcarProc) stop() error {
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-p.done:
-		p.done <- err
-	case <-time.After(15 * time.Second):
-		_ = p.cmd.Process.Kill()
-		err := <-p.done
-		p.done <- err
-		return fmt.Errorf("kvcar did not stop within 15s after SIGTERM: %w", err)
-	}
-	return nil
-}
-
-// exited reports kvcar's exit when it has exited.
-func (p *kvcarProc) exited() (bool, error) {
-	select {
-	case err := <-p.done:
-		p.done <- err
-		if err == nil {
-			err = errors.New("exit status 0")
-		}
-		return true, err
-	default:
-		return false, nil
-	}
+	return kv, logPath, nil
 }
 
 // logTail returns the last lines of kvcar's log, for error messages.
-func (p *kvcarProc) logTail(lines int) string {
-	b, err := os.ReadFile(p.log)
+func logTail(path string, lines int) string {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return ""
 	}
@@ -221,16 +135,25 @@ func (p *kvcarProc) logTail(lines int) string {
 // engine's heartbeat has been taken (so CAR and SLO_AWARE have loads),
 // and a request through kvcar is answered. The probe request's prompt is
 // shorter than a block, so no engine caches anything from it.
-func waitReady(ctx context.Context, hc *http.Client, p *kvcarProc, engines []*enginesim.Engine, streams int, timeout time.Duration) error {
+func waitReady(ctx context.Context, hc *http.Client, kv *devcluster.KVCar, logPath string, engines devcluster.Engines, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
-	var last error
-	for time.Now().Before(deadline) {
-		if ok, err := p.exited(); ok {
-			return fmt.Errorf("kvcar exited: %w\n%s", err, p.logTail(20))
+	fail := func(err error) error { return fmt.Errorf("kvcar not ready: %w\n%s", err, logTail(logPath, 20)) }
+	if err := kv.WaitSynced(ctx, engines.Streams(), timeout); err != nil {
+		return fail(err)
+	}
+	if err := engines.WaitHeartbeats(ctx, time.Until(deadline)); err != nil {
+		return fail(err)
+	}
+	for {
+		if err := kv.Exited(); err != nil {
+			return fail(err)
 		}
-		last = readyOnce(ctx, hc, p.base, engines, streams)
-		if last == nil {
+		err := probeRequest(ctx, hc, kv.URL())
+		if err == nil {
 			return nil
+		}
+		if time.Now().After(deadline) {
+			return fail(fmt.Errorf("not within %v: %w", timeout, err))
 		}
 		select {
 		case <-ctx.Done():
@@ -238,22 +161,9 @@ func waitReady(ctx context.Context, hc *http.Client, p *kvcarProc, engines []*en
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	return fmt.Errorf("kvcar not ready within %v: %w\n%s", timeout, last, p.logTail(20))
 }
 
-func readyOnce(ctx context.Context, hc *http.Client, base string, engines []*enginesim.Engine, streams int) error {
-	synced, err := syncedStreams(ctx, hc, base)
-	if err != nil {
-		return err
-	}
-	if synced != streams {
-		return fmt.Errorf("%d of %d streams synchronised", synced, streams)
-	}
-	for _, e := range engines {
-		if st := e.LastHeartbeatStatus(); st != http.StatusOK {
-			return fmt.Errorf("engine %s: last heartbeat status %d", e.Name(), st)
-		}
-	}
+func probeRequest(ctx context.Context, hc *http.Client, base string) error {
 	body := completionBody([]uint32{1}, 1)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", bytes.NewReader(body))
 	if err != nil {
@@ -270,48 +180,4 @@ func readyOnce(ctx context.Context, hc *http.Client, base string, engines []*eng
 		return fmt.Errorf("probe request: %s: %s", resp.Status, bytes.TrimSpace(b))
 	}
 	return nil
-}
-
-// syncedStreams counts the streams kvcar reports synchronised.
-func syncedStreams(ctx context.Context, hc *http.Client, base string) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/internal/kv-cache/query",
-		strings.NewReader(`{"token_ids":[]}`))
-	if err != nil {
-		return 0, fmt.Errorf("query: %w", err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("query: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return 0, fmt.Errorf("query: %s: %s", resp.Status, bytes.TrimSpace(b))
-	}
-	var out struct {
-		Matches []struct {
-			Synchronized bool `json:"synchronized"`
-		} `json:"matches"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return 0, fmt.Errorf("query: %w", err)
-	}
-	n := 0
-	for _, m := range out.Matches {
-		if m.Synchronized {
-			n++
-		}
-	}
-	return n, nil
-}
-
-// freePort returns a loopback TCP port free right now.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("free port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }

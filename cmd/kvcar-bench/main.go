@@ -345,11 +345,7 @@ func runPolicy(ctx context.Context, o options, wl *workload, etcd *etcdembed.Ser
 	for i, e := range engines {
 		names[i] = e.Name()
 	}
-	defer func() {
-		for _, e := range engines {
-			_ = e.Close()
-		}
-	}()
+	defer engines.Close()
 
 	var send sender
 	if isOracle(policy) {
@@ -365,21 +361,21 @@ func runPolicy(ctx context.Context, o options, wl *workload, etcd *etcdembed.Ser
 		}
 		defer os.RemoveAll(dir)
 		fmt.Fprintf(progress, "%s: starting kvcar and %d engines\n", policy, len(engines))
-		proc, err := startKvcar(ctx, o.cluster, kvcarArgs{
+		kv, logPath, err := startKvcar(o.cluster, kvcarArgs{
 			Binary: o.kvcar, Port: o.port, Etcd: endpoints, Namespace: namespace, Dir: dir, Policy: policy, Extra: o.kvcarExtra,
 		})
 		if err != nil {
 			return result{}, nil, nil, err
 		}
 		defer func() {
-			if err := proc.stop(); err != nil {
+			if err := kv.Stop(); err != nil {
 				fmt.Fprintf(progress, "%s: %v\n", policy, err)
 			}
 		}()
-		if err := waitReady(ctx, hc, proc, engines, o.cluster.streams(), o.readyTimeout); err != nil {
+		if err := waitReady(ctx, hc, kv, logPath, engines, o.readyTimeout); err != nil {
 			return result{}, nil, nil, err
 		}
-		send = viaKvcar(hc, proc.base, engines)
+		send = viaKvcar(hc, kv.URL(), engines)
 	}
 	for _, e := range engines {
 		e.ResetStats()

@@ -14,18 +14,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/devcluster"
 	"github.com/kvcar/kvcar/internal/enginesim"
 	"github.com/kvcar/kvcar/internal/etcdembed"
 )
@@ -33,7 +31,7 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:]); err != nil && !errors.Is(err, context.Canceled) {
+	if err := run(ctx, os.Args[1:]); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "kvcar-demo:", err)
 		os.Exit(1)
 	}
@@ -47,7 +45,7 @@ type options struct {
 	duration time.Duration
 }
 
-func run(ctx context.Context, args []string) error {
+func run(ctx context.Context, args []string) (err error) {
 	fs := flag.NewFlagSet("kvcar-demo", flag.ContinueOnError)
 	o := options{}
 	self, _ := os.Executable()
@@ -68,52 +66,46 @@ func run(ctx context.Context, args []string) error {
 	defer etcd.Close()
 	fmt.Printf("embedded etcd on %s\n", etcd.Endpoint())
 
-	engines, err := startEngines(blockSize, etcd.Endpoints())
+	var cfgs []enginesim.Config
+	for _, dp := range []int{1, 1, 1, 2} {
+		cfgs = append(cfgs, devcluster.Discoverable(enginesim.Config{DPSize: dp, BlockSize: blockSize, DeviceBlocks: 256, HostBlocks: 512},
+			etcd.Endpoints(), "", 0))
+	}
+	engines, err := devcluster.StartEngines(cfgs)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		for _, e := range engines {
-			e.Close()
-		}
-	}()
+	defer engines.Close()
+	for _, e := range engines {
+		fmt.Printf("engine %s: %d DP rank(s), KV events on %s, replay on %s\n", e.Name(), e.DPSize(), e.EventEndpoint(0), e.ReplayEndpoint(0))
+	}
 
 	dir, err := os.MkdirTemp("", "kvcar-demo-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	cfgPath := filepath.Join(dir, "kv_events_discovery_config.json")
-	cfg := fmt.Sprintf(`{"discovery":{"enabled":true,"block_size":%d,"topic":"xllm-kv","event_port_offset":10000,"replay_port_offset":30000,"refresh_interval_ms":200}}`, blockSize)
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+	cfgPath, err := devcluster.WriteConfig(dir, devcluster.DiscoveryConfig(blockSize, 200*time.Millisecond))
+	if err != nil {
 		return err
 	}
-
-	cmd := exec.CommandContext(ctx, o.kvcar, fmt.Sprintf("--port=%d", o.port), "--advertise_host=127.0.0.1", "--load_balance_policy=CAR",
-		"--etcd_addr="+strings.Join(etcd.Endpoints(), ","), "--kv_events_config_file="+cfgPath)
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-	cmd.WaitDelay = 10 * time.Second
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s (run make build first): %w", o.kvcar, err)
+	kv, err := devcluster.StartKVCar(devcluster.KVCarOptions{
+		Binary: o.kvcar, Port: o.port, Etcd: etcd.Endpoints(), ConfigFile: cfgPath,
+		Args: []string{"--load_balance_policy=CAR"}, Stdout: os.Stdout, Stderr: os.Stderr,
+	})
+	if err != nil {
+		return fmt.Errorf("%w (run make build first)", err)
 	}
-	defer cmd.Wait()
+	defer func() { err = errors.Join(err, kv.Stop()) }()
 
-	base := fmt.Sprintf("http://127.0.0.1:%d", o.port)
-	if err := waitReady(ctx, base, len(streamsOf(engines))); err != nil {
+	base := kv.URL()
+	if err := kv.WaitSynced(ctx, engines.Streams(), 30*time.Second); err != nil {
 		return err
 	}
-	// CAR schedules only instances with a first load report.
-	for _, e := range engines {
-		for e.LastHeartbeatStatus() != http.StatusOK {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
+	if err := engines.WaitHeartbeats(ctx, 30*time.Second); err != nil {
+		return err
 	}
-	fmt.Printf("\nkvcar is serving on %s with %d discovered streams from %d emulated engines\n", base, len(streamsOf(engines)), len(engines))
+	fmt.Printf("\nkvcar is serving on %s with %d discovered streams from %d emulated engines\n", base, engines.Streams(), len(engines))
 	fmt.Printf("send requests:  curl -sS %s/v1/completions -H 'Content-Type: application/json' -d '{\"model\":\"enginesim\",\"prompt\":[1,2,3],\"max_tokens\":4}'\n", base)
 	fmt.Printf("query endpoint: curl -sS %s/v1/internal/kv-cache/query -d '{\"token_ids\":[]}'\n", base)
 	fmt.Printf("metrics:        curl -sS %s/metrics\n\n", base)
@@ -133,104 +125,6 @@ func run(ctx context.Context, args []string) error {
 		<-ctx.Done()
 	}
 	return nil
-}
-
-func startEngines(blockSize int, etcd []string) ([]*enginesim.Engine, error) {
-	var engines []*enginesim.Engine
-	for i, dp := range []int{1, 1, 1, 2} {
-		e, err := enginesim.New(enginesim.Config{
-			DPSize: dp, BlockSize: blockSize, DeviceBlocks: 256, HostBlocks: 512, Topic: "xllm-kv",
-			DiscoveryOffsets: enginesim.DefaultDiscoveryOffsets(),
-			Etcd:             &enginesim.EtcdConfig{Endpoints: etcd, Type: enginesim.TypeDefault},
-			Heartbeat:        &enginesim.HeartbeatConfig{},
-			Logger:           slog.New(slog.DiscardHandler),
-		})
-		if err == nil {
-			err = e.Start()
-		}
-		if err != nil {
-			for _, o := range engines {
-				o.Close()
-			}
-			return nil, fmt.Errorf("engine %d: %w", i, err)
-		}
-		fmt.Printf("engine %s: %d DP rank(s), KV events on %s, replay on %s\n", e.Name(), dp, e.EventEndpoint(0), e.ReplayEndpoint(0))
-		engines = append(engines, e)
-	}
-	return engines, nil
-}
-
-type streamRef struct {
-	e  *enginesim.Engine
-	dp int
-}
-
-func streamsOf(engines []*enginesim.Engine) []streamRef {
-	var out []streamRef
-	for _, e := range engines {
-		for dp := range e.DPSize() {
-			out = append(out, streamRef{e, dp})
-		}
-	}
-	return out
-}
-
-type match struct {
-	InstanceName         string `json:"instance_name"`
-	DPRank               int    `json:"dp_rank"`
-	Synchronized         bool   `json:"synchronized"`
-	DeviceHitTokens      int    `json:"device_hit_tokens"`
-	HostOnlyHitTokens    int    `json:"host_only_hit_tokens"`
-	ReusablePrefixTokens int    `json:"reusable_prefix_tokens"`
-}
-
-func queryKV(ctx context.Context, base string, tokens []uint32) ([]match, error) {
-	body, _ := json.Marshal(map[string][]uint32{"token_ids": tokens})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/internal/kv-cache/query", bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	var out struct {
-		Matches []match `json:"matches"`
-	}
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		return nil, fmt.Errorf("query: %s: %s", resp.Status, b)
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-		return nil, fmt.Errorf("query: %w", err)
-	}
-	return out.Matches, nil
-}
-
-func waitReady(ctx context.Context, base string, streams int) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		ms, err := queryKV(ctx, base, []uint32{})
-		if err == nil && len(ms) == streams {
-			synced := 0
-			for _, m := range ms {
-				if m.Synchronized {
-					synced++
-				}
-			}
-			if synced == streams {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return errors.New("kvcar did not synchronise every stream within 30s")
 }
 
 // load sends completions that share system prompts and grow as

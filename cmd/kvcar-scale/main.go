@@ -14,11 +14,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
@@ -29,6 +27,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/devcluster"
 	"github.com/kvcar/kvcar/internal/enginesim"
 	"github.com/kvcar/kvcar/internal/etcdembed"
 	"github.com/kvcar/kvcar/internal/kvdir"
@@ -53,13 +52,13 @@ type options struct {
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:]); err != nil && !errors.Is(err, context.Canceled) {
+	if err := run(ctx, os.Args[1:]); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "kvcar-scale:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, args []string) error {
+func run(ctx context.Context, args []string) (err error) {
 	fs := flag.NewFlagSet("kvcar-scale", flag.ContinueOnError)
 	o := options{}
 	self, _ := os.Executable()
@@ -88,48 +87,47 @@ func run(ctx context.Context, args []string) error {
 	}
 	defer etcd.Close()
 
-	engines, err := startEngines(o, etcd.Endpoints())
-	defer func() {
-		for _, e := range engines {
-			e.Close()
-		}
-	}()
+	var cfgs []enginesim.Config
+	for range o.streams {
+		cfgs = append(cfgs, devcluster.Discoverable(enginesim.Config{BlockSize: o.blockSize, DeviceBlocks: 8192}, etcd.Endpoints(), "", time.Second))
+	}
+	engines, err := devcluster.StartEngines(cfgs)
 	if err != nil {
 		return err
 	}
+	defer engines.Close()
 
 	dir, err := os.MkdirTemp("", "kvcar-scale-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	cfgPath := filepath.Join(dir, "kv_events.json")
-	cfg := fmt.Sprintf(`{"max_streams":128,"max_blocks_per_stream":%d,"max_message_bytes":%d,"max_buffered_bytes":%d,"discovery":{"enabled":true,"block_size":%d,"topic":"xllm-kv","refresh_interval_ms":200}}`,
-		o.maxBlocks, o.maxMessage, 2*o.maxMessage, o.blockSize)
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+	cfg := devcluster.DiscoveryConfig(o.blockSize, 200*time.Millisecond)
+	cfg.MaxStreams, cfg.MaxBlocksPerStream, cfg.MaxMessageBytes, cfg.MaxBufferedBytes = 128, o.maxBlocks, o.maxMessage, 2*o.maxMessage
+	cfgPath, err := devcluster.WriteConfig(dir, cfg)
+	if err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, o.kvcar, fmt.Sprintf("--port=%d", o.port), "--advertise_host=127.0.0.1", "--log_level=warn",
-		"--etcd_addr="+strings.Join(etcd.Endpoints(), ","), "--kv_events_config_file="+cfgPath)
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-	cmd.WaitDelay = 10 * time.Second
 	began := time.Now()
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s (run make build first): %w", o.kvcar, err)
+	kv, err := devcluster.StartKVCar(devcluster.KVCarOptions{
+		Binary: o.kvcar, Port: o.port, Etcd: etcd.Endpoints(), ConfigFile: cfgPath,
+		Args: []string{"--log_level=warn"}, Stdout: os.Stdout, Stderr: os.Stderr,
+	})
+	if err != nil {
+		return fmt.Errorf("%w (run make build first)", err)
 	}
-	defer cmd.Wait()
-	base := fmt.Sprintf("http://127.0.0.1:%d", o.port)
-	if err := waitSynced(ctx, base, o.streams, 60*time.Second); err != nil {
+	defer func() { err = errors.Join(err, kv.Stop()) }()
+	base := kv.URL()
+	if err := kv.WaitSynced(ctx, o.streams, 60*time.Second); err != nil {
 		return err
 	}
 	syncTook := time.Since(began)
 
-	cpu0, err := cpuTime(cmd.Process.Pid)
+	cpu0, err := devcluster.CPUTime(kv.Pid())
 	if err != nil {
 		return err
 	}
-	self0, err := cpuTime(os.Getpid())
+	self0, err := devcluster.CPUTime(os.Getpid())
 	if err != nil {
 		return err
 	}
@@ -141,15 +139,15 @@ func run(ctx context.Context, args []string) error {
 		blocks = drive(ctx, engines, o)
 	}
 	wall := time.Since(t0)
-	cpu1, err := cpuTime(cmd.Process.Pid)
+	cpu1, err := devcluster.CPUTime(kv.Pid())
 	if err != nil {
 		return err
 	}
-	self1, err := cpuTime(os.Getpid())
+	self1, err := devcluster.CPUTime(os.Getpid())
 	if err != nil {
 		return err
 	}
-	rss, hwm, err := memory(cmd.Process.Pid)
+	rss, hwm, err := devcluster.Memory(kv.Pid())
 	if err != nil {
 		return err
 	}
@@ -170,39 +168,13 @@ func run(ctx context.Context, args []string) error {
 	fmt.Printf("| kvcar CPU during the window | %.1f%% of one core |\n", 100*(cpu1-cpu0).Seconds()/wall.Seconds())
 	fmt.Printf("| this driver's CPU (etcd + emulated engines) in the window, on the same 2 cores | %.1f%% of one core |\n", 100*(self1-self0).Seconds()/wall.Seconds())
 	fmt.Printf("| kvcar resident memory (now / peak) | %.1f MiB / %.1f MiB |\n", float64(rss)/(1<<20), float64(hwm)/(1<<20))
-	lim := kvdir.Limits{MaxBlocksPerStream: o.maxBlocks, MaxMessageBytes: o.maxMessage, MaxBufferedBytes: 2 * o.maxMessage}
-	bound := lim.MemoryBound().Process(o.streams)
+	bound := kvdir.LimitsFromConfig(&cfg).MemoryBound().Process(o.streams)
 	fmt.Printf("| memory the config allows above kvcar's own (kvdir.MemoryBound for %d streams) | %.1f MiB |\n", o.streams, float64(bound)/(1<<20))
 	fmt.Printf("| streams synchronised after the window | %d of %d |\n", synced, o.streams)
 	fmt.Printf("| resident Device blocks kvcar reports | %d |\n", resident)
 	fmt.Printf("| HTTP query, 8k tokens over all streams, kvcar's own time (Server-Timing): p50 / p99 | %v / %v |\n", srv[len(srv)/2], srv[len(srv)*99/100])
 	fmt.Printf("| same, seen by this driver's client (includes its own CPU contention): p50 / p99 | %v / %v |\n", lat[len(lat)/2], lat[len(lat)*99/100])
 	return nil
-}
-
-func startEngines(o options, etcd []string) ([]*enginesim.Engine, error) {
-	var engines []*enginesim.Engine
-	for i := range o.streams {
-		base, err := enginesim.FreeDiscoveryPort(1, enginesim.DefaultEventPortOffset, enginesim.DefaultReplayPortOffset)
-		if err != nil {
-			return engines, err
-		}
-		e, err := enginesim.New(enginesim.Config{
-			HTTPAddr: "127.0.0.1:" + strconv.Itoa(base), BlockSize: o.blockSize, DeviceBlocks: 8192, Topic: "xllm-kv",
-			DiscoveryOffsets: enginesim.DefaultDiscoveryOffsets(),
-			Etcd:             &enginesim.EtcdConfig{Endpoints: etcd, Type: enginesim.TypeDefault},
-			Heartbeat:        &enginesim.HeartbeatConfig{Interval: time.Second},
-			Logger:           slog.New(slog.DiscardHandler),
-		})
-		if err == nil {
-			err = e.Start()
-		}
-		if err != nil {
-			return engines, fmt.Errorf("engine %d: %w", i, err)
-		}
-		engines = append(engines, e)
-	}
-	return engines, nil
 }
 
 // attack makes every engine publish what costs a subscriber the most:
@@ -337,27 +309,6 @@ func queryTimed(ctx context.Context, base string, ids []uint32) ([]match, time.D
 	return out.Matches, server, nil
 }
 
-func waitSynced(ctx context.Context, base string, n int, d time.Duration) error {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if ms, err := queryKV(ctx, base, []uint32{}); err == nil && len(ms) == n {
-			all := true
-			for _, m := range ms {
-				all = all && m.Synchronized
-			}
-			if all {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return fmt.Errorf("not all %d streams synchronised within %v", n, d)
-}
-
 func timeQueries(ctx context.Context, base string, o options) (client, server []time.Duration, synced, resident int, err error) {
 	rng := rand.New(rand.NewPCG(o.seed, 999))
 	prompt := tokens(rng, 8192)
@@ -383,45 +334,4 @@ func timeQueries(ctx context.Context, base string, o options) (client, server []
 		resident += m.DeviceBlocks
 	}
 	return client, server, synced, resident, nil
-}
-
-// cpuTime reads the user+system CPU time of pid from /proc.
-func cpuTime(pid int) (time.Duration, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// Fields after the parenthesised command name; utime and stime are
-	// the 14th and 15th fields of the line.
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return 0, fmt.Errorf("parse /proc/%d/stat: %w", pid, err)
-	}
-	const ticks = 100 // USER_HZ on Linux
-	return time.Duration(ut+st) * time.Second / ticks, nil
-}
-
-// memory reads VmRSS and VmHWM of pid in bytes.
-func memory(pid int) (rss, hwm int64, err error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		v, _ := strconv.ParseInt(f[1], 10, 64)
-		switch f[0] {
-		case "VmRSS:":
-			rss = v << 10
-		case "VmHWM:":
-			hwm = v << 10
-		}
-	}
-	return rss, hwm, nil
 }

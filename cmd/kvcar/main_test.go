@@ -175,7 +175,8 @@ func TestQueryEndToEnd(t *testing.T) {
 		if err := json.Unmarshal(body, &resp); err != nil {
 			t.Fatalf("response %s: %v", body, err)
 		}
-		if len(resp.Matches) == 3 && resp.Matches[0].DeviceHitTokens == 5*block && resp.Matches[2].DeviceHitTokens == 2*block {
+		if len(resp.Matches) == 3 && resp.Matches[0].DeviceHitTokens == 5*block && resp.Matches[2].DeviceHitTokens == 2*block &&
+			resp.Matches[1].Synchronized {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -1,17 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
-	"encoding/json"
 	"fmt"
-	"net"
-	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,10 +10,10 @@ import (
 	"time"
 
 	"github.com/kvcar/kvcar/internal/config"
+	"github.com/kvcar/kvcar/internal/devcluster"
 	"github.com/kvcar/kvcar/internal/enginesim"
 	"github.com/kvcar/kvcar/internal/kvdir"
 	"github.com/kvcar/kvcar/internal/kvevent"
-	"github.com/kvcar/kvcar/internal/server"
 )
 
 // TestMemoryBoundUnderAdversary covers R-CFG-2: whatever the engines
@@ -61,9 +52,14 @@ func TestMemoryBoundUnderAdversary(t *testing.T) {
 	bound := kvdir.LimitsFromConfig(cfg).MemoryBound().Process(streams)
 
 	etcd := startEtcd(t)
-	kv := startKVCarProcess(t, "--kv_events_config_file="+cfgPath, "--etcd_addr="+etcd.Endpoint())
-	waitStreamsSynced(t, kv.addr, streams)
-	base, _ := procMemory(t, kv.pid())
+	kv := startKVCarProcess(t, etcd.Endpoints(), cfgPath)
+	if err := kv.WaitSynced(t.Context(), streams, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	base, _, err := devcluster.Memory(kv.Pid())
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// 1-byte hashes in one BlockRemoved: 8 bytes of decoded records per
 	// wire byte, the most any payload decodes to. The hashes are not
@@ -81,7 +77,9 @@ func TestMemoryBoundUnderAdversary(t *testing.T) {
 
 	began := time.Now()
 	for r := range rounds {
-		kv.signal(syscall.SIGSTOP)
+		if err := kv.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
 		var wg sync.WaitGroup
 		for _, e := range engines {
 			wg.Go(func() {
@@ -94,11 +92,18 @@ func TestMemoryBoundUnderAdversary(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		kv.signal(syscall.SIGCONT)
+		if err := kv.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	_, peak := procMemory(t, kv.pid())
-	waitStreamsSynced(t, kv.addr, streams)
+	_, peak, err := devcluster.Memory(kv.Pid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.WaitSynced(t.Context(), streams, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("%d rounds of %d messages of %d bytes per stream in %v: kvcar peak RSS %.1f MiB, %.1f MiB at start; bound %.1f MiB above the start",
 		rounds, perRound, len(payload), time.Since(began).Round(time.Millisecond),
 		float64(peak)/(1<<20), float64(base)/(1<<20), float64(bound)/(1<<20))
@@ -107,131 +112,34 @@ func TestMemoryBoundUnderAdversary(t *testing.T) {
 	}
 }
 
-// kvcarProcess is kvcar run as a process of its own.
-type kvcarProcess struct {
-	t    *testing.T
-	cmd  *exec.Cmd
-	addr string
-}
-
-func (k *kvcarProcess) pid() int { return k.cmd.Process.Pid }
-
-func (k *kvcarProcess) signal(sig syscall.Signal) {
-	k.t.Helper()
-	if err := k.cmd.Process.Signal(sig); err != nil {
-		k.t.Fatalf("signal %v: %v", sig, err)
-	}
-}
-
-// buildKVCar builds the command as shipped, without the race detector
-// whose shadow memory would swamp what is measured.
-func buildKVCar(t *testing.T) string {
+// startKVCarProcess builds kvcar and runs it as a process of its own,
+// stopped at the end of the test.
+func startKVCarProcess(t *testing.T, etcd []string, cfgPath string) *devcluster.KVCar {
 	t.Helper()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	bin := filepath.Join(t.TempDir(), "kvcar")
-	out, err := exec.Command(goBin, "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
-func startKVCarProcess(t *testing.T, args ...string) *kvcarProcess {
-	t.Helper()
-	bin := buildKVCar(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	bin, err := devcluster.BuildKVCar(t.Context(), t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	cmd := exec.Command(bin, append([]string{"--port=" + strconv.Itoa(port), "--host=127.0.0.1",
-		"--advertise_host=127.0.0.1", "--log_level=warn"}, args...)...)
+	// Read only once Stop has returned: until then kvcar's output is
+	// still being copied into it.
 	var logs bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
+	kv, err := devcluster.StartKVCar(devcluster.KVCarOptions{
+		Binary: bin, Etcd: etcd, ConfigFile: cfgPath,
+		Args: []string{"--host=127.0.0.1", "--log_level=warn"}, Stdout: &logs, Stderr: &logs,
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
-	k := &kvcarProcess{t: t, cmd: cmd, addr: "127.0.0.1:" + strconv.Itoa(port)}
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-		_ = cmd.Process.Signal(syscall.SIGTERM)
 		stopping := time.Now()
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("kvcar exited: %v\n%s", err, logs.String())
-			}
+		if err := kv.Stop(); err != nil {
+			t.Error(err)
+		} else {
 			t.Logf("kvcar stopped %v after SIGTERM", time.Since(stopping).Round(time.Millisecond))
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-			t.Errorf("kvcar did not stop within 15s of SIGTERM\n%s", logs.String())
+		}
+		if t.Failed() {
+			t.Logf("kvcar output:\n%s", logs.String())
 		}
 	})
-	return k
-}
-
-// waitStreamsSynced polls the query API until n streams are synchronised.
-func waitStreamsSynced(t *testing.T, addr string, n int) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		synced := 0
-		// Connection errors are expected until the process listens.
-		if resp, err := http.Post("http://"+addr+server.QueryPath, "application/json", strings.NewReader(`{"token_ids":[]}`)); err == nil {
-			var qr queryResponse
-			if resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&qr) == nil {
-				for _, m := range qr.Matches {
-					if m.Synchronized {
-						synced++
-					}
-				}
-			}
-			resp.Body.Close()
-		}
-		if synced == n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d streams synchronised after 30s", synced, n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// procMemory reads a process's resident memory now and at its peak.
-func procMemory(t *testing.T, pid int) (rss, peak int64) {
-	t.Helper()
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 2 {
-			continue
-		}
-		kb, err := strconv.ParseInt(fields[1], 10, 64)
-		if err != nil {
-			continue
-		}
-		switch fields[0] {
-		case "VmRSS:":
-			rss = kb << 10
-		case "VmHWM:":
-			peak = kb << 10
-		}
-	}
-	if rss == 0 || peak == 0 {
-		t.Fatalf("no VmRSS/VmHWM in /proc/%d/status", pid)
-	}
-	return rss, peak
+	return kv
 }

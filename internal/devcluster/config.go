@@ -1,0 +1,65 @@
+package devcluster
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/config"
+	"github.com/kvcar/kvcar/internal/enginesim"
+)
+
+// Topic is the KV events topic the engines publish and the discovery
+// config subscribes to.
+const Topic = "xllm-kv"
+
+// DiscoveryConfig returns kvcar's default KV events config with discovery
+// of engines made Discoverable enabled, blockSize tokens per block and a
+// registry check every refresh. Callers change the limits they measure.
+func DiscoveryConfig(blockSize int, refresh time.Duration) config.Config {
+	c := config.Default()
+	c.Discovery.Enabled = true
+	// The index uses discovery.block_size, so it must be the engines'.
+	c.Discovery.BlockSize = blockSize
+	c.Discovery.Topic = Topic
+	c.Discovery.EventPortOffset = enginesim.DefaultEventPortOffset
+	c.Discovery.ReplayPortOffset = enginesim.DefaultReplayPortOffset
+	c.Discovery.RefreshInterval = refresh
+	return c
+}
+
+// WriteConfig writes c as a KV events config file in dir and returns its
+// path. It parses the file back first, so that a limit out of range is
+// reported here rather than by a kvcar exiting at start-up.
+func WriteConfig(dir string, c config.Config) (string, error) {
+	b, err := c.MarshalJSON()
+	if err != nil {
+		return "", fmt.Errorf("kv events config: %w", err)
+	}
+	if _, err := config.Parse(b); err != nil {
+		return "", fmt.Errorf("kv events config: %w", err)
+	}
+	path := filepath.Join(dir, "kv_events_discovery_config.json")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		return "", fmt.Errorf("kv events config: %w", err)
+	}
+	return path, nil
+}
+
+// Discoverable returns c set up so that kvcar running DiscoveryConfig
+// finds it: it publishes Topic on the ports the default discovery offsets
+// derive from its HTTP port (a free loopback one unless c.HTTPAddr names
+// one) and, when etcd is not empty, registers as a DEFAULT instance under
+// namespace and reports its load to the master every heartbeat
+// (enginesim's default interval when 0). Without etcd it serves HTTP
+// only, for a caller that routes to it directly.
+func Discoverable(c enginesim.Config, etcd []string, namespace string, heartbeat time.Duration) enginesim.Config {
+	c.Topic = Topic
+	c.DiscoveryOffsets = enginesim.DefaultDiscoveryOffsets()
+	if len(etcd) > 0 {
+		c.Etcd = &enginesim.EtcdConfig{Endpoints: etcd, Namespace: namespace, Type: enginesim.TypeDefault}
+		c.Heartbeat = &enginesim.HeartbeatConfig{Interval: heartbeat}
+	}
+	return c
+}

@@ -1,0 +1,27 @@
+// Package devcluster runs a local kvcar deployment for the development
+// programs (kvcar-demo, kvcar-scale, kvcar-bench) and for tests that need
+// kvcar as a process of its own: emulated engines registered in an
+// embedded etcd, the KV events config that discovers them, and the kvcar
+// binary as a child process, with a wait until its streams are
+// synchronised and a Stop that always ends it.
+//
+// What must agree between the engines and kvcar is decided here once:
+// the topic the engines publish and the config subscribes (Topic), the
+// discovery port offsets, registration as DEFAULT instances, and the
+// loopback address kvcar advertises for heartbeats.
+//
+// Ownership: a KVCar owns its child process and the one goroutine that
+// waits for it; Stop ends the process (SIGTERM, then SIGKILL after
+// StopTimeout) and returns once that goroutine has finished, so every
+// caller that starts kvcar must Stop it. Engines are closed by their
+// caller through Engines.Close; the etcd server is the caller's too
+// (internal/etcdembed). The package holds no state outside these values.
+//
+// Memory and CPUTime read a process's use from /proc; what to make of it
+// is the caller's. The package must not hold workloads, measurements or
+// reports (those are the programs'), and must not import cmd packages.
+// It sees kvcar only as an operator does, through its flags, its config
+// file and its HTTP API: it uses internal/config for the file's format
+// and internal/server for the API's path, and nothing of the directory,
+// the registry or the routing policies.
+package devcluster

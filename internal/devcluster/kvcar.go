@@ -1,0 +1,242 @@
+package devcluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/server"
+)
+
+// StopTimeout is how long Stop waits for kvcar to exit after SIGTERM
+// before it kills it. kvcar's own shutdown takes well under a second; a
+// kvcar still running after this is stuck.
+const StopTimeout = 15 * time.Second
+
+// KVCarOptions says how to run the kvcar binary.
+type KVCarOptions struct {
+	// Binary is the path of the kvcar executable.
+	Binary string
+	// Port is kvcar's HTTP port (--port); 0 picks one free right now.
+	Port int
+	// Etcd are the etcd endpoints (--etcd_addr).
+	Etcd []string
+	// Namespace is the etcd key prefix (--etcd_namespace), left out when
+	// empty.
+	Namespace string
+	// ConfigFile is the KV events config (--kv_events_config_file).
+	ConfigFile string
+	// Args are further flags, passed as given (--log_level=warn, …).
+	Args []string
+	// Stdout and Stderr receive kvcar's output; nil discards it.
+	Stdout, Stderr io.Writer
+}
+
+// KVCar is a kvcar child process. Its owner must call Stop.
+type KVCar struct {
+	cmd    *exec.Cmd
+	url    string
+	client *http.Client
+	// done is closed once the process has been waited for; exit holds
+	// Wait's result by then.
+	done chan struct{}
+	exit error
+}
+
+// StartKVCar starts kvcar. It advertises 127.0.0.1 for heartbeats, where
+// the emulated engines can reach it.
+func StartKVCar(o KVCarOptions) (*KVCar, error) {
+	port := o.Port
+	if port == 0 {
+		var err error
+		if port, err = freePort(); err != nil {
+			return nil, err
+		}
+	}
+	args := []string{
+		"--port=" + strconv.Itoa(port), "--advertise_host=127.0.0.1",
+		"--etcd_addr=" + strings.Join(o.Etcd, ","), "--kv_events_config_file=" + o.ConfigFile,
+	}
+	if o.Namespace != "" {
+		args = append(args, "--etcd_namespace="+o.Namespace)
+	}
+	cmd := exec.Command(o.Binary, append(args, o.Args...)...)
+	cmd.Stdout, cmd.Stderr = o.Stdout, o.Stderr
+	// Bounds Wait when output is copied through a pipe that something
+	// other than kvcar keeps open.
+	cmd.WaitDelay = 5 * time.Second
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start kvcar %s: %w", o.Binary, err)
+	}
+	k := &KVCar{
+		cmd: cmd,
+		url: "http://127.0.0.1:" + strconv.Itoa(port),
+		// A transport of its own, so that Stop can close its connections
+		// without touching anyone else's.
+		client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{}},
+		done:   make(chan struct{}),
+	}
+	go func() {
+		k.exit = cmd.Wait()
+		close(k.done)
+	}()
+	return k, nil
+}
+
+// URL is kvcar's HTTP base URL on loopback, without a trailing slash.
+func (k *KVCar) URL() string { return k.url }
+
+// Pid is the process id of kvcar.
+func (k *KVCar) Pid() int { return k.cmd.Process.Pid }
+
+// Signal sends sig to kvcar.
+func (k *KVCar) Signal(sig os.Signal) error {
+	if err := k.cmd.Process.Signal(sig); err != nil {
+		return fmt.Errorf("signal kvcar %v: %w", sig, err)
+	}
+	return nil
+}
+
+// Exited returns an error saying how kvcar exited once it has, and nil
+// while it runs.
+func (k *KVCar) Exited() error {
+	select {
+	case <-k.done:
+		if k.exit != nil {
+			return fmt.Errorf("kvcar exited: %w", k.exit)
+		}
+		return errors.New("kvcar exited: exit status 0")
+	default:
+		return nil
+	}
+}
+
+// Stop ends kvcar with SIGTERM and waits for it to exit; after
+// StopTimeout it kills it. It returns kvcar's exit error, if any, or an
+// error saying it had to be killed. Stop may be called again; it then
+// reports the same exit.
+func (k *KVCar) Stop() error {
+	defer k.client.CloseIdleConnections()
+	select {
+	case <-k.done:
+		return k.exitErr()
+	default:
+	}
+	// A process stopped by SIGSTOP acts on SIGTERM only once continued.
+	// Errors mean it has exited meanwhile, which done will tell.
+	_ = k.cmd.Process.Signal(syscall.SIGCONT)
+	_ = k.cmd.Process.Signal(syscall.SIGTERM)
+	t := time.NewTimer(StopTimeout)
+	defer t.Stop()
+	select {
+	case <-k.done:
+		return k.exitErr()
+	case <-t.C:
+	}
+	_ = k.cmd.Process.Kill()
+	<-k.done
+	return fmt.Errorf("kvcar did not stop within %v of SIGTERM and was killed", StopTimeout)
+}
+
+func (k *KVCar) exitErr() error {
+	if k.exit != nil {
+		return fmt.Errorf("kvcar: %w", k.exit)
+	}
+	return nil
+}
+
+// Streams asks kvcar's query API, with no token ids, for every stream's
+// state, and returns how many streams it has and how many of them are
+// synchronised.
+func (k *KVCar) Streams(ctx context.Context) (synced, total int, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, k.url+server.QueryPath, strings.NewReader(`{"token_ids":[]}`))
+	if err != nil {
+		return 0, 0, fmt.Errorf("query: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := k.client.Do(req)
+	if err != nil {
+		return 0, 0, fmt.Errorf("query: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return 0, 0, fmt.Errorf("query: %s: %s", resp.Status, strings.TrimSpace(string(b)))
+	}
+	var out struct {
+		Matches []struct {
+			Synchronized bool `json:"synchronized"`
+		} `json:"matches"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return 0, 0, fmt.Errorf("query answer: %w", err)
+	}
+	for _, m := range out.Matches {
+		if m.Synchronized {
+			synced++
+		}
+	}
+	return synced, len(out.Matches), nil
+}
+
+// WaitSynced waits until kvcar has exactly n streams, all synchronised.
+// It gives up at once when kvcar exits.
+func (k *KVCar) WaitSynced(ctx context.Context, n int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if err := k.Exited(); err != nil {
+			return err
+		}
+		// Errors are expected until kvcar listens and is ready.
+		synced, total, err := k.Streams(ctx)
+		if err == nil && synced == n && total == n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if err != nil {
+				return fmt.Errorf("kvcar streams not synchronised within %v: %w", timeout, err)
+			}
+			return fmt.Errorf("kvcar streams not synchronised within %v: %d of %d synchronised, want all of %d", timeout, synced, total, n)
+		}
+		if err := sleep(ctx, pollInterval); err != nil {
+			return err
+		}
+	}
+}
+
+// BuildKVCar builds the kvcar command as shipped (no race detector, whose
+// shadow memory would distort what a test measures) into dir and returns
+// the binary's path. It is for tests, which run inside the module.
+func BuildKVCar(ctx context.Context, dir string) (string, error) {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		return "", fmt.Errorf("build kvcar: %w", err)
+	}
+	bin := filepath.Join(dir, "kvcar")
+	out, err := exec.CommandContext(ctx, goBin, "build", "-o", bin, "github.com/kvcar/kvcar/cmd/kvcar").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("build kvcar: %w\n%s", err, out)
+	}
+	return bin, nil
+}
+
+// freePort returns a loopback TCP port that is free right now.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
