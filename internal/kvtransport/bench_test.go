@@ -33,14 +33,13 @@ func benchLiveHWM(b *testing.B, size, hwm int) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	defer p.Close()
 	s, err := c.Subscribe(p.Endpoint(), "", SubscriberOptions{ReceiveHWM: hwm, MaxMessageBytes: int64(size) + 1024})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer s.Close()
-	if err := benchWaitSubscribed(p); err != nil {
-		b.Fatal(err)
-	}
+	pubWaitSubscribed(b, p, 1, s)
 	payload := make([]byte, size)
 	sent := make(chan error, 1)
 	b.SetBytes(int64(size))
@@ -98,27 +97,9 @@ func benchLiveHWM(b *testing.B, size, hwm int) {
 		}
 	}
 	b.StopTimer()
-	p.Close()
 	if got == 0 {
 		b.Fatal("nothing delivered")
 	}
 	b.ReportMetric(100*float64(got)/float64(b.N), "%delivered")
 	b.ReportMetric(float64(lastAt.Sub(start).Nanoseconds())/float64(got), "ns/delivered")
-}
-
-// benchWaitSubscribed waits for the subscriber's subscription to reach
-// the publisher, so that nothing is sent into the void.
-func benchWaitSubscribed(p *Publisher) error {
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		n, err := p.DrainSubscriptions()
-		if err != nil {
-			return err
-		}
-		if n > 0 {
-			return nil
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return fmt.Errorf("no subscription within 5s")
 }

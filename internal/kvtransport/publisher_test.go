@@ -58,8 +58,10 @@ func pubRecv(t *testing.T, s *zmq.Socket, timeout time.Duration) [][]byte {
 }
 
 // pubWaitSubscribed polls the XPUB until n subscribe requests have arrived,
-// so a test never publishes before the subscriber is attached.
-func pubWaitSubscribed(t *testing.T, p *Publisher, n uint64) {
+// so a test never publishes before the subscriber is attached. It polls
+// kvcar's subscribers in subs meanwhile: theirs is sent once the
+// connection is attached, which libzmq does inside a call on the socket.
+func pubWaitSubscribed(t testing.TB, p *Publisher, n uint64, subs ...*Subscriber) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -73,7 +75,14 @@ func pubWaitSubscribed(t *testing.T, p *Publisher, n uint64) {
 		if time.Now().After(deadline) {
 			t.Fatalf("saw %d subscriptions, want %d", got, n)
 		}
-		time.Sleep(time.Millisecond)
+		if len(subs) == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		for _, s := range subs {
+			if _, err := s.Wait(nil, time.Millisecond); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 }
 
