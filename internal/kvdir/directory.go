@@ -152,6 +152,11 @@ func (d *Directory) SetStreams(specs []StreamSpec) error {
 
 func (d *Directory) start(s *stream) {
 	s.obs = d.metrics.observers(s.spec)
+	if w, err := d.tctx.NewWaker(); err != nil {
+		d.log.Warn("stream stops more slowly: no waker", "stream", s.spec.String(), "err", err)
+	} else {
+		s.waker = w
+	}
 	y := &syncer{
 		s:    s,
 		lim:  d.lim,
@@ -167,6 +172,10 @@ func (d *Directory) start(s *stream) {
 func stopAll(streams []*stream) {
 	for _, s := range streams {
 		close(s.stop)
+		if s.waker != nil {
+			// Waking a waker its goroutine already closed does nothing.
+			_ = s.waker.Wake()
+		}
 	}
 	for _, s := range streams {
 		<-s.done

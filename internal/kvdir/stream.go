@@ -6,6 +6,7 @@ import (
 
 	"github.com/kvcar/kvcar/internal/kvevent"
 	"github.com/kvcar/kvcar/internal/kvindex"
+	"github.com/kvcar/kvcar/internal/kvtransport"
 )
 
 // stream is one instance/DP event stream. The fields under mu form the
@@ -30,6 +31,9 @@ type stream struct {
 
 	stop chan struct{}
 	done chan struct{}
+	// waker ends the goroutine's wait on its sockets when stop closes;
+	// nil if it could not be made, and the wait then ends by pollInterval.
+	waker *kvtransport.Waker
 }
 
 // streamCounters are monotonic totals, readable without the lock.

@@ -14,8 +14,10 @@ import (
 
 const (
 	// pollInterval bounds how long the stream goroutine waits on its
-	// sockets before it looks at its timers and its stop channel.
-	pollInterval = 50 * time.Millisecond
+	// sockets. Its timers set shorter waits and stopping wakes it, so
+	// this only paces an idle stream: every wait is a cgo call, which at
+	// 128 streams was most of kvcar's CPU when it was 50 ms.
+	pollInterval = time.Second
 	// requestRetryInterval paces a snapshot request waiting for its
 	// connection.
 	requestRetryInterval = time.Millisecond
@@ -63,6 +65,13 @@ type syncer struct {
 // run is the stream goroutine. It returns when s.stop is closed.
 func (y *syncer) run() {
 	defer close(y.s.done)
+	if w := y.s.waker; w != nil {
+		defer func() {
+			if err := w.Close(); err != nil {
+				y.log.Debug("close waker", "stream", y.s.spec.String(), "err", err)
+			}
+		}()
+	}
 	defer y.closeSockets()
 
 	y.retryAt = time.Now()
@@ -83,7 +92,7 @@ func (y *syncer) run() {
 			continue
 		}
 		y.onTimers(now)
-		rd, err := y.sub.Wait(y.replayer(), y.waitFor(now))
+		rd, err := y.sub.Wait(y.replayer(), y.s.waker, y.waitFor(now))
 		if err != nil {
 			y.fail(fmt.Sprintf("poll: %v", err))
 			y.pause(time.Now())

@@ -22,10 +22,11 @@ type ReplayOptions struct {
 // late reply to an abandoned request can never be mistaken for the
 // current one.
 type Replayer struct {
-	endpoint string
-	dealer   *zmq.Socket
-	poller   *zmq.Poller
-	pollSub  *Subscriber
+	endpoint  string
+	dealer    *zmq.Socket
+	poller    *zmq.Poller
+	pollSub   *Subscriber
+	pollWaker *Waker
 }
 
 // DialReplay connects a DEALER to endpoint. The connection is made in
@@ -104,15 +105,18 @@ func (r *Replayer) Close() error {
 	return nil
 }
 
-// pollerWith returns a poller over s's sockets and the dealer, built once
-// per (replayer, subscriber) pair.
-func (r *Replayer) pollerWith(s *Subscriber) *zmq.Poller {
-	if r.poller == nil || r.pollSub != s {
+// pollerWith returns a poller over s's sockets, the dealer and w's
+// receiving end when w is set, built once per (subscriber, waker).
+func (r *Replayer) pollerWith(s *Subscriber, w *Waker) *zmq.Poller {
+	if r.poller == nil || r.pollSub != s || r.pollWaker != w {
 		p := zmq.NewPoller()
 		p.Add(s.sub, zmq.POLLIN)
 		p.Add(s.mon, zmq.POLLIN)
 		p.Add(r.dealer, zmq.POLLIN)
-		r.poller, r.pollSub = p, s
+		if w != nil {
+			p.Add(w.recv, zmq.POLLIN)
+		}
+		r.poller, r.pollSub, r.pollWaker = p, s, w
 	}
 	return r.poller
 }

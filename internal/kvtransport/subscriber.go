@@ -71,6 +71,9 @@ type Subscriber struct {
 	sub      *zmq.Socket
 	mon      *zmq.Socket
 	poller   *zmq.Poller
+
+	wakePoller *zmq.Poller
+	wakeWaker  *Waker
 }
 
 // Subscribe connects a SUB socket to endpoint and subscribes to topic.
@@ -182,21 +185,19 @@ func (s *Subscriber) RecvLink() (ev LinkEvent, ok bool, err error) {
 	return 0, false, nil
 }
 
-// Ready says which inputs have something to read after a Wait.
+// Ready says which inputs have something to read after a Wait; Woken is
+// true when the wait ended on a Wake (the wakes are taken already).
 type Ready struct {
-	Live, Link, Replay bool
+	Live, Link, Replay, Woken bool
 }
 
 // Any reports whether anything is readable.
 func (r Ready) Any() bool { return r.Live || r.Link || r.Replay }
 
-// Wait blocks up to timeout until the subscriber, its monitor or the
-// optional replayer r has input.
-func (s *Subscriber) Wait(r *Replayer, timeout time.Duration) (Ready, error) {
-	p := s.poller
-	if r != nil {
-		p = r.pollerWith(s)
-	}
+// Wait blocks up to timeout until the subscriber, its monitor, the
+// optional replayer r or the optional waker w has input.
+func (s *Subscriber) Wait(r *Replayer, w *Waker, timeout time.Duration) (Ready, error) {
+	p := s.pollerFor(r, w)
 	polled, err := p.Poll(timeout)
 	if err != nil {
 		if isInterrupted(err) {
@@ -206,16 +207,42 @@ func (s *Subscriber) Wait(r *Replayer, timeout time.Duration) (Ready, error) {
 	}
 	var rd Ready
 	for _, pl := range polled {
-		switch pl.Socket {
-		case s.sub:
+		switch {
+		case pl.Socket == s.sub:
 			rd.Live = true
-		case s.mon:
+		case pl.Socket == s.mon:
 			rd.Link = true
+		case w != nil && pl.Socket == w.recv:
+			rd.Woken = true
+			if err := w.drain(); err != nil {
+				return rd, err
+			}
 		default:
 			rd.Replay = true
 		}
 	}
 	return rd, nil
+}
+
+// pollerFor returns a poller over the subscriber's sockets, r's dealer and
+// w's receiving end (each optional), built once per combination in use:
+// the stream goroutine alternates between waiting with and without a
+// snapshot in progress.
+func (s *Subscriber) pollerFor(r *Replayer, w *Waker) *zmq.Poller {
+	if r == nil && w == nil {
+		return s.poller
+	}
+	if r != nil {
+		return r.pollerWith(s, w)
+	}
+	if s.wakePoller == nil || s.wakeWaker != w {
+		p := zmq.NewPoller()
+		p.Add(s.sub, zmq.POLLIN)
+		p.Add(s.mon, zmq.POLLIN)
+		p.Add(w.recv, zmq.POLLIN)
+		s.wakePoller, s.wakeWaker = p, w
+	}
+	return s.wakePoller
 }
 
 // setImmediate makes libzmq drop a connection's queue with the
