@@ -92,7 +92,7 @@ func (y *syncer) run() {
 			continue
 		}
 		y.onTimers(now)
-		rd, err := y.sub.Wait(y.replayer(), y.s.waker, y.waitFor(now))
+		rd, err := y.sub.Wait(y.replayer(), y.waitFor(now))
 		if err != nil {
 			y.fail(fmt.Sprintf("poll: %v", err))
 			y.pause(time.Now())
@@ -124,6 +124,7 @@ func (y *syncer) subscribe() error {
 	sub, err := y.tctx.Subscribe(y.s.spec.Endpoint, y.s.spec.Topic, kvtransport.SubscriberOptions{
 		MaxMessageBytes: int64(y.lim.MaxMessageBytes),
 		ReceiveHWM:      y.lim.receiveHWM(),
+		Waker:           y.s.waker,
 	})
 	if err != nil {
 		return fmt.Errorf("subscribe: %w", err)

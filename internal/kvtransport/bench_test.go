@@ -57,7 +57,7 @@ func benchLiveHWM(b *testing.B, size, hwm int) {
 	got, done := 0, false
 	quietSince := time.Time{}
 	for {
-		rd, err := s.Wait(nil, nil, 20*time.Millisecond)
+		rd, err := s.Wait(nil, 20*time.Millisecond)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -95,7 +95,7 @@ func (p *pyPublisher) expectPolling(prefix string, s *Subscriber) string {
 			p.t.Fatalf("timed out waiting for %q from publisher", prefix)
 		case <-time.After(5 * time.Millisecond):
 			if s != nil {
-				if _, err := s.Wait(nil, nil, 5*time.Millisecond); err != nil {
+				if _, err := s.Wait(nil, 5*time.Millisecond); err != nil {
 					p.t.Fatal(err)
 				}
 			}
@@ -122,7 +122,7 @@ func waitLink(t *testing.T, s *Subscriber, want LinkEvent, d time.Duration) time
 	t.Helper()
 	start := time.Now()
 	for time.Since(start) < d {
-		if _, err := s.Wait(nil, nil, 50*time.Millisecond); err != nil {
+		if _, err := s.Wait(nil, 50*time.Millisecond); err != nil {
 			t.Fatal(err)
 		}
 		for {
@@ -146,7 +146,7 @@ func waitLive(t *testing.T, s *Subscriber, d time.Duration) [][]byte {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
-		if _, err := s.Wait(nil, nil, 50*time.Millisecond); err != nil {
+		if _, err := s.Wait(nil, 50*time.Millisecond); err != nil {
 			t.Fatal(err)
 		}
 		frames, err := s.RecvLive()
@@ -258,7 +258,7 @@ func TestInteropReplay(t *testing.T) {
 	var got [][][]byte
 	deadline := time.Now().Add(5 * time.Second)
 	for len(got) < len(want) && time.Now().Before(deadline) {
-		rd, err := sub.Wait(rep, nil, 50*time.Millisecond)
+		rd, err := sub.Wait(rep, 50*time.Millisecond)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -79,7 +79,7 @@ func pubWaitSubscribed(t testing.TB, p *Publisher, n uint64, subs ...*Subscriber
 			time.Sleep(time.Millisecond)
 		}
 		for _, s := range subs {
-			if _, err := s.Wait(nil, nil, time.Millisecond); err != nil {
+			if _, err := s.Wait(nil, time.Millisecond); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -22,11 +22,10 @@ type ReplayOptions struct {
 // late reply to an abandoned request can never be mistaken for the
 // current one.
 type Replayer struct {
-	endpoint  string
-	dealer    *zmq.Socket
-	poller    *zmq.Poller
-	pollSub   *Subscriber
-	pollWaker *Waker
+	endpoint string
+	dealer   *zmq.Socket
+	poller   *zmq.Poller
+	pollSub  *Subscriber
 }
 
 // DialReplay connects a DEALER to endpoint. The connection is made in
@@ -105,18 +104,13 @@ func (r *Replayer) Close() error {
 	return nil
 }
 
-// pollerWith returns a poller over s's sockets, the dealer and w's
-// receiving end when w is set, built once per (subscriber, waker).
-func (r *Replayer) pollerWith(s *Subscriber, w *Waker) *zmq.Poller {
-	if r.poller == nil || r.pollSub != s || r.pollWaker != w {
-		p := zmq.NewPoller()
-		p.Add(s.sub, zmq.POLLIN)
-		p.Add(s.mon, zmq.POLLIN)
+// pollerWith returns a poller over s's sockets and the dealer, built once
+// per (replayer, subscriber) pair.
+func (r *Replayer) pollerWith(s *Subscriber) *zmq.Poller {
+	if r.poller == nil || r.pollSub != s {
+		p := s.newPoller()
 		p.Add(r.dealer, zmq.POLLIN)
-		if w != nil {
-			p.Add(w.recv, zmq.POLLIN)
-		}
-		r.poller, r.pollSub, r.pollWaker = p, s, w
+		r.poller, r.pollSub = p, s
 	}
 	return r.poller
 }

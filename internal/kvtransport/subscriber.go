@@ -46,6 +46,9 @@ type SubscriberOptions struct {
 	ReconnectIntervalMax time.Duration
 	// Heartbeat enables ZMTP pings so a silently dead peer is noticed.
 	Heartbeat time.Duration
+	// Waker, when set, ends a Wait early; the owner wakes it to stop.
+	// The subscriber only reads it and never closes it.
+	Waker *Waker
 }
 
 func (o SubscriberOptions) withDefaults() SubscriberOptions {
@@ -71,9 +74,7 @@ type Subscriber struct {
 	sub      *zmq.Socket
 	mon      *zmq.Socket
 	poller   *zmq.Poller
-
-	wakePoller *zmq.Poller
-	wakeWaker  *Waker
+	waker    *Waker // nil without SubscriberOptions.Waker
 }
 
 // Subscribe connects a SUB socket to endpoint and subscribes to topic.
@@ -87,7 +88,7 @@ func (c *Context) Subscribe(endpoint, topic string, o SubscriberOptions) (*Subsc
 	if err != nil {
 		return nil, err
 	}
-	s := &Subscriber{endpoint: endpoint, sub: sub}
+	s := &Subscriber{endpoint: endpoint, sub: sub, waker: o.Waker}
 	fail := func(what string, err error) (*Subscriber, error) {
 		s.Close()
 		return nil, fmt.Errorf("kvtransport: subscribe %s: %s: %w", endpoint, what, err)
@@ -135,9 +136,7 @@ func (c *Context) Subscribe(endpoint, topic string, o SubscriberOptions) (*Subsc
 	if err := sub.Connect(endpoint); err != nil {
 		return fail("connect", err)
 	}
-	s.poller = zmq.NewPoller()
-	s.poller.Add(sub, zmq.POLLIN)
-	s.poller.Add(mon, zmq.POLLIN)
+	s.poller = s.newPoller()
 	return s, nil
 }
 
@@ -185,19 +184,21 @@ func (s *Subscriber) RecvLink() (ev LinkEvent, ok bool, err error) {
 	return 0, false, nil
 }
 
-// Ready says which inputs have something to read after a Wait; Woken is
-// true when the wait ended on a Wake (the wakes are taken already).
+// Ready says which inputs have something to read after a Wait.
 type Ready struct {
-	Live, Link, Replay, Woken bool
+	Live, Link, Replay bool
 }
 
 // Any reports whether anything is readable.
 func (r Ready) Any() bool { return r.Live || r.Link || r.Replay }
 
-// Wait blocks up to timeout until the subscriber, its monitor, the
-// optional replayer r or the optional waker w has input.
-func (s *Subscriber) Wait(r *Replayer, w *Waker, timeout time.Duration) (Ready, error) {
-	p := s.pollerFor(r, w)
+// Wait blocks up to timeout until the subscriber, its monitor or the
+// optional replayer r has input, or the subscriber's waker is woken.
+func (s *Subscriber) Wait(r *Replayer, timeout time.Duration) (Ready, error) {
+	p := s.poller
+	if r != nil {
+		p = r.pollerWith(s)
+	}
 	polled, err := p.Poll(timeout)
 	if err != nil {
 		if isInterrupted(err) {
@@ -212,9 +213,8 @@ func (s *Subscriber) Wait(r *Replayer, w *Waker, timeout time.Duration) (Ready, 
 			rd.Live = true
 		case pl.Socket == s.mon:
 			rd.Link = true
-		case w != nil && pl.Socket == w.recv:
-			rd.Woken = true
-			if err := w.drain(); err != nil {
+		case s.waker != nil && pl.Socket == s.waker.recv:
+			if err := s.waker.drain(); err != nil {
 				return rd, err
 			}
 		default:
@@ -224,25 +224,16 @@ func (s *Subscriber) Wait(r *Replayer, w *Waker, timeout time.Duration) (Ready, 
 	return rd, nil
 }
 
-// pollerFor returns a poller over the subscriber's sockets, r's dealer and
-// w's receiving end (each optional), built once per combination in use:
-// the stream goroutine alternates between waiting with and without a
-// snapshot in progress.
-func (s *Subscriber) pollerFor(r *Replayer, w *Waker) *zmq.Poller {
-	if r == nil && w == nil {
-		return s.poller
+// newPoller returns a poller over the subscriber's sockets and its
+// waker; a Replayer adds its dealer to one of its own.
+func (s *Subscriber) newPoller() *zmq.Poller {
+	p := zmq.NewPoller()
+	p.Add(s.sub, zmq.POLLIN)
+	p.Add(s.mon, zmq.POLLIN)
+	if s.waker != nil {
+		p.Add(s.waker.recv, zmq.POLLIN)
 	}
-	if r != nil {
-		return r.pollerWith(s, w)
-	}
-	if s.wakePoller == nil || s.wakeWaker != w {
-		p := zmq.NewPoller()
-		p.Add(s.sub, zmq.POLLIN)
-		p.Add(s.mon, zmq.POLLIN)
-		p.Add(w.recv, zmq.POLLIN)
-		s.wakePoller, s.wakeWaker = p, w
-	}
-	return s.wakePoller
+	return p
 }
 
 // setImmediate makes libzmq drop a connection's queue with the
