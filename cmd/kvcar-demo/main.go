@@ -38,11 +38,12 @@ func main() {
 }
 
 type options struct {
-	kvcar    string
-	port     int
-	requests int
-	seed     uint64
-	duration time.Duration
+	kvcar        string
+	port         int
+	internalPort int
+	requests     int
+	seed         uint64
+	duration     time.Duration
 }
 
 func run(ctx context.Context, args []string) (err error) {
@@ -51,6 +52,7 @@ func run(ctx context.Context, args []string) (err error) {
 	self, _ := os.Executable()
 	fs.StringVar(&o.kvcar, "kvcar", filepath.Join(filepath.Dir(self), "kvcar"), "path of the kvcar binary")
 	fs.IntVar(&o.port, "port", 8888, "HTTP port for kvcar")
+	fs.IntVar(&o.internalPort, "internal_port", 8890, "port of kvcar's internal listener on loopback (query API, status page, metrics)")
 	fs.IntVar(&o.requests, "requests", 40, "prompts the load generator sends")
 	fs.Uint64Var(&o.seed, "seed", 1, "workload seed")
 	fs.DurationVar(&o.duration, "duration", 0, "how long to keep serving after the load (0: until interrupted)")
@@ -90,7 +92,7 @@ func run(ctx context.Context, args []string) (err error) {
 		return err
 	}
 	kv, err := devcluster.StartKVCar(devcluster.KVCarOptions{
-		Binary: o.kvcar, Port: o.port, Etcd: etcd.Endpoints(), ConfigFile: cfgPath,
+		Binary: o.kvcar, Port: o.port, InternalPort: o.internalPort, Etcd: etcd.Endpoints(), ConfigFile: cfgPath,
 		Args: []string{"--load_balance_policy=CAR"}, Stdout: os.Stdout, Stderr: os.Stderr,
 	})
 	if err != nil {
@@ -107,8 +109,8 @@ func run(ctx context.Context, args []string) (err error) {
 	}
 	fmt.Printf("\nkvcar is serving on %s with %d discovered streams from %d emulated engines\n", base, engines.Streams(), len(engines))
 	fmt.Printf("send requests:  curl -sS %s/v1/completions -H 'Content-Type: application/json' -d '{\"model\":\"enginesim\",\"prompt\":[1,2,3],\"max_tokens\":4}'\n", base)
-	fmt.Printf("query endpoint: curl -sS %s/v1/internal/kv-cache/query -d '{\"token_ids\":[]}'\n", base)
-	fmt.Printf("metrics:        curl -sS %s/metrics\n\n", base)
+	fmt.Printf("query endpoint: curl -sS %s/v1/internal/kv-cache/query -d '{\"token_ids\":[]}'\n", kv.InternalURL())
+	fmt.Printf("metrics:        curl -sS %s/metrics\n\n", kv.InternalURL())
 
 	if err := load(ctx, base, blockSize, o); err != nil {
 		return err

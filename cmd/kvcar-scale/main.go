@@ -37,6 +37,7 @@ import (
 type options struct {
 	kvcar        string
 	port         int
+	internalPort int
 	streams      int
 	rate         float64
 	duration     time.Duration
@@ -64,6 +65,7 @@ func run(ctx context.Context, args []string) (err error) {
 	self, _ := os.Executable()
 	fs.StringVar(&o.kvcar, "kvcar", filepath.Join(filepath.Dir(self), "kvcar"), "path of the kvcar binary")
 	fs.IntVar(&o.port, "port", 18888, "HTTP port for kvcar")
+	fs.IntVar(&o.internalPort, "internal_port", 18890, "port of kvcar's internal listener on loopback: the timed queries, /debug/pprof")
 	fs.IntVar(&o.streams, "streams", 128, "emulated engines (one DP rank, so one stream, each)")
 	fs.Float64Var(&o.rate, "rate", 5, "prefills per second per engine")
 	fs.DurationVar(&o.duration, "duration", 20*time.Second, "length of the measured load window")
@@ -110,14 +112,15 @@ func run(ctx context.Context, args []string) (err error) {
 	}
 	began := time.Now()
 	kv, err := devcluster.StartKVCar(devcluster.KVCarOptions{
-		Binary: o.kvcar, Port: o.port, Etcd: etcd.Endpoints(), ConfigFile: cfgPath,
+		Binary: o.kvcar, Port: o.port, InternalPort: o.internalPort, Etcd: etcd.Endpoints(), ConfigFile: cfgPath,
 		Args: []string{"--log_level=warn"}, Stdout: os.Stdout, Stderr: os.Stderr,
 	})
 	if err != nil {
 		return fmt.Errorf("%w (run make build first)", err)
 	}
 	defer func() { err = errors.Join(err, kv.Stop()) }()
-	base := kv.URL()
+	// Queries and profiles are on the internal listener.
+	base := kv.InternalURL()
 	if err := kv.WaitSynced(ctx, o.streams, 60*time.Second); err != nil {
 		return err
 	}

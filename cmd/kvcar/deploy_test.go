@@ -206,7 +206,7 @@ func TestGrafanaDashboardMatchesMetrics(t *testing.T) {
 	if r := c.complete(t, "/v1/completions", idsPrompt(1, 32)); r.status != 200 {
 		t.Fatalf("completion: %d %s", r.status, r.body)
 	}
-	resp, err := http.Get("http://" + c.addr + "/metrics")
+	resp, err := http.Get("http://" + c.internal + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -45,9 +46,13 @@ func main() {
 type flags struct {
 	host             string
 	port             int
+	internalHost     string
+	internalPort     int
+	insecureInternal bool
 	advertiseHost    string
 	kvEventsConfig   string
 	internalAPIToken string
+	tokenFile        string
 	logLevel         string
 	logFormat        string
 
@@ -72,12 +77,16 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	fs.SetOutput(out)
 	f := &flags{}
 	fs.StringVar(&f.host, "host", "", "address to listen on (empty: all interfaces)")
-	fs.IntVar(&f.port, "port", 8888, "HTTP port of the service (OpenAI API, internal API, metrics)")
+	fs.IntVar(&f.port, "port", 8888, "HTTP port of the service: OpenAI API, /health, /ready")
+	fs.StringVar(&f.internalHost, "internal_host", "127.0.0.1", "address of the internal listener: heartbeat intake, query API, operator routes, status page, /metrics, profiler (empty: all interfaces)")
+	fs.IntVar(&f.internalPort, "internal_port", 8890, "port of the internal listener; engines send heartbeats here")
+	fs.BoolVar(&f.insecureInternal, "insecure_internal_api", false, "allow an internal listener reachable from the network without a token")
 	fs.StringVar(&f.kvEventsConfig, "kv_events_config_file", "", "path of the KV events config JSON; empty disables the KV index")
-	fs.StringVar(&f.internalAPIToken, "internal_api_token", "", "when set, internal endpoints require this X-Internal-Token")
+	fs.StringVar(&f.internalAPIToken, "internal_api_token", "", "when set, internal routes require this X-Internal-Token; visible in the process list, prefer --internal_api_token_file or "+tokenEnv)
+	fs.StringVar(&f.tokenFile, "internal_api_token_file", "", "file holding the internal API token (a trailing newline is ignored)")
 	fs.StringVar(&f.logLevel, "log_level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&f.logFormat, "log_format", "text", "log format: text or json")
-	fs.StringVar(&f.advertiseHost, "advertise_host", "", "host other services and engines reach this one at (empty: --host, else this machine's first non-loopback address)")
+	fs.StringVar(&f.advertiseHost, "advertise_host", "", "host engines reach this replica's internal listener at, written to XLLM:SERVICE keys (empty: --internal_host, else this machine's first non-loopback address)")
 	fs.StringVar(&f.etcdAddr, "etcd_addr", "", "etcd endpoints, comma separated host:port; empty starts an embedded etcd for development")
 	fs.StringVar(&f.etcdNamespace, "etcd_namespace", "", "optional namespace prefix of every etcd key, e.g. prod-a")
 	fs.IntVar(&f.leaseLostMs, "lease_lost_heartbeat_timeout_ms", 3000, "heartbeat silence before a LEASE_LOST instance becomes SUSPECT")
@@ -103,6 +112,7 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 		min, max int
 	}{
 		{"--port", f.port, 0, 65535},
+		{"--internal_port", f.internalPort, 0, 65535},
 		{"--lease_lost_heartbeat_timeout_ms", f.leaseLostMs, 100, 600000},
 		{"--detect_disconnected_instance_interval", f.suspectSeconds, 1, 3600},
 		{"--instance_delete_probe_timeout_ms", f.probeTimeoutMs, 10, 60000},
@@ -130,9 +140,13 @@ func newLogger(f *flags, out io.Writer) (*slog.Logger, error) {
 	return nil, fmt.Errorf("--log_format = %q: must be text or json", f.logFormat)
 }
 
+// listening is where run serves: the public and the internal listener's
+// addresses.
+type listening struct{ public, internal string }
+
 // run starts the service and blocks until ctx ends. When ready is not
-// nil it receives the listening address once the service is ready.
-func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- string) error {
+// nil it receives the listening addresses once both listeners serve.
+func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- listening) error {
 	f, err := parseFlags(args, logOut)
 	if err != nil {
 		return err
@@ -151,12 +165,27 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 		log.Warn("--block_size does not affect the KV index; discovery.block_size in the KV events config does", "block_size", f.blockSize)
 	}
 
+	token, err := internalToken(f, os.Getenv, log)
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(f.host, fmt.Sprint(f.port)))
 	if err != nil {
-		return fmt.Errorf("listen on port %d: %w", f.port, err)
+		return fmt.Errorf("listen on --host=%q --port=%d: %w", f.host, f.port, err)
 	}
 	defer ln.Close()
-	self := advertisedAddr(f, ln.Addr())
+	iln, err := net.Listen("tcp", net.JoinHostPort(f.internalHost, fmt.Sprint(f.internalPort)))
+	if err != nil {
+		return fmt.Errorf("internal listener on --internal_host=%q --internal_port=%d: %w", f.internalHost, f.internalPort, err)
+	}
+	defer iln.Close()
+	if err := checkInternalExposure(f, token != "", iln.Addr(), log); err != nil {
+		return err
+	}
+	self, err := advertisedAddr(f, iln.Addr())
+	if err != nil {
+		return err
+	}
 
 	// Every background part runs under runCtx on wg; at exit they are
 	// stopped and waited for first, then the parts they used are closed
@@ -219,7 +248,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	}
 	log.Info("routing", "policy", policy.Name())
 
-	opts := server.Options{InternalAPIToken: f.internalAPIToken, Logger: log, Heartbeats: reg,
+	opts := server.Options{InternalAPIToken: token, Logger: log, Heartbeats: reg,
 		Router: registryRouter{policy: policy, reg: reg}, Metrics: metricsReg,
 		Instances: reg, Policy: policy.Name(), IsMaster: reg.IsMaster}
 	if f.tokenizerPath != "" {
@@ -235,35 +264,60 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 		opts.Streams = dir
 	}
 	srv := server.New(opts)
-	hs := &http.Server{
-		Handler:           srv.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       60 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	errLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
+	servers := []struct {
+		name string
+		hs   *http.Server
+		ln   net.Listener
+	}{
+		{"public", newHTTPServer(srv.Handler(), errLog), ln},
+		{"internal", newHTTPServer(srv.InternalHandler(), errLog), iln},
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
+	// Each Serve returns once its server is shut down below; errc has
+	// room for both results so neither goroutine is left blocked.
+	errc := make(chan error, len(servers))
+	for _, s := range servers {
+		go func() {
+			if err := s.hs.Serve(s.ln); !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("%s http server: %w", s.name, err)
+			}
+		}()
+	}
 	srv.SetReady(true)
-	log.Info("kvcar serving", "addr", ln.Addr().String(), "advertise", self,
-		"query", fmt.Sprintf("http://%s%s", self, server.QueryPath))
+	log.Info("kvcar serving", "addr", ln.Addr().String(), "internal", iln.Addr().String(), "advertise", self,
+		"query", fmt.Sprintf("http://%s%s", iln.Addr(), server.QueryPath))
 	if ready != nil {
-		ready <- ln.Addr().String()
+		ready <- listening{public: ln.Addr().String(), internal: iln.Addr().String()}
 	}
 
+	var serveErr error
 	select {
-	case err := <-errc:
-		return fmt.Errorf("http server: %w", err)
+	case serveErr = <-errc:
 	case <-ctx.Done():
 	}
 	srv.SetReady(false)
 	shutdownCtx, cancelShutdown := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelShutdown()
-	if err := hs.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("http shutdown: %w", err)
+	for _, s := range servers {
+		if err := s.hs.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			serveErr = errors.Join(serveErr, fmt.Errorf("%s http shutdown: %w", s.name, err))
+		}
+	}
+	if serveErr != nil {
+		return serveErr
 	}
 	log.Info("kvcar stopped")
 	return nil
+}
+
+func newHTTPServer(h http.Handler, errLog *log.Logger) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       60 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		ErrorLog:          errLog,
+	}
 }
 
 // startRegistry connects to etcd (or starts an embedded one when
@@ -359,30 +413,4 @@ func splitEndpoints(s string) []string {
 		}
 	}
 	return out
-}
-
-// advertisedAddr is the host:port that goes into XLLM:SERVICE keys and
-// that engines send heartbeats to.
-func advertisedAddr(f *flags, bound net.Addr) string {
-	_, port, _ := net.SplitHostPort(bound.String())
-	host := f.advertiseHost
-	if host == "" {
-		host = f.host
-	}
-	if host == "" || host == "0.0.0.0" || host == "::" {
-		host = firstNonLoopback()
-	}
-	return net.JoinHostPort(host, port)
-}
-
-func firstNonLoopback() string {
-	addrs, err := net.InterfaceAddrs()
-	if err == nil {
-		for _, a := range addrs {
-			if ipn, ok := a.(*net.IPNet); ok && !ipn.IP.IsLoopback() && ipn.IP.To4() != nil {
-				return ipn.IP.String()
-			}
-		}
-	}
-	return "127.0.0.1"
 }

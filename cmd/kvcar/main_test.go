@@ -31,13 +31,16 @@ type queryResponse struct {
 	} `json:"matches"`
 }
 
-// startKVCar runs the real command in-process and returns its address.
-func startKVCar(t *testing.T, args ...string) string {
+// startKVCar runs the real command in-process, both listeners on free
+// ports, and returns their addresses.
+func startKVCar(t *testing.T, args ...string) listening {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan string, 1)
+	ready := make(chan listening, 1)
 	errc := make(chan error, 1)
-	go func() { errc <- run(ctx, append([]string{"--port=0", "--log_level=warn"}, args...), t.Output(), ready) }()
+	go func() {
+		errc <- run(ctx, append([]string{"--port=0", "--internal_port=0", "--log_level=warn"}, args...), t.Output(), ready)
+	}()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-errc; err != nil {
@@ -45,14 +48,14 @@ func startKVCar(t *testing.T, args ...string) string {
 		}
 	})
 	select {
-	case addr := <-ready:
-		return addr
+	case addrs := <-ready:
+		return addrs
 	case err := <-errc:
 		t.Fatalf("kvcar did not start: %v", err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("kvcar did not start within 10s")
 	}
-	return ""
+	return listening{}
 }
 
 // startStaticEngines starts an engine per config and returns them with
@@ -144,7 +147,7 @@ func TestQueryEndToEnd(t *testing.T) {
 		enginesim.Config{Name: "127.0.0.1:8100", DPSize: 1, BlockSize: block, DeviceBlocks: 128, HostBlocks: 128, Topic: "xllm-kv"},
 		enginesim.Config{Name: "127.0.0.1:8101", DPSize: 2, BlockSize: block, DeviceBlocks: 128, HostBlocks: 128, Topic: "xllm-kv"})
 	cfg := writeConfig(t, `{"replay_timeout_ms":1000,"streams":[`+strings.Join(streams, ",")+`]}`)
-	addr := startKVCar(t, "--kv_events_config_file="+cfg, "--internal_api_token=s3cret")
+	addr := startKVCar(t, "--kv_events_config_file="+cfg, "--internal_api_token=s3cret").internal
 
 	prompt := make([]uint32, 5*block+3)
 	for i := range prompt {
@@ -253,7 +256,7 @@ func TestBadConfigFailsAtStartup(t *testing.T) {
 // TestIndexDisabled covers R-CFG-1: without a config file kvcar serves
 // and reports the index as disabled.
 func TestIndexDisabled(t *testing.T) {
-	addr := startKVCar(t)
+	addr := startKVCar(t).internal
 	code, body := query(t, addr, "", `{"token_ids":[1,2,3]}`)
 	if code != http.StatusOK || !strings.Contains(string(body), `"index_enabled":false`) {
 		t.Fatalf("%d %s", code, body)

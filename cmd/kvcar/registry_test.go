@@ -48,7 +48,7 @@ func TestDiscoveryAndHeartbeats(t *testing.T) {
 	etcd := startEtcd(t)
 	cfg := writeConfig(t, `{"discovery":{"enabled":true,"block_size":16,"topic":"xllm-kv","refresh_interval_ms":50}}`)
 	addr := startKVCar(t, "--etcd_addr="+strings.Join(etcd.Endpoints(), ","), "--advertise_host=127.0.0.1",
-		"--kv_events_config_file="+cfg, "--internal_api_token=tok")
+		"--kv_events_config_file="+cfg, "--internal_api_token=tok").internal
 
 	e, err := enginesim.New(enginesim.Config{
 		BlockSize: 16, DeviceBlocks: 64, Topic: "xllm-kv",
@@ -115,14 +115,16 @@ func TestMasterFailover(t *testing.T) {
 	}
 	start := func() (string, context.CancelFunc, chan error) {
 		ctx, cancel := context.WithCancel(context.Background())
-		ready, errc := make(chan string, 1), make(chan error, 1)
+		ready, errc := make(chan listening, 1), make(chan error, 1)
 		go func() {
-			errc <- run(ctx, []string{"--port=0", "--log_level=error", "--advertise_host=127.0.0.1",
+			errc <- run(ctx, []string{"--port=0", "--internal_port=0", "--log_level=error", "--advertise_host=127.0.0.1",
 				"--etcd_addr=" + strings.Join(etcd.Endpoints(), ",")}, t.Output(), ready)
 		}()
 		select {
 		case a := <-ready:
-			_, port, _ := net.SplitHostPort(a)
+			// The master's address is where engines send heartbeats: the
+			// internal listener.
+			_, port, _ := net.SplitHostPort(a.internal)
 			return "127.0.0.1:" + port, cancel, errc
 		case err := <-errc:
 			t.Fatalf("kvcar: %v", err)
@@ -154,7 +156,7 @@ func TestMasterFailover(t *testing.T) {
 // and once the path is back the registry follows etcd again.
 func TestRegistryStallReported(t *testing.T) {
 	etcd := startEtcd(t)
-	addr := startKVCar(t, "--etcd_addr="+etcd.Endpoint(), "--internal_api_token="+statusToken)
+	addr := startKVCar(t, "--etcd_addr="+etcd.Endpoint(), "--internal_api_token="+statusToken).internal
 	type watchAnswer struct {
 		Watch *struct {
 			Live             bool     `json:"live"`

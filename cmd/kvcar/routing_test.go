@@ -18,7 +18,8 @@ import (
 type cluster struct {
 	etcd    *etcdembed.Server
 	engines []*enginesim.Engine
-	addr    string
+	// addr is the public listener, internal the internal one.
+	addr, internal string
 }
 
 // startCluster runs an embedded etcd, n emulated engines that register
@@ -28,8 +29,9 @@ func startCluster(t *testing.T, n int, mod func(*enginesim.Config), flags ...str
 	t.Helper()
 	c := &cluster{etcd: startEtcd(t)}
 	cfg := writeConfig(t, `{"discovery":{"enabled":true,"block_size":16,"topic":"xllm-kv","refresh_interval_ms":50}}`)
-	c.addr = startKVCar(t, append([]string{"--etcd_addr=" + strings.Join(c.etcd.Endpoints(), ","), "--advertise_host=127.0.0.1",
+	addrs := startKVCar(t, append([]string{"--etcd_addr=" + strings.Join(c.etcd.Endpoints(), ","), "--advertise_host=127.0.0.1",
 		"--kv_events_config_file=" + cfg}, flags...)...)
+	c.addr, c.internal = addrs.public, addrs.internal
 	for range n {
 		ec := enginesim.Config{
 			BlockSize: 16, DeviceBlocks: 256, Topic: "xllm-kv", TimeScale: 0.001,
@@ -54,7 +56,7 @@ func startCluster(t *testing.T, n int, mod func(*enginesim.Config), flags ...str
 		waitUntil(t, "heartbeat accepted", 10*time.Second, func() bool { return e.LastHeartbeatStatus() == http.StatusOK })
 	}
 	waitUntil(t, "all streams synchronised", 10*time.Second, func() bool {
-		_, body := query(t, c.addr, "", `{"token_ids":[]}`)
+		_, body := query(t, c.internal, "", `{"token_ids":[]}`)
 		return strings.Count(string(body), `"synchronized":true`) == n
 	})
 	return c
@@ -105,7 +107,7 @@ func TestRouteCAR(t *testing.T) {
 		ids[i] = uint32(1000 + i)
 	}
 	waitUntil(t, "prefill events indexed", 5*time.Second, func() bool {
-		_, body := query(t, c.addr, "", tokensJSON(ids))
+		_, body := query(t, c.internal, "", tokensJSON(ids))
 		return strings.Contains(string(body), `"device_hit_tokens":64`)
 	})
 	for range 3 {
@@ -206,7 +208,7 @@ func TestDirectoryFaultDoesNotBlockRouting(t *testing.T) {
 		}
 	}
 	waitUntil(t, "first messages applied", 10*time.Second, func() bool {
-		_, body := query(t, c.addr, "", `{"token_ids":[]}`)
+		_, body := query(t, c.internal, "", `{"token_ids":[]}`)
 		return strings.Count(string(body), `"device_blocks":1`) == 2
 	})
 	for _, e := range c.engines {
@@ -221,7 +223,7 @@ func TestDirectoryFaultDoesNotBlockRouting(t *testing.T) {
 		}
 	}
 	waitUntil(t, "streams unsynchronised", 10*time.Second, func() bool {
-		_, body := query(t, c.addr, "", `{"token_ids":[]}`)
+		_, body := query(t, c.internal, "", `{"token_ids":[]}`)
 		return strings.Count(string(body), `"synchronized":false`) == 2
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -243,7 +245,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	if r := c.complete(t, "/v1/completions", idsPrompt(1, 32)); r.status != 200 {
 		t.Fatalf("completion: %d %s", r.status, r.body)
 	}
-	resp, err := http.Get("http://" + c.addr + "/metrics")
+	resp, err := http.Get("http://" + c.internal + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -101,8 +101,9 @@ func startSecuredCluster(t *testing.T, dpSizes []int, flags ...string) *cluster 
 	t.Helper()
 	c := &cluster{etcd: startEtcd(t)}
 	cfg := writeConfig(t, `{"discovery":{"enabled":true,"block_size":16,"topic":"xllm-kv","refresh_interval_ms":50}}`)
-	c.addr = startKVCar(t, append([]string{"--etcd_addr=" + strings.Join(c.etcd.Endpoints(), ","), "--advertise_host=127.0.0.1",
+	addrs := startKVCar(t, append([]string{"--etcd_addr=" + strings.Join(c.etcd.Endpoints(), ","), "--advertise_host=127.0.0.1",
 		"--kv_events_config_file=" + cfg, "--internal_api_token=" + statusToken}, flags...)...)
+	c.addr, c.internal = addrs.public, addrs.internal
 	streams := 0
 	for _, dp := range dpSizes {
 		e, err := enginesim.New(enginesim.Config{
@@ -125,7 +126,7 @@ func startSecuredCluster(t *testing.T, dpSizes []int, flags ...string) *cluster 
 		waitUntil(t, "heartbeat accepted", 10*time.Second, func() bool { return e.LastHeartbeatStatus() == http.StatusOK })
 	}
 	waitUntil(t, "all streams synchronised", 10*time.Second, func() bool {
-		_, body := get(t, c.addr, "/v1/internal/kv-cache/streams", statusToken)
+		_, body := get(t, c.internal, "/v1/internal/kv-cache/streams", statusToken)
 		return strings.Count(body, `"synchronized":true`) == streams
 	})
 	return c
@@ -156,7 +157,7 @@ func TestStatusEndToEnd(t *testing.T) {
 	var st streamsAnswer
 	waitUntil(t, "prefills applied", 10*time.Second, func() bool {
 		st = streamsAnswer{}
-		getJSON(t, c.addr, "/v1/internal/kv-cache/streams", &st)
+		getJSON(t, c.internal, "/v1/internal/kv-cache/streams", &st)
 		return len(st.Streams) == 3 && st.Streams[0].DeviceBlocks+st.Streams[1].DeviceBlocks+st.Streams[2].DeviceBlocks == 5
 	})
 	if !st.IndexEnabled {
@@ -194,7 +195,7 @@ func TestStatusEndToEnd(t *testing.T) {
 	}
 
 	var inst instancesAnswer
-	getJSON(t, c.addr, "/v1/internal/instances", &inst)
+	getJSON(t, c.internal, "/v1/internal/instances", &inst)
 	if !inst.RegistryEnabled || !inst.Synced || !inst.IsMaster || len(inst.Instances) != 2 {
 		t.Fatalf("instances: %+v", inst)
 	}
@@ -212,23 +213,23 @@ func TestStatusEndToEnd(t *testing.T) {
 
 	// R-API-2 on the operator routes, and ?token= for the page only.
 	for _, path := range []string{"/v1/internal/kv-cache/streams", "/v1/internal/instances", "/debug/kvcar"} {
-		if code, body := get(t, c.addr, path, ""); code != http.StatusUnauthorized || !strings.Contains(body, `"error"`) {
+		if code, body := get(t, c.internal, path, ""); code != http.StatusUnauthorized || !strings.Contains(body, `"error"`) {
 			t.Errorf("%s without token: %d %s", path, code, body)
 		}
-		if code, body := get(t, c.addr, path, "wrong"); code != http.StatusUnauthorized {
+		if code, body := get(t, c.internal, path, "wrong"); code != http.StatusUnauthorized {
 			t.Errorf("%s with a wrong token: %d %s", path, code, body)
 		}
-		if code, body := get(t, c.addr, path, statusToken); code != http.StatusOK {
+		if code, body := get(t, c.internal, path, statusToken); code != http.StatusOK {
 			t.Errorf("%s with the header: %d %s", path, code, body)
 		}
 	}
-	if code, _ := get(t, c.addr, "/v1/internal/kv-cache/streams?token="+statusToken, ""); code != http.StatusUnauthorized {
+	if code, _ := get(t, c.internal, "/v1/internal/kv-cache/streams?token="+statusToken, ""); code != http.StatusUnauthorized {
 		t.Errorf("streams took ?token=: %d", code)
 	}
-	if code, _ := get(t, c.addr, "/debug/kvcar?token=wrong", ""); code != http.StatusUnauthorized {
+	if code, _ := get(t, c.internal, "/debug/kvcar?token=wrong", ""); code != http.StatusUnauthorized {
 		t.Errorf("page took a wrong ?token=: %d", code)
 	}
-	code, page := get(t, c.addr, "/debug/kvcar?token="+statusToken, "")
+	code, page := get(t, c.internal, "/debug/kvcar?token="+statusToken, "")
 	if code != http.StatusOK {
 		t.Fatalf("page with ?token=: %d %s", code, page)
 	}
@@ -263,7 +264,7 @@ func TestStatusEndToEnd(t *testing.T) {
 	}()
 	waitUntil(t, "gap reported on the JSON route and the page", 10*time.Second, func() bool {
 		st = streamsAnswer{}
-		getJSON(t, c.addr, "/v1/internal/kv-cache/streams", &st)
+		getJSON(t, c.internal, "/v1/internal/kv-cache/streams", &st)
 		i := slices.IndexFunc(st.Streams, func(s streamStatus) bool { return s.InstanceName == a.Name() })
 		if i < 0 {
 			t.Fatalf("stream of %s gone: %+v", a.Name(), st)
@@ -274,7 +275,7 @@ func TestStatusEndToEnd(t *testing.T) {
 			return false
 		}
 		reason = s.Error
-		_, page = get(t, c.addr, "/debug/kvcar", statusToken)
+		_, page = get(t, c.internal, "/debug/kvcar", statusToken)
 		return strings.Contains(page, `<span class="badge bad">unsynchronised</span><span class="reason">`+html.EscapeString(reason)+`</span>`)
 	})
 	if !strings.Contains(page, "2 of 3 streams synchronised") || strings.Count(page, `<span class="badge ok">synchronised</span>`) != 2 {
@@ -282,7 +283,7 @@ func TestStatusEndToEnd(t *testing.T) {
 	}
 	t.Logf("unsynchronised stream reason: %s", reason)
 
-	t.Run("screenshot", func(t *testing.T) { checkScreenshot(t, c.addr) })
+	t.Run("screenshot", func(t *testing.T) { checkScreenshot(t, c.internal) })
 }
 
 // chromium finds the browser, skipping the test where it is absent except

@@ -30,6 +30,10 @@ type KVCarOptions struct {
 	Binary string
 	// Port is kvcar's HTTP port (--port); 0 picks one free right now.
 	Port int
+	// InternalPort is the port of kvcar's internal listener
+	// (--internal_port, on loopback), where the query API, the operator
+	// routes and heartbeat intake are; 0 picks one free right now.
+	InternalPort int
 	// Etcd are the etcd endpoints (--etcd_addr).
 	Etcd []string
 	// Namespace is the etcd key prefix (--etcd_namespace), left out when
@@ -45,27 +49,31 @@ type KVCarOptions struct {
 
 // KVCar is a kvcar child process. Its owner must call Stop.
 type KVCar struct {
-	cmd    *exec.Cmd
-	url    string
-	client *http.Client
+	cmd         *exec.Cmd
+	url         string
+	internalURL string
+	client      *http.Client
 	// done is closed once the process has been waited for; exit holds
 	// Wait's result by then.
 	done chan struct{}
 	exit error
 }
 
-// StartKVCar starts kvcar. It advertises 127.0.0.1 for heartbeats, where
-// the emulated engines can reach it.
+// StartKVCar starts kvcar. Its internal listener stays on loopback, where
+// the emulated engines send their heartbeats, and is advertised there.
 func StartKVCar(o KVCarOptions) (*KVCar, error) {
-	port := o.Port
-	if port == 0 {
-		var err error
-		if port, err = freePort(); err != nil {
-			return nil, err
+	port, internalPort := o.Port, o.InternalPort
+	for _, p := range []*int{&port, &internalPort} {
+		if *p == 0 {
+			var err error
+			if *p, err = freePort(); err != nil {
+				return nil, err
+			}
 		}
 	}
 	args := []string{
-		"--port=" + strconv.Itoa(port), "--advertise_host=127.0.0.1",
+		"--port=" + strconv.Itoa(port), "--internal_host=127.0.0.1", "--internal_port=" + strconv.Itoa(internalPort),
+		"--advertise_host=127.0.0.1",
 		"--etcd_addr=" + strings.Join(o.Etcd, ","), "--kv_events_config_file=" + o.ConfigFile,
 	}
 	if o.Namespace != "" {
@@ -80,8 +88,9 @@ func StartKVCar(o KVCarOptions) (*KVCar, error) {
 		return nil, fmt.Errorf("start kvcar %s: %w", o.Binary, err)
 	}
 	k := &KVCar{
-		cmd: cmd,
-		url: "http://127.0.0.1:" + strconv.Itoa(port),
+		cmd:         cmd,
+		url:         "http://127.0.0.1:" + strconv.Itoa(port),
+		internalURL: "http://127.0.0.1:" + strconv.Itoa(internalPort),
 		// A transport of its own, so that Stop can close its connections
 		// without touching anyone else's.
 		client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{}},
@@ -94,8 +103,13 @@ func StartKVCar(o KVCarOptions) (*KVCar, error) {
 	return k, nil
 }
 
-// URL is kvcar's HTTP base URL on loopback, without a trailing slash.
+// URL is the base URL of kvcar's public listener on loopback (the
+// OpenAI-compatible API), without a trailing slash.
 func (k *KVCar) URL() string { return k.url }
+
+// InternalURL is the base URL of kvcar's internal listener: the query
+// API, operator routes, status page, /metrics and the profiler.
+func (k *KVCar) InternalURL() string { return k.internalURL }
 
 // Pid is the process id of kvcar.
 func (k *KVCar) Pid() int { return k.cmd.Process.Pid }
@@ -160,7 +174,7 @@ func (k *KVCar) exitErr() error {
 // state, and returns how many streams it has and how many of them are
 // synchronised.
 func (k *KVCar) Streams(ctx context.Context) (synced, total int, err error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, k.url+server.QueryPath, strings.NewReader(`{"token_ids":[]}`))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, k.internalURL+server.QueryPath, strings.NewReader(`{"token_ids":[]}`))
 	if err != nil {
 		return 0, 0, fmt.Errorf("query: %w", err)
 	}

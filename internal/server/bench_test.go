@@ -88,7 +88,7 @@ func BenchmarkAppendMatches(b *testing.B) {
 func BenchmarkQueryHandler(b *testing.B) {
 	s := New(Options{InternalAPIToken: "t"})
 	s.SetReady(true)
-	h := s.Handler()
+	h := s.InternalHandler()
 	body := tokenBody(8192)
 	r := bytes.NewReader(body)
 	w := &discardWriter{h: http.Header{}}

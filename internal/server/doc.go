@@ -1,7 +1,12 @@
-// Package server owns kvcar's HTTP surface: the internal KV cache query
-// endpoint POST /v1/internal/kv-cache/query (R-API), and the health and
-// readiness endpoints. Further routes (the OpenAI-compatible request
-// path, /metrics) are registered in the same place, Server.routes.
+// Package server owns kvcar's HTTP surface, as two handlers registered in
+// one place, Server.routes: Handler, the public routes (the
+// OpenAI-compatible request path, /health, /ready), and InternalHandler,
+// the internal ones (the KV cache query endpoint POST
+// /v1/internal/kv-cache/query (R-API), heartbeat intake, the operator
+// routes and status page, /metrics, the profiler, /health and /ready).
+// The caller serves them on separate listeners so that the internal ones
+// can be kept off the network clients reach; with a token set, every
+// internal route but /health and /ready requires it.
 //
 // The query path reads only the in-process directory through the
 // KVDirectory interface (R-DIR-4): it never does network I/O, never

@@ -139,7 +139,7 @@ func TestHeartbeatBodyLimits(t *testing.T) {
 // the registry, without the network.
 func BenchmarkHeartbeatIntake(b *testing.B) {
 	reg, names := heartbeatRegistry(b, 128)
-	h := New(Options{Heartbeats: reg}).Handler()
+	h := New(Options{Heartbeats: reg}).InternalHandler()
 	bodies := make([][]byte, 1024)
 	for i := range bodies {
 		bodies[i] = heartbeatBody(names[i%len(names)], i)

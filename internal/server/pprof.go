@@ -18,9 +18,9 @@ func (s *Server) pprofRoutes() {
 			h(w, r)
 		}
 	}
-	s.mux.HandleFunc("GET /debug/pprof/", guard(pprof.Index))
-	s.mux.HandleFunc("GET /debug/pprof/cmdline", guard(pprof.Cmdline))
-	s.mux.HandleFunc("GET /debug/pprof/profile", guard(pprof.Profile))
-	s.mux.HandleFunc("GET /debug/pprof/symbol", guard(pprof.Symbol))
-	s.mux.HandleFunc("GET /debug/pprof/trace", guard(pprof.Trace))
+	s.internal.HandleFunc("GET /debug/pprof/", guard(pprof.Index))
+	s.internal.HandleFunc("GET /debug/pprof/cmdline", guard(pprof.Cmdline))
+	s.internal.HandleFunc("GET /debug/pprof/profile", guard(pprof.Profile))
+	s.internal.HandleFunc("GET /debug/pprof/symbol", guard(pprof.Symbol))
+	s.internal.HandleFunc("GET /debug/pprof/trace", guard(pprof.Trace))
 }

@@ -90,7 +90,8 @@ type Server struct {
 	maxIDs      int
 	ready       atomic.Bool
 	buffers     sync.Pool
-	mux         *http.ServeMux
+	public      *http.ServeMux
+	internal    *http.ServeMux
 	status      statusSources
 }
 
@@ -141,38 +142,10 @@ func New(opts Options) *Server {
 	}
 	s.buffers.New = func() any { return &queryBuffers{read: make([]byte, readChunk)} }
 	s.status = newStatusSources(opts)
-	s.mux = http.NewServeMux()
+	s.public = http.NewServeMux()
+	s.internal = http.NewServeMux()
 	s.routes()
 	return s
-}
-
-// routes registers every route of the service.
-func (s *Server) routes() {
-	s.mux.HandleFunc("/health", allow("GET", s.handleHealth))
-	s.mux.HandleFunc("/ready", allow("GET", s.handleReady))
-	s.mux.HandleFunc(QueryPath, allow("POST", s.handleQuery))
-	s.mux.HandleFunc(HeartbeatPath, allow("POST", s.handleHeartbeat))
-	s.mux.HandleFunc(CompletionsPath, allow("POST", s.handleInference))
-	s.mux.HandleFunc(ChatCompletionsPath, allow("POST", s.handleInference))
-	s.mux.HandleFunc(ModelsPath, allow("GET", s.handleModels))
-	s.mux.HandleFunc(StreamsPath, allow("GET", s.handleStreams))
-	s.mux.HandleFunc(InstancesPath, allow("GET", s.handleInstances))
-	s.mux.HandleFunc(StatusPagePath, allow("GET", s.handleStatusPage))
-	// Only the bare root: a catch-all "/" would turn every unknown path
-	// into a redirect and hide 404s.
-	s.mux.HandleFunc("/{$}", allow("GET", s.handleRoot))
-	if s.gatherer != nil {
-		s.mux.Handle("GET /metrics", metricsHandler(s.gatherer))
-	}
-	s.pprofRoutes()
-}
-
-// Handler returns the HTTP handler of all routes.
-func (s *Server) Handler() http.Handler {
-	if s.metrics != nil {
-		return s.metrics.instrument(s.mux)
-	}
-	return s.mux
 }
 
 // SetReady opens (true) or closes (false) the routes that are served only
@@ -208,8 +181,7 @@ func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, []byte(`{"ready":true}`+"\n"))
 }
 
-// authorized compares digests, not the tokens themselves, so that the
-// comparison time depends on neither the token's content nor its length.
+// authorized checks the X-Internal-Token header when a token is set.
 func (s *Server) authorized(r *http.Request) (bool, string) {
 	if !s.tokenSet {
 		return true, ""
@@ -218,11 +190,21 @@ func (s *Server) authorized(r *http.Request) (bool, string) {
 	if !present || len(got) == 0 {
 		return false, "missing X-Internal-Token header"
 	}
-	d := sha256.Sum256([]byte(got[0]))
-	if subtle.ConstantTimeCompare(d[:], s.tokenDigest[:]) != 1 || len(got) != 1 {
+	if !s.tokenMatches(got) {
 		return false, "invalid X-Internal-Token header"
 	}
 	return true, ""
+}
+
+// tokenMatches reports whether got is exactly one value equal to the
+// token. It compares digests, not the tokens themselves, so that the
+// comparison time depends on neither the token's content nor its length.
+func (s *Server) tokenMatches(got []string) bool {
+	if len(got) == 0 {
+		return false
+	}
+	d := sha256.Sum256([]byte(got[0]))
+	return subtle.ConstantTimeCompare(d[:], s.tokenDigest[:]) == 1 && len(got) == 1
 }
 
 func (s *Server) reject(w http.ResponseWriter, r *http.Request, code int, message string) {

@@ -22,11 +22,13 @@ type queryBody struct {
 	IndexEnabled *bool            `json:"index_enabled"`
 }
 
+// startServer serves the internal routes, where the query API, heartbeats
+// and the operator routes are.
 func startServer(t *testing.T, opts Options, ready bool) *httptest.Server {
 	t.Helper()
 	s := New(opts)
 	s.SetReady(ready)
-	ts := httptest.NewServer(s.Handler())
+	ts := httptest.NewServer(s.InternalHandler())
 	t.Cleanup(ts.Close)
 	return ts
 }
@@ -114,7 +116,7 @@ func TestHealthAndReady(t *testing.T) {
 func TestQueryNotReady(t *testing.T) {
 	// R-API-1: not served before the service is ready.
 	s := New(Options{})
-	ts := httptest.NewServer(s.Handler())
+	ts := httptest.NewServer(s.InternalHandler())
 	defer ts.Close()
 	resp, body := query(t, ts, `{"token_ids":[1]}`)
 	checkError(t, resp, body, http.StatusServiceUnavailable, "not ready")

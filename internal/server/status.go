@@ -2,8 +2,6 @@ package server
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"crypto/subtle"
 	"embed"
 	"encoding/json"
 	"fmt"
@@ -300,8 +298,7 @@ func (s *Server) pageAuthorized(r *http.Request) (bool, string) {
 	if !present || len(got) == 0 {
 		return false, "missing X-Internal-Token header or token query parameter"
 	}
-	d := sha256.Sum256([]byte(got[0]))
-	if subtle.ConstantTimeCompare(d[:], s.tokenDigest[:]) != 1 || len(got) != 1 {
+	if !s.tokenMatches(got) {
 		return false, "invalid token query parameter"
 	}
 	return true, ""

@@ -282,7 +282,7 @@ func TestHumanFormats(t *testing.T) {
 // TestPprofBehindToken checks that the profiler is served only with the
 // internal token.
 func TestPprofBehindToken(t *testing.T) {
-	srv := httptest.NewServer(New(Options{InternalAPIToken: "tok"}).Handler())
+	srv := httptest.NewServer(New(Options{InternalAPIToken: "tok"}).InternalHandler())
 	defer srv.Close()
 	for _, tc := range []struct {
 		token string
