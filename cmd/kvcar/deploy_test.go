@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -307,14 +310,40 @@ func kubernetesConfig(t *testing.T) string {
 // TestDeployFilesMatchTheCommand keeps deploy/systemd and
 // deploy/kubernetes runnable: their kvcar arguments, with the variables
 // they reference filled in, pass the command's own flag parsing and
-// range checks, and the discovery config they load is valid.
+// range checks and its start-up checks of the internal listener, and the
+// discovery config they load is valid. The internal API token comes from
+// a file the platform provides (a systemd credential, a mounted Secret),
+// never from the command line where the process list shows it (issue 10
+// item 7), and the internal listener the engines must reach is guarded
+// by it.
 func TestDeployFilesMatchTheCommand(t *testing.T) {
 	vars := strings.NewReplacer(
 		"$(KVCAR_ETCD_ADDR)", "127.0.0.1:2379", "${KVCAR_ETCD_ADDR}", "127.0.0.1:2379",
-		"$(POD_IP)", "10.1.2.3", "${KVCAR_ADVERTISE_HOST}", "10.1.2.3",
-		"$(KVCAR_INTERNAL_API_TOKEN)", "t", "${KVCAR_INTERNAL_API_TOKEN}", "t")
+		"$(POD_IP)", "10.1.2.3", "${KVCAR_ADVERTISE_HOST}", "10.1.2.3")
 	k8sConfig := writeConfig(t, kubernetesConfig(t))
 	configs := map[string]string{"systemd": "../../examples/kv_events_discovery_config.json", "kubernetes": k8sConfig}
+	tokenFile := writeConfig(t, "t0ken\n")
+	unit, err := os.ReadFile("../../deploy/systemd/kvcar.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest, err := os.ReadFile("../../deploy/kubernetes/kvcar.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Where each platform puts the token file it is given.
+	tokenProvided := map[string]func(path string) bool{
+		// %d is the unit's credentials directory.
+		"systemd": func(path string) bool {
+			name, ok := strings.CutPrefix(path, "%d/")
+			return ok && regexp.MustCompile(`(?m)^LoadCredential=`+regexp.QuoteMeta(name)+`:/`).Match(unit)
+		},
+		"kubernetes": func(path string) bool {
+			dir, name := filepath.Split(path)
+			return strings.Contains(string(manifest), "mountPath: "+strings.TrimSuffix(dir, "/")+"\n") &&
+				strings.Contains(string(manifest), "path: "+name+"\n") && strings.Contains(string(manifest), "secretName: kvcar-internal-api")
+		},
+	}
 	all := deployArgs(t)
 	for _, where := range []string{"systemd", "kubernetes"} {
 		args := all[where]
@@ -322,26 +351,40 @@ func TestDeployFilesMatchTheCommand(t *testing.T) {
 			t.Fatalf("%s: only %d kvcar arguments found: %q", where, len(args), args)
 		}
 		var filled []string
-		sawConfig := false
+		sawConfig, sawTokenFile := false, false
 		for _, a := range args {
-			if strings.ContainsAny(vars.Replace(a), "$") {
+			if strings.ContainsAny(vars.Replace(a), "$%") && !strings.HasPrefix(a, "--internal_api_token_file=") {
 				t.Errorf("%s: %q references a variable this test does not know", where, a)
+			}
+			if strings.HasPrefix(a, "--internal_api_token=") {
+				t.Errorf("%s: %q puts the token on the command line, where the process list shows it", where, a)
 			}
 			if strings.HasPrefix(a, "--kv_events_config_file=") {
 				a, sawConfig = "--kv_events_config_file="+configs[where], true
+			}
+			if path, ok := strings.CutPrefix(a, "--internal_api_token_file="); ok {
+				if !tokenProvided[where](path) {
+					t.Errorf("%s: %q names a file the deployment does not provide", where, a)
+				}
+				a, sawTokenFile = "--internal_api_token_file="+tokenFile, true
 			}
 			filled = append(filled, vars.Replace(a))
 		}
 		if !sawConfig {
 			t.Errorf("%s: no --kv_events_config_file", where)
 		}
+		if !sawTokenFile {
+			t.Errorf("%s: no --internal_api_token_file", where)
+		}
 		f, err := parseFlags(filled, io.Discard)
 		if err != nil {
 			t.Errorf("%s: kvcar refuses %q: %v", where, args, err)
 			continue
 		}
-		// What run checks after parsing: the log settings and the policy.
-		if _, err := newLogger(f, io.Discard); err != nil {
+		// What run checks after parsing: the log settings, the policy, the
+		// token and the internal listener it guards.
+		log, err := newLogger(f, io.Discard)
+		if err != nil {
 			t.Errorf("%s: %v", where, err)
 		}
 		if _, err := lb.New(f.policy, lb.Options{CARPrefillLambda: f.carLambda, CARHostHitWeight: f.carHostW,
@@ -350,6 +393,34 @@ func TestDeployFilesMatchTheCommand(t *testing.T) {
 		}
 		if f.etcdAddr == "" {
 			t.Errorf("%s: no --etcd_addr: kvcar would run an embedded etcd", where)
+		}
+		token, err := internalToken(f, func(string) string { return "" }, log)
+		if err != nil || token != "t0ken" {
+			t.Errorf("%s: token %q, %v", where, token, err)
+		}
+		internal := &net.TCPAddr{IP: net.ParseIP(f.internalHost), Port: f.internalPort}
+		if internal.IP == nil || internal.IP.IsLoopback() || f.internalPort == f.port {
+			t.Errorf("%s: internal listener %s:%d, want one engines on other hosts reach, apart from --port %d",
+				where, f.internalHost, f.internalPort, f.port)
+		}
+		if err := checkInternalExposure(f, token != "", internal, log); err != nil {
+			t.Errorf("%s: %v", where, err)
+		}
+		if self, err := advertisedAddr(f, internal); err != nil || self != net.JoinHostPort("10.1.2.3", fmt.Sprint(f.internalPort)) {
+			t.Errorf("%s: engines are sent to %q (%v), want the advertised host and the internal port", where, self, err)
+		}
+		if where == "kubernetes" {
+			if want := fmt.Sprintf("prometheus.io/port: \"%d\"", f.internalPort); !strings.Contains(string(manifest), want) {
+				t.Errorf("kubernetes: no %s: /metrics is on the internal listener", want)
+			}
+			if want := fmt.Sprintf("containerPort: %d", f.internalPort); !strings.Contains(string(manifest), want) {
+				t.Errorf("kubernetes: no %s for the internal listener", want)
+			}
+		}
+	}
+	for where, text := range map[string][]byte{"systemd": unit, "kubernetes": manifest} {
+		if bytes.Contains(text, []byte(tokenEnv+"=")) || bytes.Contains(text, []byte("name: "+tokenEnv)) {
+			t.Errorf("%s sets %s as well as the token file: kvcar refuses two token sources", where, tokenEnv)
 		}
 	}
 	for where, path := range configs {
