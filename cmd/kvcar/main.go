@@ -213,7 +213,10 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	metricsReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		reg.Collector())
 
-	var dir *kvdir.Directory
+	var (
+		dir        *kvdir.Directory
+		discovered <-chan struct{}
+	)
 	if cfg != nil {
 		if dir, err = kvdir.New(kvdir.LimitsFromConfig(cfg), kvdir.Options{Logger: log, Registerer: metricsReg}); err != nil {
 			return err
@@ -223,6 +226,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 			return err
 		}
 		if cfg.Discovery.Enabled {
+			discovered = dir.Discovered()
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -264,6 +268,9 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 		opts.Streams = dir
 	}
 	srv := server.New(opts)
+	steps := readinessSteps(reg, discovered)
+	// Not ready from the first request on, saying why (R-API-1).
+	srv.SetNotReady(steps[0].waitingFor)
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
 	servers := []struct {
 		name string
@@ -283,8 +290,14 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 			}
 		}()
 	}
-	srv.SetReady(true)
-	log.Info("kvcar serving", "addr", ln.Addr().String(), "internal", iln.Addr().String(), "advertise", self,
+	readyDone := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(readyDone)
+		awaitReady(runCtx, srv, steps, log)
+	}()
+	log.Info("kvcar listening", "addr", ln.Addr().String(), "internal", iln.Addr().String(), "advertise", self,
 		"query", fmt.Sprintf("http://%s%s", iln.Addr(), server.QueryPath))
 	if ready != nil {
 		ready <- listening{public: ln.Addr().String(), internal: iln.Addr().String()}
@@ -295,7 +308,12 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	case serveErr = <-errc:
 	case <-ctx.Done():
 	}
-	srv.SetReady(false)
+	// The background parts stop first (runCtx is ctx's child, so on a
+	// signal they are stopping already); awaitReady must not open the
+	// service after it has been closed for the drain.
+	cancel()
+	<-readyDone
+	srv.SetNotReady("shutting down")
 	shutdownCtx, cancelShutdown := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelShutdown()
 	for _, s := range servers {

@@ -32,8 +32,20 @@ type queryResponse struct {
 }
 
 // startKVCar runs the real command in-process, both listeners on free
-// ports, and returns their addresses.
+// ports, and returns their addresses once /ready says it is ready.
 func startKVCar(t *testing.T, args ...string) listening {
+	t.Helper()
+	addrs := startKVCarListening(t, args...)
+	waitUntil(t, "kvcar ready", 10*time.Second, func() bool {
+		resp, _ := send(t, http.MethodGet, "http://"+addrs.public+"/ready", "", "")
+		return resp.StatusCode == http.StatusOK
+	})
+	return addrs
+}
+
+// startKVCarListening is startKVCar returning as soon as kvcar listens,
+// ready or not.
+func startKVCarListening(t *testing.T, args ...string) listening {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan listening, 1)

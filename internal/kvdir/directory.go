@@ -36,6 +36,11 @@ type Directory struct {
 	// exclusions counts the instances discovery excludes, by kind.
 	exclusions atomic.Pointer[map[string]int]
 
+	// discovered is closed after the first discovery pass over a
+	// registry snapshot that reflects etcd (see Discovered).
+	discovered     chan struct{}
+	discoveredOnce sync.Once
+
 	mu     sync.Mutex // serialises SetStreams and Close
 	closed bool
 
@@ -73,7 +78,7 @@ func New(lim Limits, opts Options) (*Directory, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kvdir: %w", err)
 	}
-	d := &Directory{lim: lim, log: opts.Logger, tctx: tctx}
+	d := &Directory{lim: lim, log: opts.Logger, tctx: tctx, discovered: make(chan struct{})}
 	d.set.Store(&streamSet{})
 	if opts.Registerer != nil {
 		d.metrics = newMetrics(opts.Registerer, d)

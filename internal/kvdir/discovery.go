@@ -203,6 +203,9 @@ func (dir *Directory) RunDiscovery(ctx context.Context, src InstanceSource, d co
 				dir.log.Error("discovery could not apply streams", "err", err)
 			} else {
 				dir.log.Debug("discovery applied", "version", snap.Version, "streams", len(specs), "excluded", len(excl))
+				if snap.Synced {
+					dir.markDiscovered()
+				}
 			}
 		}
 		select {

@@ -89,6 +89,7 @@ type Server struct {
 	maxBody     int64
 	maxIDs      int
 	ready       atomic.Bool
+	notReadyWhy atomic.Pointer[string]
 	buffers     sync.Pool
 	public      *http.ServeMux
 	internal    *http.ServeMux
@@ -175,7 +176,7 @@ func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 
 func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
 	if !s.ready.Load() {
-		writeError(w, http.StatusServiceUnavailable, "service is not ready")
+		writeError(w, http.StatusServiceUnavailable, s.notReadyMessage())
 		return
 	}
 	writeJSON(w, http.StatusOK, []byte(`{"ready":true}`+"\n"))
@@ -221,7 +222,7 @@ func (s *Server) handleQuery(w http.ResponseWriter, r *http.Request) {
 	}
 	if !s.ready.Load() {
 		w.Header().Set("Retry-After", "1")
-		s.reject(w, r, http.StatusServiceUnavailable, "service is not ready")
+		s.reject(w, r, http.StatusServiceUnavailable, s.notReadyMessage())
 		return
 	}
 	if ct := r.Header.Get("Content-Type"); ct != "" {

@@ -199,7 +199,7 @@ func (s *Server) internalReadable(w http.ResponseWriter, r *http.Request) bool {
 	}
 	if !s.ready.Load() {
 		w.Header().Set("Retry-After", "1")
-		s.reject(w, r, http.StatusServiceUnavailable, "service is not ready")
+		s.reject(w, r, http.StatusServiceUnavailable, s.notReadyMessage())
 		return false
 	}
 	return true
@@ -353,11 +353,13 @@ func (s *Server) handleStatusPage(w http.ResponseWriter, r *http.Request) {
 // statusPage is what the template shows; every value is already a
 // display string or a flag, so the template holds no logic beyond layout.
 type statusPage struct {
-	RefreshSeconds  int
-	Policy          string
-	MasterKnown     bool
-	Master          bool
-	Ready           bool
+	RefreshSeconds int
+	Policy         string
+	MasterKnown    bool
+	Master         bool
+	Ready          bool
+	// NotReady says what the service waits for while it is not ready.
+	NotReady        string
 	IndexEnabled    bool
 	RegistryEnabled bool
 	RegistrySynced  bool
@@ -425,6 +427,7 @@ func (s *Server) pageData() statusPage {
 		Policy:          s.status.policy,
 		MasterKnown:     s.status.isMaster != nil,
 		Ready:           s.ready.Load(),
+		NotReady:        s.notReadyReason(),
 		IndexEnabled:    s.status.streams != nil,
 		RegistryEnabled: s.status.instances != nil,
 		Generated:       now.UTC().Format("2006-01-02 15:04:05 UTC"),
