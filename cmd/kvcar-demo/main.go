@@ -31,7 +31,7 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:]); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, flag.ErrHelp) {
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "kvcar-demo:", err)
 		os.Exit(1)
 	}
@@ -46,8 +46,11 @@ type options struct {
 	duration     time.Duration
 }
 
-func run(ctx context.Context, args []string) (err error) {
+// run runs the demo, printing to out, until ctx ends or the duration
+// after the load has passed.
+func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	fs := flag.NewFlagSet("kvcar-demo", flag.ContinueOnError)
+	fs.SetOutput(out)
 	o := options{}
 	self, _ := os.Executable()
 	fs.StringVar(&o.kvcar, "kvcar", filepath.Join(filepath.Dir(self), "kvcar"), "path of the kvcar binary")
@@ -66,7 +69,7 @@ func run(ctx context.Context, args []string) (err error) {
 		return fmt.Errorf("embedded etcd: %w", err)
 	}
 	defer etcd.Close()
-	fmt.Printf("embedded etcd on %s\n", etcd.Endpoint())
+	fmt.Fprintf(out, "embedded etcd on %s\n", etcd.Endpoint())
 
 	var cfgs []enginesim.Config
 	for _, dp := range []int{1, 1, 1, 2} {
@@ -79,7 +82,7 @@ func run(ctx context.Context, args []string) (err error) {
 	}
 	defer engines.Close()
 	for _, e := range engines {
-		fmt.Printf("engine %s: %d DP rank(s), KV events on %s, replay on %s\n", e.Name(), e.DPSize(), e.EventEndpoint(0), e.ReplayEndpoint(0))
+		fmt.Fprintf(out, "engine %s: %d DP rank(s), KV events on %s, replay on %s\n", e.Name(), e.DPSize(), e.EventEndpoint(0), e.ReplayEndpoint(0))
 	}
 
 	dir, err := os.MkdirTemp("", "kvcar-demo-")
@@ -93,7 +96,7 @@ func run(ctx context.Context, args []string) (err error) {
 	}
 	kv, err := devcluster.StartKVCar(devcluster.KVCarOptions{
 		Binary: o.kvcar, Port: o.port, InternalPort: o.internalPort, Etcd: etcd.Endpoints(), ConfigFile: cfgPath,
-		Args: []string{"--load_balance_policy=CAR"}, Stdout: os.Stdout, Stderr: os.Stderr,
+		Args: []string{"--load_balance_policy=CAR"}, Stdout: out, Stderr: os.Stderr,
 	})
 	if err != nil {
 		return fmt.Errorf("%w (run make build first)", err)
@@ -107,23 +110,21 @@ func run(ctx context.Context, args []string) (err error) {
 	if err := engines.WaitHeartbeats(ctx, 30*time.Second); err != nil {
 		return err
 	}
-	fmt.Printf("\nkvcar is serving on %s with %d discovered streams from %d emulated engines\n", base, engines.Streams(), len(engines))
-	fmt.Printf("send requests:  curl -sS %s/v1/completions -H 'Content-Type: application/json' -d '{\"model\":\"enginesim\",\"prompt\":[1,2,3],\"max_tokens\":4}'\n", base)
-	fmt.Printf("query endpoint: curl -sS %s/v1/internal/kv-cache/query -d '{\"token_ids\":[]}'\n", kv.InternalURL())
-	fmt.Printf("metrics:        curl -sS %s/metrics\n\n", kv.InternalURL())
+	fmt.Fprintf(out, "\nkvcar is serving on %s with %d discovered streams from %d emulated engines\n", base, engines.Streams(), len(engines))
+	printTryIt(out, base, kv.InternalURL())
 
-	if err := load(ctx, base, blockSize, o); err != nil {
+	if err := load(ctx, out, base, blockSize, o); err != nil {
 		return err
 	}
-	fmt.Printf("\nkvcar keeps serving on %s; ", base)
+	fmt.Fprintf(out, "\nkvcar keeps serving on %s; ", base)
 	if o.duration > 0 {
-		fmt.Printf("stopping in %v\n", o.duration)
+		fmt.Fprintf(out, "stopping in %v\n", o.duration)
 		select {
 		case <-ctx.Done():
 		case <-time.After(o.duration):
 		}
 	} else {
-		fmt.Println("press Ctrl-C to stop")
+		fmt.Fprintln(out, "press Ctrl-C to stop")
 		<-ctx.Done()
 	}
 	return nil
@@ -132,7 +133,7 @@ func run(ctx context.Context, args []string) (err error) {
 // load sends completions that share system prompts and grow as
 // multi-turn sessions to kvcar, which routes each (CAR) and relays the
 // engine's answer; it prints where each went and what the engine reused.
-func load(ctx context.Context, base string, blockSize int, o options) error {
+func load(ctx context.Context, out io.Writer, base string, blockSize int, o options) error {
 	rng := rand.New(rand.NewPCG(o.seed, 0))
 	systems := make([][]uint32, 3)
 	for i := range systems {
@@ -154,14 +155,14 @@ func load(ctx context.Context, base string, blockSize int, o options) error {
 		}
 		reused += res.Engine.DeviceHitTokens + res.Engine.HostHitTokens
 		total += len(prompt)
-		fmt.Printf("request %3d: %5d tokens -> %s dp%d  kvcar hit ratio %.2f, engine reused %5d (device %d, host %d)\n",
+		fmt.Fprintf(out, "request %3d: %5d tokens -> %s dp%d  kvcar hit ratio %.2f, engine reused %5d (device %d, host %d)\n",
 			i+1, len(prompt), res.prefill, res.Engine.DPRank, res.hitRatio,
 			res.Engine.DeviceHitTokens+res.Engine.HostHitTokens, res.Engine.DeviceHitTokens, res.Engine.HostHitTokens)
 		// Give the events of this prefill time to reach kvcar, as the
 		// next turn of a session follows its answer.
 		time.Sleep(20 * time.Millisecond)
 	}
-	fmt.Printf("\n%d requests, %d prompt tokens: the engines reused %d (%.1f%% of prompt tokens)\n",
+	fmt.Fprintf(out, "\n%d requests, %d prompt tokens: the engines reused %d (%.1f%% of prompt tokens)\n",
 		o.requests, total, reused, 100*float64(reused)/float64(max(total, 1)))
 	return nil
 }
@@ -206,4 +207,16 @@ func randTokens(rng *rand.Rand, n int) []uint32 {
 		t[i] = uint32(rng.IntN(150_000))
 	}
 	return t
+}
+
+// printTryIt prints commands for a new user to copy: the OpenAI path on
+// kvcar's public listener, the query API and metrics on its internal one
+// (loopback, no token in this deployment), and the status page. The
+// command's test runs what it prints, so keep every JSON body sent with
+// its Content-Type: curl -d alone sends a form type, which kvcar refuses.
+func printTryIt(out io.Writer, public, internal string) {
+	fmt.Fprintf(out, "send requests:  curl -sS %s/v1/completions -H 'Content-Type: application/json' -d '{\"model\":\"enginesim\",\"prompt\":[1,2,3],\"max_tokens\":4}'\n", public)
+	fmt.Fprintf(out, "query endpoint: curl -sS %s/v1/internal/kv-cache/query -H 'Content-Type: application/json' -d '{\"token_ids\":[]}'\n", internal)
+	fmt.Fprintf(out, "metrics:        curl -sS %s/metrics\n", internal)
+	fmt.Fprintf(out, "status page:    %s/debug/kvcar (open it in a browser)\n\n", internal)
 }

@@ -225,9 +225,15 @@ func (s *Server) handleQuery(w http.ResponseWriter, r *http.Request) {
 		s.reject(w, r, http.StatusServiceUnavailable, s.notReadyMessage())
 		return
 	}
+	// An absent Content-Type is taken as JSON; only a wrong one is refused.
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-			s.reject(w, r, http.StatusUnsupportedMediaType, "Content-Type must be application/json, got "+strconv.Quote(ct))
+			msg := "Content-Type must be application/json or absent, got " + strconv.Quote(ct)
+			if mt == "application/x-www-form-urlencoded" {
+				// What curl -d sends unless told otherwise.
+				msg += " (curl -d sends that: add -H 'Content-Type: application/json')"
+			}
+			s.reject(w, r, http.StatusUnsupportedMediaType, msg)
 			return
 		}
 	}

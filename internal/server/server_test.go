@@ -186,6 +186,9 @@ func TestQueryContentType(t *testing.T) {
 		resp, body := query(t, ts, `{"token_ids":[1]}`, withHeader("Content-Type", ct))
 		checkError(t, resp, body, http.StatusUnsupportedMediaType, "application/json")
 	}
+	// curl -d's default type: the answer says how to fix the command.
+	resp, body := query(t, ts, `{"token_ids":[1]}`, withHeader("Content-Type", "application/x-www-form-urlencoded"))
+	checkError(t, resp, body, http.StatusUnsupportedMediaType, "-H 'Content-Type: application/json'")
 }
 
 // onlyReader hides the length of a body so that it is sent chunked.
