@@ -7,12 +7,17 @@ PKGS    := ./...
 # FUZZTIME is a duration (20s) or an execution count (100000x).
 FUZZTIME ?= 20s
 
-.PHONY: all deps build run test vet fmt-check bench fuzz clean
+.PHONY: all deps deps-test build run test vet fmt-check bench fuzz clean
 
 all: build
 
+# deps is what building and running need (libzmq); deps-test adds the
+# test tools (python3-zmq, chromium), which make run does not install.
 deps:
-	@./scripts/deps.sh
+	@./scripts/deps.sh run
+
+deps-test:
+	@./scripts/deps.sh test
 
 build: deps
 	$(GO) build -o $(BIN)/ ./cmd/...
@@ -26,7 +31,7 @@ vet: deps
 fmt-check:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-test: deps fmt-check vet
+test: deps-test fmt-check vet
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 bench: deps

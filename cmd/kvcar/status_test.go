@@ -287,7 +287,7 @@ func TestStatusEndToEnd(t *testing.T) {
 }
 
 // chromium finds the browser, skipping the test where it is absent except
-// in CI, where scripts/deps.sh installs it.
+// in CI, where scripts/deps.sh test (make test) installs it.
 func chromium(t *testing.T) string {
 	t.Helper()
 	for _, p := range []string{"/usr/bin/chromium", "chromium"} {
@@ -296,7 +296,7 @@ func chromium(t *testing.T) string {
 		}
 	}
 	if os.Getenv("CI") != "" {
-		t.Fatal("chromium not installed in CI: scripts/deps.sh should have installed it")
+		t.Fatal("chromium not installed in CI: scripts/deps.sh test (make test) installs it")
 	}
 	t.Skip("chromium not installed: apt-get install chromium")
 	return ""
