@@ -1,6 +1,7 @@
 // Command kvcar is a KV-cache-aware router for xLLM engines: it keeps a
-// prefix directory fed by the engines' KV events and serves prefix-hit
-// queries on its HTTP port.
+// prefix directory fed by the engines' KV events, routes OpenAI requests
+// on its public port, and takes heartbeats and serves prefix-hit queries
+// and operator routes on its internal listener.
 package main
 
 import (
