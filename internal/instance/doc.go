@@ -81,8 +81,12 @@
 // # Loads
 //
 // An instance has no load until its first report (HasLoad false). A
-// report whose gpu_cache_usage_perc is negative, NaN or infinite makes
-// LoadValid false and is not stored: Load keeps the last valid values.
+// heartbeat with a value out of range (gpu_cache_usage_perc NaN,
+// infinite or outside [0, 1], a negative latency; Heartbeat.Validate)
+// is refused whole with ErrInvalidHeartbeat: it changes no load, no
+// state and no heartbeat time. A XLLM:LOADMETRICS value whose usage is
+// out of range makes LoadValid false and is not stored: Load keeps the
+// last valid values.
 // The most recent report, by the time this replica receives it, wins:
 // a heartbeat (R-CAR-10) is applied at once (and published as above),
 // and a XLLM:LOADMETRICS value replaces it only when it arrives later. A

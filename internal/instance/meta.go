@@ -123,7 +123,4 @@ func encodeLoadValue(l Load) ([]byte, error) {
 }
 
 // validLoad reports whether l can be used for routing.
-func validLoad(l Load) bool {
-	u := l.GPUCacheUsagePerc
-	return !math.IsNaN(u) && !math.IsInf(u, 0) && u >= 0
-}
+func validLoad(l Load) bool { return checkUsage(l.GPUCacheUsagePerc) == nil }
