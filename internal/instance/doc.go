@@ -32,9 +32,12 @@
 // "ip:port", which wins over the value's own name field. The registry
 // lists and watches one key range that holds those four prefixes and
 // XLLM:LOADMETRICS: and nothing else, so it never reads XLLM:CACHE:
-// (R-DIR-3). A value that is not valid JSON, or lacks name,
-// rpc_address or type, is ignored with one warning per written value and
-// leaves the instance as it was. The watch resumes by itself across
+// (R-DIR-3). A value that is not valid JSON, lacks name, rpc_address or
+// type, or has a dp_size above MaxDPSize, and a key whose name is not a
+// business address host:port (CheckName: IPv6 in brackets, nothing a
+// URL could add), are ignored with one warning per written value naming
+// the instance and the reason, and leave the instance as it was: such
+// an instance is never registered, routed to or subscribed. The watch resumes by itself across
 // etcd restarts; after a compaction, or any watch failure, the registry
 // lists the range again and reconciles, treating a vanished key as a
 // DELETE.

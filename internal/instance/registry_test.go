@@ -507,7 +507,7 @@ func TestFreshestLoadWins(t *testing.T) {
 		}
 	}
 	put(t, cli, loadKey, `{"waiting_requests_num":2,"gpu_cache_usage_perc":-1}`)
-	in = waitInst(t, reg.Registry, name, "invalid sync", func(i Instance) bool { return i.LoadSource == LoadSync })
+	in = waitInst(t, reg.Registry, name, "invalid sync", func(i Instance) bool { return !i.LoadValid })
 	if in.LoadValid || in.Load != (Load{9, 0.1}) {
 		t.Fatalf("invalid synced load stored: %+v", in)
 	}
