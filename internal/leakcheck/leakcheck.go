@@ -35,7 +35,9 @@ func IgnoreTop(fn string) Option { return func(c *config) { c.ignoreTop = append
 
 // IgnoreCreatedBy ignores goroutines created by the function fn,
 // written as in a stack trace's "created by" line.
-func IgnoreCreatedBy(fn string) Option { return func(c *config) { c.ignoreBy = append(c.ignoreBy, fn) } }
+func IgnoreCreatedBy(fn string) Option {
+	return func(c *config) { c.ignoreBy = append(c.ignoreBy, fn) }
+}
 
 // processWide are goroutines started once per process on first use,
 // which no test can stop. Each is named exactly.
