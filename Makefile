@@ -7,7 +7,7 @@ PKGS    := ./...
 # FUZZTIME is a duration (20s) or an execution count (100000x).
 FUZZTIME ?= 20s
 
-.PHONY: all deps deps-test build run test vet fmt-check bench fuzz clean
+.PHONY: all deps deps-test build run test test-alloc vet fmt-check bench fuzz clean
 
 all: build
 
@@ -33,6 +33,18 @@ fmt-check:
 
 test: deps-test fmt-check vet
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	@$(MAKE) --no-print-directory test-alloc
+
+# Allocation tests (named *Alloc*) skip under -race, whose sync.Pool drops
+# items at random, so they run again here without it; one that skips or a
+# package without any fails the target.
+ALLOC_PKGS := ./internal/lb/ ./internal/kvdir/ ./internal/kvindex/ ./internal/kvevent/
+test-alloc:
+	@out=$$($(GO) test -count=1 -run 'Alloc' -v $(ALLOC_PKGS) 2>&1); rc=$$?; \
+	echo "$$out" | grep -E '^(--- |ok|FAIL|panic)'; \
+	if [ $$rc -ne 0 ]; then echo "$$out"; exit $$rc; fi; \
+	if echo "$$out" | grep -E -e '--- SKIP' -e 'no tests to run'; then \
+		echo "allocation tests must run without -race"; exit 1; fi
 
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)

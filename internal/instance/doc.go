@@ -32,9 +32,12 @@
 // "ip:port", which wins over the value's own name field. The registry
 // lists and watches one key range that holds those four prefixes and
 // XLLM:LOADMETRICS: and nothing else, so it never reads XLLM:CACHE:
-// (R-DIR-3). A value that is not valid JSON, or lacks name,
-// rpc_address or type, is ignored with one warning per written value and
-// leaves the instance as it was. The watch resumes by itself across
+// (R-DIR-3). A value that is not valid JSON, lacks name, rpc_address or
+// type, or has a dp_size above MaxDPSize, and a key whose name is not a
+// business address host:port (CheckName: IPv6 in brackets, nothing a
+// URL could add), are ignored with one warning per written value naming
+// the instance and the reason, and leave the instance as it was: such
+// an instance is never registered, routed to or subscribed. The watch resumes by itself across
 // etcd restarts; after a compaction, or any watch failure, the registry
 // lists the range again and reconciles, treating a vanished key as a
 // DELETE.
@@ -81,8 +84,12 @@
 // # Loads
 //
 // An instance has no load until its first report (HasLoad false). A
-// report whose gpu_cache_usage_perc is negative, NaN or infinite makes
-// LoadValid false and is not stored: Load keeps the last valid values.
+// heartbeat with a value out of range (gpu_cache_usage_perc NaN,
+// infinite or outside [0, 1], a negative latency; Heartbeat.Validate)
+// is refused whole with ErrInvalidHeartbeat: it changes no load, no
+// state and no heartbeat time. A XLLM:LOADMETRICS value whose usage is
+// out of range makes LoadValid false and is not stored: Load keeps the
+// last valid values.
 // The most recent report, by the time this replica receives it, wins:
 // a heartbeat (R-CAR-10) is applied at once (and published as above),
 // and a XLLM:LOADMETRICS value replaces it only when it arrives later. A

@@ -20,6 +20,44 @@ type Heartbeat struct {
 	IncarnationID string
 }
 
+// ErrInvalidHeartbeat: a heartbeat carries a value out of its field's
+// range. The HTTP intake answers it with 400; the registry applies
+// nothing of such a heartbeat.
+var ErrInvalidHeartbeat = errors.New("invalid heartbeat")
+
+// Validate reports the first field of hb whose value is out of range,
+// by its proto name: gpu_cache_usage_perc must be a fraction in [0, 1]
+// (not NaN or infinite), and the recent maximum latencies must not be
+// negative. Parsing accepts these values, as proto-JSON can spell them;
+// every intake (HTTP, RPC) refuses them through Registry.Heartbeat, so
+// a forged or broken report can neither replace a good load nor keep
+// an instance alive.
+func (hb *Heartbeat) Validate() error {
+	if l := hb.Load; l != nil {
+		if err := checkUsage(l.GPUCacheUsagePerc); err != nil {
+			return fmt.Errorf("heartbeat from %q: load_metrics.gpu_cache_usage_perc %w: %w", hb.Name, err, ErrInvalidHeartbeat)
+		}
+	}
+	if l := hb.Latency; l != nil {
+		if l.RecentMaxTTFT < 0 {
+			return fmt.Errorf("heartbeat from %q: latency_metrics.recent_max_ttft %d is negative: %w", hb.Name, l.RecentMaxTTFT, ErrInvalidHeartbeat)
+		}
+		if l.RecentMaxTBT < 0 {
+			return fmt.Errorf("heartbeat from %q: latency_metrics.recent_max_tbt %d is negative: %w", hb.Name, l.RecentMaxTBT, ErrInvalidHeartbeat)
+		}
+	}
+	return nil
+}
+
+// checkUsage says why u is not a usable gpu_cache_usage_perc, a
+// fraction of the Device KV cache in use.
+func checkUsage(u float64) error {
+	if math.IsNaN(u) || math.IsInf(u, 0) || u < 0 || u > 1 {
+		return fmt.Errorf("%v is not a fraction in [0, 1]", u)
+	}
+	return nil
+}
+
 // ParseHeartbeat decodes the proto-JSON body of
 // POST /v1/internal/heartbeat. As proto-JSON allows, every field may be
 // spelt as in the proto (waiting_requests_num) or in lowerCamelCase

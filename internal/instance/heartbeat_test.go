@@ -1,6 +1,7 @@
 package instance
 
 import (
+	"errors"
 	"math"
 	"strings"
 	"testing"
@@ -47,8 +48,8 @@ func TestParseHeartbeat(t *testing.T) {
 	}
 }
 
-// Non-finite usage is representable in proto-JSON; it parses, and the
-// registry marks such a load invalid.
+// Non-finite usage is representable in proto-JSON; it parses, and
+// Validate refuses it.
 func TestParseHeartbeatNonFinite(t *testing.T) {
 	for body, check := range map[string]func(float64) bool{
 		`{"name":"n","load_metrics":{"gpu_cache_usage_perc":"NaN"}}`:       math.IsNaN,
@@ -62,6 +63,49 @@ func TestParseHeartbeatNonFinite(t *testing.T) {
 		if !check(hb.Load.GPUCacheUsagePerc) || validLoad(*hb.Load) {
 			t.Errorf("%s: usage %v valid %v", body, hb.Load.GPUCacheUsagePerc, validLoad(*hb.Load))
 		}
+		if err := hb.Validate(); !errors.Is(err, ErrInvalidHeartbeat) {
+			t.Errorf("%s: Validate = %v, want ErrInvalidHeartbeat", body, err)
+		}
+	}
+}
+
+// Issue 10 item 2: every value out of its field's range is refused,
+// and the error names the field; values at the edges of the ranges
+// pass.
+func TestHeartbeatValidate(t *testing.T) {
+	load := func(u float64) *Load { return &Load{WaitingRequests: 1, GPUCacheUsagePerc: u} }
+	for _, tc := range []struct {
+		name  string
+		hb    Heartbeat
+		field string // "" when valid
+	}{
+		{"no reports", Heartbeat{Name: "n"}, ""},
+		{"usage 0", Heartbeat{Name: "n", Load: load(0)}, ""},
+		{"usage 1", Heartbeat{Name: "n", Load: load(1)}, ""},
+		{"usage 0.5 and latencies", Heartbeat{Name: "n", Load: load(0.5), Latency: &Latency{0, math.MaxInt64}}, ""},
+		{"most waiting", Heartbeat{Name: "n", Load: &Load{WaitingRequests: math.MaxUint64}}, ""},
+		{"usage NaN", Heartbeat{Name: "n", Load: load(math.NaN())}, "load_metrics.gpu_cache_usage_perc"},
+		{"usage +Inf", Heartbeat{Name: "n", Load: load(math.Inf(1))}, "load_metrics.gpu_cache_usage_perc"},
+		{"usage -Inf", Heartbeat{Name: "n", Load: load(math.Inf(-1))}, "load_metrics.gpu_cache_usage_perc"},
+		{"usage negative", Heartbeat{Name: "n", Load: load(-0.01)}, "load_metrics.gpu_cache_usage_perc"},
+		{"usage negative zero is zero", Heartbeat{Name: "n", Load: load(math.Copysign(0, -1))}, ""},
+		{"usage above 1", Heartbeat{Name: "n", Load: load(1.01)}, "load_metrics.gpu_cache_usage_perc"},
+		{"usage a percentage", Heartbeat{Name: "n", Load: load(85)}, "load_metrics.gpu_cache_usage_perc"},
+		{"ttft negative", Heartbeat{Name: "n", Latency: &Latency{RecentMaxTTFT: -1}}, "latency_metrics.recent_max_ttft"},
+		{"tbt negative", Heartbeat{Name: "n", Latency: &Latency{RecentMaxTBT: math.MinInt64}}, "latency_metrics.recent_max_tbt"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.hb.Validate()
+			if tc.field == "" {
+				if err != nil {
+					t.Fatalf("Validate(%+v) = %v", tc.hb, err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrInvalidHeartbeat) || !strings.Contains(err.Error(), tc.field) {
+				t.Fatalf("Validate = %v, want ErrInvalidHeartbeat naming %s", err, tc.field)
+			}
+		})
 	}
 }
 

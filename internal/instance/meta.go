@@ -26,8 +26,8 @@ type metaJSON struct {
 }
 
 // parseMeta decodes an InstanceMetaInfo value. name, rpc_address and
-// type are required, as xllm-service requires them; members it does not
-// know are ignored.
+// type are required, as xllm-service requires them, and dp_size is at
+// most MaxDPSize; members it does not know are ignored.
 func parseMeta(value []byte) (Meta, error) {
 	var j metaJSON
 	if err := json.Unmarshal(value, &j); err != nil {
@@ -42,8 +42,8 @@ func parseMeta(value []byte) (Meta, error) {
 		return Meta{}, errors.New("instance meta: type missing")
 	case !Type(*j.Type).valid():
 		return Meta{}, fmt.Errorf("instance meta: type %d is not 0 (DEFAULT), 1 (PREFILL), 2 (DECODE) or 3 (MIX)", *j.Type)
-	case j.DPSize < 0:
-		return Meta{}, fmt.Errorf("instance meta: dp_size %d is negative", j.DPSize)
+	case j.DPSize < 0 || j.DPSize > MaxDPSize:
+		return Meta{}, fmt.Errorf("instance meta: dp_size %d is outside [0, %d]", j.DPSize, MaxDPSize)
 	}
 	m := Meta{
 		Name:          *j.Name,
@@ -123,7 +123,4 @@ func encodeLoadValue(l Load) ([]byte, error) {
 }
 
 // validLoad reports whether l can be used for routing.
-func validLoad(l Load) bool {
-	u := l.GPUCacheUsagePerc
-	return !math.IsNaN(u) && !math.IsInf(u, 0) && u >= 0
-}
+func validLoad(l Load) bool { return checkUsage(l.GPUCacheUsagePerc) == nil }

@@ -1,6 +1,7 @@
 package instance
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -74,12 +75,12 @@ func TestHeartbeatValuesCoalesced(t *testing.T) {
 		}
 	}
 
-	// An invalid report makes the load unusable: routing must know at once.
-	if err := reg.Heartbeat(Heartbeat{Name: names[0], IncarnationID: "inc", Load: &Load{1, -1}}); err != nil {
-		t.Fatal(err)
+	// An invalid report is refused: the published load stays usable.
+	if err := reg.Heartbeat(Heartbeat{Name: names[0], IncarnationID: "inc", Load: &Load{1, -1}}); !errors.Is(err, ErrInvalidHeartbeat) {
+		t.Fatalf("heartbeat with usage -1: %v, want ErrInvalidHeartbeat", err)
 	}
-	if in, _ := reg.Lookup(names[0]); in.LoadUsable() {
-		t.Error("an invalid load was not published at once")
+	if in, _ := reg.Lookup(names[0]); !in.LoadUsable() || in.Load != (Load{100, 0.25}) {
+		t.Errorf("a refused heartbeat changed the load: %+v", in)
 	}
 }
 

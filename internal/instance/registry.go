@@ -294,8 +294,12 @@ func (r *Registry) IsMaster() bool {
 // the instance (its state, whether its load is usable, where the load
 // came from) is in the snapshot when Heartbeat returns; one that only
 // moves the values is published within LoadPublishDelay, together with
-// the heartbeats of other engines meanwhile.
+// the heartbeats of other engines meanwhile. A heartbeat that fails
+// Validate is refused whole (ErrInvalidHeartbeat): it changes nothing.
 func (r *Registry) Heartbeat(hb Heartbeat) error {
+	if err := hb.Validate(); err != nil {
+		return fmt.Errorf("instance: %w", err)
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	e := r.entries[hb.Name]

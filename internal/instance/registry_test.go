@@ -3,6 +3,7 @@ package instance
 import (
 	"errors"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -455,9 +456,10 @@ func TestHeartbeatErrors(t *testing.T) {
 }
 
 // R-CAR-2, R-CAR-10: no load until the first report; the freshest of a
-// heartbeat and the master's LOADMETRICS sync wins; an invalid report
-// marks the load unusable without storing it; a sync value older than
-// the incarnation is never applied.
+// heartbeat and the master's LOADMETRICS sync wins; an invalid
+// heartbeat is refused and an invalid synced value marks the load
+// unusable, neither stored; a sync value older than the incarnation is
+// never applied.
 func TestFreshestLoadWins(t *testing.T) {
 	srv := startEtcd(t)
 	cli := newClient(t, srv.Endpoint())
@@ -492,17 +494,20 @@ func TestFreshestLoadWins(t *testing.T) {
 		t.Fatalf("newer sync: %+v from %v", in.Load, in.LoadSource)
 	}
 
-	for _, bad := range []float64{math.NaN(), math.Inf(1), -0.5} {
-		if err := reg.Heartbeat(Heartbeat{Name: name, IncarnationID: "i1", Load: &Load{1, bad}}); err != nil {
-			t.Fatal(err)
+	// Issue 10: a heartbeat out of range is refused and replaces nothing.
+	lastBeat := in.LastHeartbeat
+	for _, bad := range []float64{math.NaN(), math.Inf(1), math.Inf(-1), -0.5, 1.0000001} {
+		err := reg.Heartbeat(Heartbeat{Name: name, IncarnationID: "i1", Load: &Load{1, bad}})
+		if !errors.Is(err, ErrInvalidHeartbeat) || !strings.Contains(err.Error(), "gpu_cache_usage_perc") {
+			t.Fatalf("usage %v: %v, want ErrInvalidHeartbeat naming gpu_cache_usage_perc", bad, err)
 		}
 		in, _ = reg.Lookup(name)
-		if in.LoadValid || in.LoadUsable() || !in.HasLoad || in.Load != (Load{9, 0.1}) {
-			t.Fatalf("invalid usage %v: valid=%v load=%+v", bad, in.LoadValid, in.Load)
+		if !in.LoadUsable() || in.Load != (Load{9, 0.1}) || in.LoadSource != LoadSync || !in.LastHeartbeat.Equal(lastBeat) {
+			t.Fatalf("invalid usage %v changed the instance: %+v", bad, in)
 		}
 	}
 	put(t, cli, loadKey, `{"waiting_requests_num":2,"gpu_cache_usage_perc":-1}`)
-	in = waitInst(t, reg.Registry, name, "invalid sync", func(i Instance) bool { return i.LoadSource == LoadSync })
+	in = waitInst(t, reg.Registry, name, "invalid sync", func(i Instance) bool { return !i.LoadValid })
 	if in.LoadValid || in.Load != (Load{9, 0.1}) {
 		t.Fatalf("invalid synced load stored: %+v", in)
 	}

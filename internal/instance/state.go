@@ -13,9 +13,15 @@ import (
 // applyPut applies the PUT (or listed value) of an instance key.
 func (r *Registry) applyPut(t Type, name string, kv *mvccpb.KeyValue, now time.Time) {
 	key := string(kv.Key)
+	// The name becomes part of URLs and endpoints: a registration whose
+	// key does not name a host:port is refused whatever its value says.
+	if err := CheckName(name); err != nil {
+		r.warnValue(key, kv.ModRevision, "ignoring instance registration", err)
+		return
+	}
 	meta, err := parseMeta(kv.Value)
 	if err != nil {
-		r.warnValue(key, kv.ModRevision, "ignoring instance value", err)
+		r.warnValue(key, kv.ModRevision, "ignoring instance value", err, "instance", name)
 		return
 	}
 	if meta.Name != name {

@@ -84,6 +84,7 @@ func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]Stream
 				BlockSize:      d.BlockSize,
 				HashSeed:       d.HashSeed,
 				Incarnation:    inst.Incarnation(),
+				Discovered:     true,
 			})
 		}
 		if c.specs != nil {

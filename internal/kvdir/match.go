@@ -7,7 +7,10 @@ type Match struct {
 	// Incarnation is the engine process identity the stream was
 	// subscribed for; routing counts hits only when it matches the
 	// registry's current one (R-CAR-7).
-	Incarnation  string
+	Incarnation string
+	// Discovered: the stream was derived from the registry, not listed
+	// statically (StreamSpec.Discovered).
+	Discovered   bool
 	Synchronized bool
 	Sequence     uint64
 	// Hit tokens of the contiguous full-block prefix (R-IDX-3). A block

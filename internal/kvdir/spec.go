@@ -19,8 +19,16 @@ type StreamSpec struct {
 	BlockSize      int
 	HashSeed       uint64
 	// Incarnation identifies the engine process when the registry knows
-	// it (incarnation_id, else register_ts_ms); empty for static streams.
+	// it (incarnation_id, else register_ts_ms); empty for static streams
+	// and for engines registered without either.
 	Incarnation string
+	// Discovered is true for a stream derived from a registered instance
+	// (Plan), false for a static one. A discovered stream without an
+	// Incarnation belongs to whatever process holds the instance's
+	// address: a new one there is found by reconnect and snapshot
+	// (R-DISC-5), so routing may count its hits; a static stream has no
+	// tie to the registry at all (R-CAR-7).
+	Discovered bool
 }
 
 // StreamKey names a stream in the directory.

@@ -89,7 +89,7 @@ func newStream(spec StreamSpec) *stream {
 // only for the walk over the index.
 func (s *stream) match(keys []kvindex.Key, m *Match) {
 	// Every field is written: callers reuse one Match across streams.
-	*m = Match{InstanceName: s.spec.InstanceName, DPRank: s.spec.DPRank, Incarnation: s.spec.Incarnation}
+	*m = Match{InstanceName: s.spec.InstanceName, DPRank: s.spec.DPRank, Incarnation: s.spec.Incarnation, Discovered: s.spec.Discovered}
 	s.mu.RLock()
 	m.Synchronized = s.synced
 	m.Sequence = s.seq

@@ -183,7 +183,7 @@ func (c *CAR) instanceHit(in *instance.Instance, ms []kvdir.Match, input float64
 			ranks++
 			last = m.DPRank
 		}
-		if !m.Synchronized || !sameIncarnation(in, m.Incarnation) {
+		if !m.Synchronized || !sameIncarnation(in, m) {
 			return 0
 		}
 		h := (float64(m.DeviceHitTokens) + c.hostWeight*float64(m.HostOnlyHitTokens)) / input
@@ -197,16 +197,20 @@ func (c *CAR) instanceHit(in *instance.Instance, ms []kvdir.Match, input float64
 	return hit
 }
 
-// sameIncarnation reports whether a stream subscribed for incarnation
-// inc belongs to the instance's current process, by the rule of
+// sameIncarnation reports whether the stream of m belongs to the
+// instance's current process, by the rule of
 // instance.Instance.Incarnation (incarnation_id, else register_ts_ms in
-// decimal) but without allocating, as it runs for every stream. An
-// empty identity on either side never matches: a static stream or an
-// engine without identity cannot be told from a new process on the
-// same address, so it gives no routing benefit (R-CAR-7).
-func sameIncarnation(in *instance.Instance, inc string) bool {
+// decimal) but without allocating, as it runs for every stream. When
+// the identities differ, one side having none included, it does not.
+// When neither has one, only a discovered stream matches: discovery
+// subscribed it for this registration and relies on reconnect and
+// snapshot to notice a new process at the address (R-DISC-5), while a
+// static stream has no tie to the registry and gives no routing benefit
+// (R-CAR-7).
+func sameIncarnation(in *instance.Instance, m *kvdir.Match) bool {
+	inc := m.Incarnation
 	if inc == "" {
-		return false
+		return m.Discovered && in.Meta.IncarnationID == "" && in.Meta.RegisterTsMs == 0
 	}
 	if id := in.Meta.IncarnationID; id != "" {
 		return inc == id

@@ -166,9 +166,11 @@ func TestCARMissingOrUnsyncedDPGivesZero(t *testing.T) {
 	}
 }
 
-// R-CAR-7: hits count only for the instance's current incarnation:
-// incarnation_id, else register_ts_ms; an empty one on either side never
-// counts.
+// R-CAR-7, R-DISC-5: hits count only for the instance's current
+// incarnation: incarnation_id, else register_ts_ms. Identities that
+// differ, one side empty included, never count; with none on either
+// side, a discovered stream counts (issue 10 item 12) and a static one
+// does not.
 func TestCARIncarnation(t *testing.T) {
 	byID := loaded("a", F, 0, 0)
 	legacy := loaded("a", F, 0, 0)
@@ -178,6 +180,11 @@ func TestCARIncarnation(t *testing.T) {
 	withInc := func(inc string) kvdir.Match {
 		m := match("a", 0, 500, 0)
 		m.Incarnation = inc
+		return m
+	}
+	discovered := func(inc string) kvdir.Match {
+		m := withInc(inc)
+		m.Discovered = true
 		return m
 	}
 	for _, tc := range []struct {
@@ -191,8 +198,15 @@ func TestCARIncarnation(t *testing.T) {
 		{"static stream", byID, withInc(""), 0},
 		{"register time", legacy, withInc("1700000000123"), 0.5},
 		{"other register time", legacy, withInc("1700000000124"), 0},
-		{"no identity", anonymous, withInc(""), 0},
-		{"no identity, stream has one", anonymous, withInc("x"), 0},
+		{"no identity, static stream", anonymous, withInc(""), 0},
+		{"no identity, static stream has one", anonymous, withInc("x"), 0},
+		{"no identity, discovered stream", anonymous, discovered(""), 0.5},
+		{"no identity, discovered stream has one", anonymous, discovered("x"), 0},
+		{"current id, discovered", byID, discovered("inc-a"), 0.5},
+		{"id, discovered stream has none", byID, discovered(""), 0},
+		{"stale id, discovered", byID, discovered("inc-a-old"), 0},
+		{"register time, discovered stream has none", legacy, discovered(""), 0},
+		{"register time, discovered", legacy, discovered("1700000000123"), 0.5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := route(t, mustCAR(t, 1, 0.5, newMatches(tc.m)), Request{TokenIDs: tokens(1000)}, snapshot(tc.in))
@@ -213,9 +227,11 @@ func TestSameIncarnationAgreesWithInstance(t *testing.T) {
 	} {
 		in := instance.Instance{Meta: m}
 		for _, inc := range []string{in.Incarnation(), "p-1", "5", "1700000000123", "-9223372036854775808", ""} {
-			want := inc != "" && inc == in.Incarnation()
-			if got := sameIncarnation(&in, inc); got != want {
-				t.Errorf("sameIncarnation(%+v, %q) = %v, want %v", m, inc, got, want)
+			for _, disc := range []bool{false, true} {
+				want := inc == in.Incarnation() && (inc != "" || disc)
+				if got := sameIncarnation(&in, &kvdir.Match{Incarnation: inc, Discovered: disc}); got != want {
+					t.Errorf("sameIncarnation(%+v, %q, discovered %v) = %v, want %v", m, inc, disc, got, want)
+				}
 			}
 		}
 	}

@@ -51,7 +51,10 @@
 // ids: hit 0). A multi-DP instance's hit is the minimum over its DP
 // ranks 0..dp_size−1; it is 0 when any rank has no match, is
 // unsynchronised, or belongs to another incarnation than the instance's
-// current one (an empty incarnation on either side never matches).
+// current one. An empty incarnation matches only an empty one, and only
+// on a discovered stream: an engine registered without incarnation_id
+// and register_ts_ms keeps its benefit (R-DISC-5), a static stream gets
+// none (R-CAR-7).
 // Without a view every hit is 0 and CAR ranks by queue. The directory is
 // queried once per request into a pooled buffer.
 //

@@ -23,8 +23,10 @@ type HeartbeatSink interface {
 
 // handleHeartbeat serves POST /v1/internal/heartbeat: the proto-JSON
 // HeartbeatRequest of an engine (R-CAR-10). Unknown instances and stale
-// incarnations get 409 so the engine re-registers; the deprecated
-// cache_event field is ignored (R-CAR-11).
+// incarnations get 409 so the engine re-registers, with one generic
+// body for both (the detail is logged); a value out of range
+// (instance.Heartbeat.Validate) gets 400 naming the field and changes
+// nothing; the deprecated cache_event field is ignored (R-CAR-11).
 func (s *Server) handleHeartbeat(w http.ResponseWriter, r *http.Request) {
 	if ok, why := s.authorized(r); !ok {
 		s.reject(w, r, http.StatusUnauthorized, why)
@@ -58,15 +60,26 @@ func (s *Server) handleHeartbeat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.heartbeats.Heartbeat(hb); err != nil {
-		code := http.StatusInternalServerError
-		if errors.Is(err, instance.ErrUnknownInstance) || errors.Is(err, instance.ErrStaleIncarnation) {
-			code = http.StatusConflict
+		switch {
+		case errors.Is(err, instance.ErrInvalidHeartbeat):
+			s.reject(w, r, http.StatusBadRequest, err.Error())
+		case errors.Is(err, instance.ErrUnknownInstance) || errors.Is(err, instance.ErrStaleIncarnation):
+			// The body tells the sender only to register again: neither
+			// which of the two it was nor the registered incarnation,
+			// which would let anyone who can reach this route learn
+			// identities and forge heartbeats for them.
+			s.log.Info("heartbeat refused", "remote", r.RemoteAddr, "instance", hb.Name, "err", err)
+			writeError(w, http.StatusConflict, heartbeatConflict)
+		default:
+			s.reject(w, r, http.StatusInternalServerError, err.Error())
 		}
-		s.reject(w, r, code, err.Error())
 		return
 	}
 	writeJSON(w, http.StatusOK, []byte("{}\n"))
 }
+
+// heartbeatConflict is the one body of every 409 the intake sends.
+const heartbeatConflict = "heartbeat does not match a registered instance; register again"
 
 // appendBody appends all of r to dst, growing it only when it is full.
 func appendBody(dst []byte, r io.Reader) ([]byte, error) {

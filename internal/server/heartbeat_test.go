@@ -93,7 +93,7 @@ func TestHeartbeatReachesRegistry(t *testing.T) {
 		t.Fatalf("load of the heartbeat not in the snapshot: %v; instance %+v", err, in)
 	}
 	resp, body = do(t, ts, http.MethodPost, HeartbeatPath, bytes.NewReader(heartbeatBody("10.9.9.9:1", 0)))
-	checkError(t, resp, body, http.StatusConflict, "unknown instance")
+	checkError(t, resp, body, http.StatusConflict, heartbeatConflict)
 }
 
 // The body is read whole up to its limit, whether or not the client

@@ -1,0 +1,5 @@
+//go:build !race
+
+package kvdir
+
+const raceEnabled = false
