@@ -143,15 +143,22 @@ func TestBadRegistrationsRefused(t *testing.T) {
 		}
 	}
 
-	// A refresh of the registered instance with too many ranks changes
-	// nothing.
-	put(t, cli, engineKey("", Prefill, most), engineMeta(most, Prefill, "m").with("dp_size", MaxDPSize+1).json(t))
+	// A registered instance whose key is overwritten with a refused value
+	// (a new process with too many ranks, say) is withdrawn, not kept as
+	// it was: what runs at that address is no longer the entry kvcar knew.
+	put(t, cli, engineKey("", Prefill, most), engineMeta(most, Prefill, "m2").with("dp_size", MaxDPSize+1).json(t))
 	marker := "127.0.0.1:8998"
 	put(t, cli, engineKey("", Prefill, marker), engineMeta(marker, Prefill, "k").json(t))
 	waitInst(t, reg.Registry, marker, "marker after the bad refresh", inState(Active))
-	if in, _ := reg.Lookup(most); in.Meta.DPSize != MaxDPSize || in.State != Active {
-		t.Errorf("a refused refresh changed the instance: %+v", in)
+	if in, ok := reg.Lookup(most); ok {
+		t.Errorf("an instance whose registration was replaced by a refused one is still listed: %+v", in)
 	}
+	if logs.count("instance withdrawn") != 1 {
+		t.Errorf("no single withdrawal warning:\n%s", logs.String())
+	}
+	// A valid registration at the same address registers again.
+	put(t, cli, engineKey("", Prefill, most), engineMeta(most, Prefill, "m3").json(t))
+	waitInst(t, reg.Registry, most, "re-registration after the withdrawal", inState(Active))
 }
 
 func (l *logBuffer) String() string {

@@ -22,6 +22,15 @@ func (r *Registry) applyPut(t Type, name string, kv *mvccpb.KeyValue, now time.T
 	meta, err := parseMeta(kv.Value)
 	if err != nil {
 		r.warnValue(key, kv.ModRevision, "ignoring instance value", err, "instance", name)
+		// The key now holds a registration kvcar refuses, perhaps a new
+		// process's: the entry it replaced no longer describes what runs
+		// there, so it stops being routed to rather than live on unchecked.
+		if e := r.entries[name]; e != nil && e.key == key {
+			r.log.Warn("instance withdrawn: its registration was replaced by one that is refused", "instance", name,
+				"old_incarnation", e.inst.Incarnation())
+			r.removeEntry(name)
+			r.dirty = true
+		}
 		return
 	}
 	if meta.Name != name {
