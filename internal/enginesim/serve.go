@@ -473,8 +473,7 @@ func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat boo
 		// failed; a real engine does not fail the request for that.
 		e.cfg.Logger.Warn("publishing prefill events failed", "engine", name, "dp", t.dp, "err", err)
 	}
-	prefill := e.scaled(time.Duration(len(inf.tokens)-dev-host)*e.cfg.PrefillPerToken +
-		time.Duration(host)*e.cfg.HostLoadPerToken)
+	prefill := e.scaled(e.CostModel().Prefill(len(inf.tokens), dev, host))
 	step := e.scaled(e.cfg.DecodePerToken)
 	decode := time.Duration(max(inf.maxTokens-1, 0)) * step
 	e.serve.count(func(st *EngineStats) {
