@@ -88,7 +88,7 @@ type options struct {
 	runTimeout   time.Duration
 	readyTimeout time.Duration
 	maxErrors    int
-	trace        string
+	recordsCSV   string
 	// kvcarExtra are kvcar flags passed through when set.
 	kvcarExtra []string
 	command    string
@@ -163,7 +163,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.runTimeout, "run_timeout", 3*time.Minute, "bound on each policy's request phase")
 	fs.DurationVar(&o.readyTimeout, "ready_timeout", 30*time.Second, "bound on kvcar's start-up until every stream is synchronised")
 	fs.IntVar(&o.maxErrors, "max_errors", 10, "failed requests that end a policy's run")
-	fs.StringVar(&o.trace, "trace", "", "write every request's record as CSV to this file (all policies)")
+	fs.StringVar(&o.recordsCSV, "records_csv", "", "write every request's record as CSV to this file (all policies)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -232,6 +232,9 @@ func shellQuote(s string) string {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if isTraceMode(args) {
+		return runTrace(ctx, args, stdout, stderr)
+	}
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -288,9 +291,9 @@ func bench(ctx context.Context, o options, wl *workload, progress io.Writer) (*r
 	hc := newHTTPClient(o)
 	defer hc.CloseIdleConnections()
 	var trace *traceWriter
-	if o.trace != "" {
+	if o.recordsCSV != "" {
 		var err error
-		if trace, err = newTraceWriter(o.trace); err != nil {
+		if trace, err = newTraceWriter(o.recordsCSV); err != nil {
 			return nil, err
 		}
 		defer trace.close()

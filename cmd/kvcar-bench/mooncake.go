@@ -154,15 +154,23 @@ const traceVocab = 128256
 // appendTokens appends the request's prompt as token ids, the trace
 // README's way: each hash id becomes 512 pseudo-random ids derived from
 // the id alone (so equal ids give equal tokens wherever they appear),
-// concatenated and cut to input_length.
-func appendTokens(dst []uint32, r *traceRequest) []uint32 {
+// concatenated and cut to input_length. With perBlock < 512 each id
+// becomes the first perBlock of its 512 ids and the cut is scaled alike
+// (rounded up), a prompt 512/perBlock times shorter with the same blocks.
+func appendTokens(dst []uint32, r *traceRequest, perBlock int) []uint32 {
 	left := r.Input
 	for _, id := range r.HashIDs {
 		n := min(left, TraceBlockTokens)
-		dst = appendBlockTokens(dst, id, n)
+		dst = appendBlockTokens(dst, id, (n*perBlock+TraceBlockTokens-1)/TraceBlockTokens)
 		left -= n
 	}
 	return dst
+}
+
+// promptLen is the length of appendTokens' prompt.
+func promptLen(r *traceRequest, perBlock int) int {
+	last := r.Input - (len(r.HashIDs)-1)*TraceBlockTokens
+	return (len(r.HashIDs)-1)*perBlock + (last*perBlock+TraceBlockTokens-1)/TraceBlockTokens
 }
 
 // appendBlockTokens appends the first n tokens of hash id's block:

@@ -45,11 +45,24 @@ type completionAnswer struct {
 	Engine *enginesim.EngineUsage `json:"kvcar_engine"`
 }
 
-// post sends one completion to url and fills rec from the answer.
-func post(ctx context.Context, hc *http.Client, url string, req *benchRequest, header http.Header, rec *record) error {
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(completionBody(req.Prompt, req.MaxTokens)))
+// completionResult is what one answered completion told.
+type completionResult struct {
+	Engine       enginesim.EngineUsage
+	PromptTokens int
+	// Decision is kvcar's decision time, when it sent the header.
+	Decision    time.Duration
+	HasDecision bool
+	// Latency is the client-observed HTTP round trip.
+	Latency time.Duration
+}
+
+// sendCompletion posts one completion body to url with the extra header
+// and reads the engine's report from the answer.
+func sendCompletion(ctx context.Context, hc *http.Client, url string, body []byte, header http.Header) (completionResult, error) {
+	var res completionResult
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
-		return fmt.Errorf("request %d: %w", req.Index, err)
+		return res, err
 	}
 	hr.Header.Set("Content-Type", "application/json")
 	for k, v := range header {
@@ -58,33 +71,45 @@ func post(ctx context.Context, hc *http.Client, url string, req *benchRequest, h
 	t0 := time.Now()
 	resp, err := hc.Do(hr)
 	if err != nil {
-		return fmt.Errorf("request %d: %w", req.Index, err)
+		return res, err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	rec.Latency = time.Since(t0)
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	res.Latency = time.Since(t0)
 	if err != nil {
-		return fmt.Errorf("request %d: reading answer: %w", req.Index, err)
+		return res, fmt.Errorf("reading answer: %w", err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("request %d: %s: %s", req.Index, resp.Status, bytes.TrimSpace(body))
+		return res, fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(b))
 	}
 	if v := resp.Header.Get(decisionMicrosHeader); v != "" {
 		if us, err := strconv.ParseFloat(v, 64); err == nil {
-			rec.Decision, rec.HasDecision = time.Duration(us*float64(time.Microsecond)), true
+			res.Decision, res.HasDecision = time.Duration(us*float64(time.Microsecond)), true
 		}
 	}
 	var ans completionAnswer
-	if err := json.Unmarshal(body, &ans); err != nil {
-		return fmt.Errorf("request %d: answer: %w", req.Index, err)
+	if err := json.Unmarshal(b, &ans); err != nil {
+		return res, fmt.Errorf("answer: %w", err)
 	}
-	eu := ans.Engine
-	if eu == nil {
-		return fmt.Errorf("request %d: the answer has no %s object", req.Index, enginesim.EngineUsageField)
+	if ans.Engine == nil {
+		return res, fmt.Errorf("the answer has no %s object", enginesim.EngineUsageField)
 	}
-	if ans.Usage.PromptTokens != len(req.Prompt) {
-		return fmt.Errorf("request %d: engine counted %d prompt tokens, sent %d", req.Index, ans.Usage.PromptTokens, len(req.Prompt))
+	res.Engine, res.PromptTokens = *ans.Engine, ans.Usage.PromptTokens
+	return res, nil
+}
+
+// post sends one completion to url and fills rec from the answer.
+func post(ctx context.Context, hc *http.Client, url string, req *benchRequest, header http.Header, rec *record) error {
+	res, err := sendCompletion(ctx, hc, url, completionBody(req.Prompt, req.MaxTokens), header)
+	rec.Latency = res.Latency
+	if err != nil {
+		return fmt.Errorf("request %d: %w", req.Index, err)
 	}
+	rec.Decision, rec.HasDecision = res.Decision, res.HasDecision
+	if res.PromptTokens != len(req.Prompt) {
+		return fmt.Errorf("request %d: engine counted %d prompt tokens, sent %d", req.Index, res.PromptTokens, len(req.Prompt))
+	}
+	eu := &res.Engine
 	rec.Instance, rec.DPRank = eu.Instance, eu.DPRank
 	rec.DeviceHit, rec.HostHit = eu.DeviceHitTokens, eu.HostHitTokens
 	rec.QueueMs, rec.PrefillMs, rec.DecodeMs, rec.TimeScale = eu.QueueMs, eu.PrefillMs, eu.DecodeMs, eu.TimeScale
