@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/kvcar/kvcar/internal/devcluster"
@@ -85,6 +86,9 @@ type traceOptions struct {
 	Speedup float64       `json:"speedup"`
 	Seeds   int           `json:"seeds"`
 	Seed    uint64        `json:"first_seed"`
+	// Parallel runs share the machine; the report's launch lag and
+	// engine-measured TTFT show whether it kept up.
+	Parallel int `json:"parallel"`
 
 	Policies []tracePolicy `json:"policies"`
 	Cluster  traceCluster  `json:"cluster"`
@@ -187,6 +191,7 @@ func parseTraceFlags(args []string, stderr io.Writer) (traceOptions, error) {
 	fs.DurationVar(&o.Start, "trace_start", 0, "replay the trace's requests from this time of the trace on")
 	fs.DurationVar(&o.Window, "trace_window", 20*time.Minute, "length of trace time replayed from --trace_start; 0: to the end")
 	fs.Float64Var(&o.Speedup, "speedup", 60, "time compression: the replay runs this many times faster than the trace's clock")
+	fs.IntVar(&o.Parallel, "parallel", 1, "runs at once, each with its own kvcar and engines")
 	fs.IntVar(&o.Seeds, "seeds", 5, "runs of every policy, with seeds --seed, --seed+1, …")
 	fs.Uint64Var(&o.Seed, "seed", 1, "first seed: the random policy's choices, the engines' order and the arrivals' sub-millisecond jitter")
 	policies := fs.String("policies", defaultTracePolicies, "policies to replay: RANDOM, RR, LEAST_QUEUE (CAR λ=0), CAR@λ, LLMD, DYNAMO")
@@ -240,6 +245,9 @@ func parseTraceFlags(args []string, stderr io.Writer) (traceOptions, error) {
 	if !(o.Speedup >= 1 && o.Speedup <= 1000) {
 		errs = append(errs, fmt.Errorf("--speedup = %v: want 1..1000", o.Speedup))
 	}
+	if o.Parallel < 1 || o.Parallel > 16 {
+		errs = append(errs, fmt.Errorf("--parallel = %d: want 1..16", o.Parallel))
+	}
 	if o.Seeds < 1 || o.Seeds > 100 {
 		errs = append(errs, fmt.Errorf("--seeds = %d: want 1..100", o.Seeds))
 	}
@@ -250,9 +258,13 @@ func parseTraceFlags(args []string, stderr io.Writer) (traceOptions, error) {
 	if err := errors.Join(errs...); err != nil {
 		return o, err
 	}
-	cmd := []string{"bin/kvcar-bench"}
-	fs.Visit(func(f *flag.Flag) {
-		if f.Name != "kvcar" {
+	// The command that reproduces the run names every setting, defaults
+	// included, so that it still does once a default changes.
+	cmd := []string{"bin/kvcar-bench", "--trace=" + shellQuote(o.Trace)}
+	fs.VisitAll(func(f *flag.Flag) {
+		switch f.Name {
+		case "trace", "kvcar", "json", "records_csv", "ready_timeout", "max_errors":
+		default:
 			cmd = append(cmd, "--"+f.Name+"="+shellQuote(f.Value.String()))
 		}
 	})
@@ -334,27 +346,19 @@ func runTrace(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		defer csv.close()
 	}
 	began := time.Now()
-	run := 0
-	for s := range o.Seeds {
-		seed := o.Seed + uint64(s)
-		for _, p := range o.Policies {
-			run++
-			res, err := replayOnce(ctx, o, reqs, etcd, p, seed, run, rep.RoutingHeaders, stderr)
-			if err != nil {
-				return fmt.Errorf("%s seed %d: %w", p.Name, seed, err)
-			}
-			if csv != nil {
-				if err := csv.write(res); err != nil {
-					return err
-				}
-			}
-			fmt.Fprintf(stderr, "%s seed %d: %d requests in %.1f s, saved %.1f%%, TTFT mean %.2f s p99 %.2f s (engines measured %.2f s), launch lag p99 %.1f ms, CPU kvcar %.1f s + benchmark %.1f s\n",
-				p.Name, seed, res.Requests, res.WallSeconds, res.SavedPct, res.TTFT.Mean, res.TTFT.P99, res.EngineTTFTMean,
-				res.LaunchLagP99Ms, res.KvcarCPUSeconds, res.OwnCPUSeconds)
-			res.records = nil
-			rep.Runs = append(rep.Runs, res)
-		}
+	runs, err := runAll(ctx, o, reqs, etcd, rep.RoutingHeaders, stderr)
+	if err != nil {
+		return err
 	}
+	for i := range runs {
+		if csv != nil {
+			if err := csv.write(runs[i]); err != nil {
+				return err
+			}
+		}
+		runs[i].records = nil
+	}
+	rep.Runs = runs
 	rep.Elapsed = time.Since(began).Seconds()
 	switch {
 	case o.jsonOut:
@@ -385,4 +389,61 @@ func summarizeWindow(reqs []traceRequest, o traceOptions) windowSummary {
 	w.TraceSeconds = float64(w.LastMs-o.Start.Milliseconds()) / 1000
 	w.WallSeconds = w.TraceSeconds / o.Speedup
 	return w
+}
+
+// runAll replays every policy with every seed, o.Parallel runs at once,
+// seed by seed so that runs of one seed meet the same machine load, and
+// returns the results in that order.
+func runAll(ctx context.Context, o traceOptions, reqs []traceRequest, etcd *etcdembed.Server, headers bool, progress io.Writer) ([]runResult, error) {
+	type job struct {
+		i    int
+		p    tracePolicy
+		seed uint64
+	}
+	var jobs []job
+	for s := range o.Seeds {
+		for _, p := range o.Policies {
+			jobs = append(jobs, job{len(jobs), p, o.Seed + uint64(s)})
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	results := make([]runResult, len(jobs))
+	errs := make([]error, len(jobs))
+	next := make(chan job)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for range min(o.Parallel, len(jobs)) {
+		wg.Go(func() {
+			for j := range next {
+				res, err := replayOnce(ctx, o, reqs, etcd, j.p, j.seed, j.i+1, headers, progress)
+				if err != nil {
+					errs[j.i] = fmt.Errorf("%s seed %d: %w", j.p.Name, j.seed, err)
+					cancel()
+					continue
+				}
+				results[j.i] = res
+				mu.Lock()
+				fmt.Fprintf(progress, "%s seed %d: %d requests in %.1f s, saved %.1f%%, TTFT mean %.2f s p99 %.2f s (engines measured %.2f s), launch lag p99 %.1f ms, CPU kvcar %.1f s + benchmark %.1f s\n",
+					j.p.Name, j.seed, res.Requests, res.WallSeconds, res.SavedPct, res.TTFT.Mean, res.TTFT.P99, res.EngineTTFTMean,
+					res.LaunchLagP99Ms, res.KvcarCPUSeconds, res.OwnCPUSeconds)
+				mu.Unlock()
+			}
+		})
+	}
+	for _, j := range jobs {
+		if ctx.Err() != nil {
+			break
+		}
+		next <- j
+	}
+	close(next)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return results, nil
 }
