@@ -233,39 +233,51 @@ func (r *dynamoRouter) pick(ctx context.Context, rr *replayRequest, tokens []uin
 	if err != nil {
 		return -1, took, nil, err
 	}
+	e, done := r.choose(v, rr)
+	if e < 0 {
+		return -1, took, nil, errors.New("no instance")
+	}
+	return e, took, done, nil
+}
+
+// choose picks the cheapest instance for the request and starts
+// tracking it there until done is called.
+func (r *dynamoRouter) choose(v view, rr *replayRequest) (int, func()) {
 	// Every block of the prompt, the partial last one included, as
 	// Dynamo counts a sequence's blocks.
 	keys := chainKeys(nil, rr.req, len(rr.req.HashIDs))
+	newTokens := func(e int) int { return rr.req.Input - v.hit[e]/TraceBlockTokens*TraceBlockTokens }
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	costs := make([]float64, len(v.hit))
 	for i := range costs {
-		newTokens := rr.req.Input - v.hit[i]/TraceBlockTokens*TraceBlockTokens
 		newBlocks := 0
 		for _, k := range keys {
 			if r.blocks[i][k] == 0 {
 				newBlocks++
 			}
 		}
-		costs[i] = float64(r.prefill[i]+newTokens)/TraceBlockTokens + float64(len(r.blocks[i])+newBlocks)
+		costs[i] = float64(r.prefill[i]+newTokens(i))/TraceBlockTokens + float64(len(r.blocks[i])+newBlocks)
 	}
 	e := pickBest(costs, v.ok, false, r.rng)
-	newTokens := rr.req.Input - v.hit[e]/TraceBlockTokens*TraceBlockTokens
-	r.prefill[e] += newTokens
+	if e < 0 {
+		return -1, nil
+	}
+	tokens := newTokens(e)
+	r.prefill[e] += tokens
 	for _, k := range keys {
 		r.blocks[e][k]++
 	}
-	done := func() {
+	return e, func() {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		r.prefill[e] -= newTokens
+		r.prefill[e] -= tokens
 		for _, k := range keys {
 			if r.blocks[e][k]--; r.blocks[e][k] <= 0 {
 				delete(r.blocks[e], k)
 			}
 		}
 	}
-	return e, took, done, nil
 }
 
 // inFlight is what the Dynamo router tracks now, for tests.
