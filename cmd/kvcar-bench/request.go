@@ -105,7 +105,9 @@ func post(ctx context.Context, hc *http.Client, url string, req *benchRequest, h
 	if err != nil {
 		return fmt.Errorf("request %d: %w", req.Index, err)
 	}
-	rec.Decision, rec.HasDecision = res.Decision, res.HasDecision
+	if res.HasDecision {
+		rec.Decision, rec.HasDecision = res.Decision, true
+	}
 	if res.PromptTokens != len(req.Prompt) {
 		return fmt.Errorf("request %d: engine counted %d prompt tokens, sent %d", req.Index, res.PromptTokens, len(req.Prompt))
 	}
@@ -117,8 +119,8 @@ func post(ctx context.Context, hc *http.Client, url string, req *benchRequest, h
 }
 
 // probe reads every rank's reusable prefix for tokens from the engines'
-// own caches, all ranks at once: each read waits for its rank's
-// goroutine, which polls its sockets between commands.
+// own caches, all ranks at once: each read is a command to its rank's
+// goroutine, which owns the cache.
 func probe(engines []*enginesim.Engine, tokens []uint32) [][]int {
 	out := make([][]int, len(engines))
 	var wg sync.WaitGroup
@@ -146,33 +148,35 @@ func viaKvcar(hc *http.Client, base string, engines []*enginesim.Engine) sender 
 	}
 }
 
-// oracleDP says how the oracle values an instance with several DP ranks:
-// the engine, not the router, picks the rank (the least loaded one), so
-// a prefix held by one rank only is reused only when the engine happens
-// to pick that rank.
-type oracleDP int
+// dpRule says how LONGEST_PREFIX values an instance with several DP
+// ranks: the engine, not the router, picks the rank (the least loaded
+// one), so a prefix held by one rank only is reused only when the engine
+// happens to pick that rank.
+type dpRule int
 
 const (
-	// oracleMin values an instance by its worst rank: the reuse it gets
+	// rankMin values an instance by its worst rank: the reuse it gets
 	// whichever rank the engine picks (the rule CAR also applies).
-	oracleMin oracleDP = iota
-	// oracleMax values it by its best rank: an upper bound the engine's
-	// own rank choice may not deliver.
-	oracleMax
+	rankMin dpRule = iota
+	// rankMax values it by its best rank, which the engine's own rank
+	// choice may not deliver.
+	rankMax
 )
 
-// oracle routes each request itself, straight to the engine whose cache
-// holds the longest reusable prefix right now (Device + Host-only
-// tokens, as the engine reuses both), the fewest waiting requests
-// breaking ties, then the fewest running, then a rotating turn.
-type oracle struct {
+// longestPrefix routes each request itself, straight to the engine
+// whose cache holds the longest reusable prefix right now (Device +
+// Host-only tokens, as the engine reuses both), the fewest waiting
+// requests breaking ties, then the fewest running, then a rotating turn.
+// It is greedy: perfect knowledge of the caches, no thought for load or
+// for what its choice does to later requests.
+type longestPrefix struct {
 	engines []*enginesim.Engine
-	rule    oracleDP
+	rule    dpRule
 	turn    atomic.Uint64
 }
 
 // pick chooses an engine from the probe of every rank.
-func (o *oracle) pick(p [][]int) int {
+func (o *longestPrefix) pick(p [][]int) int {
 	n := len(o.engines)
 	start := int(o.turn.Add(1) % uint64(n))
 	best := -1
@@ -181,7 +185,7 @@ func (o *oracle) pick(p [][]int) int {
 		i := (start + k) % n
 		hit := p[i][0]
 		for _, h := range p[i][1:] {
-			if o.rule == oracleMin {
+			if o.rule == rankMin {
 				hit = min(hit, h)
 			} else {
 				hit = max(hit, h)
@@ -197,7 +201,7 @@ func (o *oracle) pick(p [][]int) int {
 	return best
 }
 
-func (o *oracle) sender(hc *http.Client) sender {
+func (o *longestPrefix) sender(hc *http.Client) sender {
 	return func(ctx context.Context, req *benchRequest) record {
 		rec := record{Index: req.Index, Session: req.Session, Turn: req.Turn, Prompt: len(req.Prompt)}
 		t0 := time.Now()
