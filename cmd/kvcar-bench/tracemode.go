@@ -96,6 +96,7 @@ type traceOptions struct {
 	kvcar        string
 	readme       bool
 	jsonOut      bool
+	jsonFile     string
 	recordsCSV   string
 	readyTimeout time.Duration
 	maxErrors    int
@@ -204,6 +205,7 @@ func parseTraceFlags(args []string, stderr io.Writer) (traceOptions, error) {
 	fs.IntVar(&o.Cluster.TokenScale, "token_scale", 8, "emulated prompts are this many times shorter than the trace's: 512/token_scale token ids per hash id, blocks as long; 1 sends the trace's full lengths")
 	fs.BoolVar(&o.readme, "readme", false, "print the README section: tables with spread, date, commit and the command")
 	fs.BoolVar(&o.jsonOut, "json", false, "print every run's results as JSON")
+	fs.StringVar(&o.jsonFile, "json_file", "", "also write every run's results as JSON to this file")
 	fs.StringVar(&o.recordsCSV, "records_csv", "", "write every request's record of every run as CSV to this file")
 	fs.DurationVar(&o.readyTimeout, "ready_timeout", 30*time.Second, "bound on kvcar's start-up until every stream is synchronised")
 	fs.IntVar(&o.maxErrors, "max_errors", 10, "failed requests that end a run")
@@ -263,7 +265,7 @@ func parseTraceFlags(args []string, stderr io.Writer) (traceOptions, error) {
 	cmd := []string{"bin/kvcar-bench", "--trace=" + shellQuote(o.Trace)}
 	fs.VisitAll(func(f *flag.Flag) {
 		switch f.Name {
-		case "trace", "kvcar", "json", "records_csv", "ready_timeout", "max_errors":
+		case "trace", "kvcar", "json", "json_file", "records_csv", "ready_timeout", "max_errors":
 		default:
 			cmd = append(cmd, "--"+f.Name+"="+shellQuote(f.Value.String()))
 		}
@@ -360,6 +362,15 @@ func runTrace(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	rep.Runs = runs
 	rep.Elapsed = time.Since(began).Seconds()
+	if o.jsonFile != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err == nil {
+			err = os.WriteFile(o.jsonFile, append(b, '\n'), 0o644)
+		}
+		if err != nil {
+			return fmt.Errorf("--json_file: %w", err)
+		}
+	}
 	switch {
 	case o.jsonOut:
 		enc := json.NewEncoder(stdout)
