@@ -402,6 +402,9 @@ func summarizeWindow(reqs []traceRequest, o traceOptions) windowSummary {
 	return w
 }
 
+// maxAttempts bounds how often a run the machine disturbed is repeated.
+const maxAttempts = 3
+
 // runAll replays every policy with every seed, o.Parallel runs at once,
 // seed by seed so that runs of one seed meet the same machine load, and
 // returns the results in that order.
@@ -427,7 +430,19 @@ func runAll(ctx context.Context, o traceOptions, reqs []traceRequest, etcd *etcd
 	for range min(o.Parallel, len(jobs)) {
 		wg.Go(func() {
 			for j := range next {
-				res, err := replayOnce(ctx, o, reqs, etcd, j.p, j.seed, j.i+1, headers, progress)
+				var res runResult
+				var err error
+				for attempt := range maxAttempts {
+					// Each attempt is a run of its own: fresh engines, kvcar
+					// and etcd namespace.
+					res, err = replayOnce(ctx, o, reqs, etcd, j.p, j.seed, (j.i+1)*maxAttempts+attempt, headers, progress)
+					res.Attempts = attempt + 1
+					if err != nil || !res.disturbed(o.Speedup) || attempt == maxAttempts-1 {
+						break
+					}
+					fmt.Fprintf(progress, "%s seed %d: requests left up to %.0f ms late (p99) against the trace's clock, %.1f s of trace time: the machine stalled; repeating the run\n",
+						j.p.Name, j.seed, res.LaunchLagP99Ms, res.LaunchLagP99Ms*o.Speedup/1000)
+				}
 				if err != nil {
 					errs[j.i] = fmt.Errorf("%s seed %d: %w", j.p.Name, j.seed, err)
 					cancel()

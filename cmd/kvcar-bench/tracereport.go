@@ -185,21 +185,29 @@ func writeGoals(w io.Writer, rep *traceReport, groups [][]*runResult) {
 
 // writeChecks prints what shows whether the replay itself was sound.
 func writeChecks(w io.Writer, rep *traceReport, groups [][]*runResult) {
-	fmt.Fprintf(w, "| policy | decision time from | of which HTTP to kvcar, p50 / p99 (µs) | engine-measured TTFT mean (s) | launch lag p99 / max (ms) | wall per run (s) |\n")
-	fmt.Fprintf(w, "|---|---|---:|---:|---:|---:|\n")
+	fmt.Fprintf(w, "| policy | decision time from | of which HTTP to kvcar, p50 / p99 (µs) | engine-measured TTFT mean (s) | launch lag p99 / max (ms) | runs repeated (still disturbed) | wall per run (s) |\n")
+	fmt.Fprintf(w, "|---|---|---:|---:|---:|---:|---:|\n")
 	for _, g := range groups {
 		httpPart := "—"
 		if g[0].DecisionSource == decisionBenchmark && g[0].Policy != tpRandom {
 			httpPart = spreadOf(g, func(r *runResult) float64 { return r.DecisionHTTPP50Us }).format(0) + " / " +
 				spreadOf(g, func(r *runResult) float64 { return r.DecisionHTTPP99Us }).format(0)
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s / %s | %s |\n", g[0].Policy, g[0].DecisionSource, httpPart,
+		repeated, disturbed := 0, 0
+		for _, r := range g {
+			repeated += max(r.Attempts-1, 0)
+			if r.disturbed(rep.Options.Speedup) {
+				disturbed++
+			}
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s / %s | %d (%d) | %s |\n", g[0].Policy, g[0].DecisionSource, httpPart,
 			spreadOf(g, func(r *runResult) float64 { return r.EngineTTFTMean }).format(2),
 			spreadOf(g, func(r *runResult) float64 { return r.LaunchLagP99Ms }).format(1),
 			spreadOf(g, func(r *runResult) float64 { return r.LaunchLagMaxMs }).format(0),
+			repeated, disturbed,
 			spreadOf(g, func(r *runResult) float64 { return r.WallSeconds }).format(1))
 	}
-	fmt.Fprintln(w)
+	fmt.Fprintf(w, "\nA run is repeated (at most %d times in all) when more than 1 %% of its requests left over 1 s of trace time late: the shared machine stalled.\n\n", maxAttempts)
 }
 
 // writeTraceReadme prints the README section: what was run, where and

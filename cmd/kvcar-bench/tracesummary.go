@@ -64,6 +64,9 @@ type runResult struct {
 	// (the replay, the emulated engines and etcd).
 	KvcarCPUSeconds float64 `json:"kvcar_cpu_s"`
 	OwnCPUSeconds   float64 `json:"benchmark_cpu_s"`
+	// Attempts is how many runs it took to get one the machine did not
+	// disturb (disturbed); the last is reported whatever it was.
+	Attempts int `json:"attempts"`
 	// TrackedAfter is what a router that tracks its requests still holds
 	// once every answer is in (tokens + blocks); anything but 0 is a bug.
 	TrackedAfter int `json:"tracked_after"`
@@ -158,4 +161,13 @@ func summarizeRun(p tracePolicy, seed uint64, recs []traceRecord, f *fleet, o tr
 		res.TrackedAfter = tokens + blocks
 	}
 	return res
+}
+
+// disturbed reports whether the machine could not keep the replay on the
+// trace's clock: more than 1 % of the requests left over a second of
+// trace time late (a stall of the shared machine, not of the policy).
+// Their TTFT does not count the lag, but what the routers saw then was
+// not what they would have seen in time.
+func (r *runResult) disturbed(speedup float64) bool {
+	return r.LaunchLagP99Ms*speedup > 1000
 }
