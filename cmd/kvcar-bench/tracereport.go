@@ -216,13 +216,18 @@ func writeTraceReadme(w io.Writer, rep *traceReport) {
 	o, win, c := rep.Options, rep.Window, rep.Options.Cluster
 	fmt.Fprintf(w, "Generated %s from commit %s in %.0f min by\n\n```sh\n%s\n```\n\n",
 		rep.Started.Format("2006-01-02 15:04 UTC"), rep.Revision, rep.Elapsed/60, rep.Command)
-	fmt.Fprintf(w, "Trace `%s`, %d requests arriving in [%s, %s) of its clock (mean input %.0f tokens, mean output %.0f), "+
-		"replayed %g× faster than recorded (%.0f s a run); %d engines with DP sizes %s (order shuffled by the seed), "+
-		"%d KV tokens each (%d blocks of %d per DP-1 engine), prefill %v per token + %v per token per 1,024 context tokens per engine, "+
-		"loads reported every %v of trace time; %d seed(s) per policy; kvcar %s --%s.\n\n",
+	headers := "kvcar has no --" + exposeHeadersFlag + " flag and sends its decision-time header unasked"
+	if rep.RoutingHeaders {
+		headers = "kvcar ran with --" + exposeHeadersFlag + " for its decision-time header"
+	}
+	fmt.Fprintf(w, "Trace `%s`: %d requests arriving in [%s, %s) of its clock (mean input %.0f tokens, mean output %.0f), "+
+		"replayed %g× faster than recorded (%.0f s a run), each hash id as %d token ids (--token_scale=%d); "+
+		"%d engines with DP sizes %s in an order the seed shuffles, %d KV tokens each (%d blocks of 512 trace tokens per DP-1 engine), "+
+		"prefill %v per token + %v per token per 1,024 tokens of context per engine, a DP rank of a DP-d engine 1/d of that engine; "+
+		"loads reported every %v of trace time; %d seed(s) per policy, %d run(s) at once; %s.\n\n",
 		o.Trace, win.Requests, o.Start, o.Start+time.Duration(win.TraceSeconds*float64(time.Second)), win.MeanInput, win.MeanOutput,
-		o.Speedup, win.WallSeconds, len(c.EngineDP), intsString(c.EngineDP), c.CapacityTokens, c.rankBlocks(1), TraceBlockTokens,
-		c.PrefillPerToken, c.AttentionPer1K, c.Heartbeat, o.Seeds, map[bool]string{true: "with", false: "without"}[rep.RoutingHeaders], exposeHeadersFlag)
+		o.Speedup, win.WallSeconds, c.perBlock(), c.TokenScale, len(c.EngineDP), intsString(c.EngineDP), c.CapacityTokens, c.rankBlocks(1),
+		c.PrefillPerToken, c.AttentionPer1K, c.Heartbeat, o.Seeds, o.Parallel, headers)
 	writeTraceTables(w, rep)
 }
 
