@@ -7,7 +7,7 @@ PKGS    := ./...
 # FUZZTIME is a duration (20s) or an execution count (100000x).
 FUZZTIME ?= 20s
 
-.PHONY: all deps build run test vet fmt-check bench fuzz clean
+.PHONY: all deps build run test vet fmt-check bench fuzz proto clean
 
 all: build
 
@@ -40,6 +40,15 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzQueryRequest$$' -fuzztime $(FUZZTIME) ./internal/server/
 	$(GO) test -run '^$$' -fuzz '^FuzzEncode$$' -fuzztime $(FUZZTIME) ./internal/tokenizer/
 	$(GO) test -run '^$$' -fuzz '^FuzzSplit$$' -fuzztime $(FUZZTIME) ./internal/tokenizer/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseFrame$$' -fuzztime $(FUZZTIME) ./internal/baidustd/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeMeta$$' -fuzztime $(FUZZTIME) ./internal/baidustd/
+
+# proto regenerates the checked-in Go code of every .proto file with Debian's
+# protoc (protobuf-compiler) and the protoc-gen-go pinned as a tool in go.mod.
+PROTOC_GEN_GO = $$($(GO) tool -n protoc-gen-go)
+proto:
+	protoc --plugin=protoc-gen-go=$(PROTOC_GEN_GO) --go_out=. --go_opt=module=github.com/kvcar/kvcar \
+		--proto_path=internal/baidustd/proto internal/baidustd/proto/*.proto
 
 clean:
 	rm -rf $(BIN)
