@@ -173,7 +173,9 @@ func TestClientClose(t *testing.T) {
 // a clear error instead of being read.
 func TestClientMaxBodySize(t *testing.T) {
 	addr, _ := startServer(t, ServerOptions{}, map[string]Handler{
-		"Big": func(ctx context.Context, r *Request) (Response, error) { return Response{Message: make([]byte, 4096)}, nil },
+		"Big": func(ctx context.Context, r *Request) (Response, error) {
+			return Response{Message: make([]byte, 4096)}, nil
+		},
 	})
 	c := newClient(t, addr, ClientOptions{MaxBodySize: 1024})
 	_, err := c.Call(ctxT(t, 5*time.Second), testSvc, "Big", nil, nil)
