@@ -45,10 +45,16 @@ fuzz: deps
 
 # proto regenerates the checked-in Go code of every .proto file with Debian's
 # protoc (protobuf-compiler) and the protoc-gen-go pinned as a tool in go.mod.
+# xLLM's .proto files are kept exactly as extracted; their Go packages are
+# given on the command line.
 PROTOC_GEN_GO = $$($(GO) tool -n protoc-gen-go)
 proto:
 	protoc --plugin=protoc-gen-go=$(PROTOC_GEN_GO) --go_out=. --go_opt=module=github.com/kvcar/kvcar \
 		--proto_path=internal/baidustd/proto internal/baidustd/proto/*.proto
+	protoc --plugin=protoc-gen-go=$(PROTOC_GEN_GO) --go_out=. --go_opt=module=github.com/kvcar/kvcar \
+		$(foreach f,common completion chat disagg_pd xllm_service,--go_opt=M$(f).proto=github.com/kvcar/kvcar/internal/xllmpb) \
+		--go_opt=Mxservice.proto=github.com/kvcar/kvcar/internal/xllmpb/xservicepb \
+		--proto_path=internal/xllmpb/proto internal/xllmpb/proto/*.proto
 
 clean:
 	rm -rf $(BIN)
