@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvcar/kvcar/internal/baidustd"
 	"github.com/kvcar/kvcar/internal/config"
 	"github.com/kvcar/kvcar/internal/etcdembed"
 	"github.com/kvcar/kvcar/internal/instance"
@@ -30,6 +31,7 @@ import (
 	"github.com/kvcar/kvcar/internal/lb"
 	"github.com/kvcar/kvcar/internal/server"
 	"github.com/kvcar/kvcar/internal/tokenizer"
+	"github.com/kvcar/kvcar/internal/xllmrpc"
 )
 
 func main() {
@@ -45,6 +47,7 @@ func main() {
 type flags struct {
 	host             string
 	port             int
+	rpcPort          int
 	advertiseHost    string
 	kvEventsConfig   string
 	internalAPIToken string
@@ -72,7 +75,10 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	fs.SetOutput(out)
 	f := &flags{}
 	fs.StringVar(&f.host, "host", "", "address to listen on (empty: all interfaces)")
-	fs.IntVar(&f.port, "port", 8888, "HTTP port of the service (OpenAI API, internal API, metrics)")
+	fs.IntVar(&f.port, "http_server_port", 8888, "HTTP port of the service (OpenAI API, internal API, metrics, vLLM sidecar heartbeats)")
+	var oldPort int
+	fs.IntVar(&oldPort, "port", 8888, "deprecated alias of --http_server_port")
+	fs.IntVar(&f.rpcPort, "rpc_server_port", 8889, "brpc (baidu_std) port where xLLM engines send heartbeats and generations; 0 picks a free one")
 	fs.StringVar(&f.kvEventsConfig, "kv_events_config_file", "", "path of the KV events config JSON; empty disables the KV index")
 	fs.StringVar(&f.internalAPIToken, "internal_api_token", "", "when set, internal endpoints require this X-Internal-Token")
 	fs.StringVar(&f.logLevel, "log_level", "info", "log level: debug, info, warn or error")
@@ -97,12 +103,25 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if set["port"] {
+		if set["http_server_port"] && oldPort != f.port {
+			return nil, fmt.Errorf("--port = %d and --http_server_port = %d: --port is a deprecated alias, give only --http_server_port", oldPort, f.port)
+		}
+		f.port = oldPort
+	}
+	portFlag := "--http_server_port"
+	if set["port"] {
+		portFlag = "--port"
+	}
 	for _, r := range []struct {
 		name     string
 		val      int
 		min, max int
 	}{
-		{"--port", f.port, 0, 65535},
+		{portFlag, f.port, 0, 65535},
+		{"--rpc_server_port", f.rpcPort, 0, 65535},
 		{"--lease_lost_heartbeat_timeout_ms", f.leaseLostMs, 100, 600000},
 		{"--detect_disconnected_instance_interval", f.suspectSeconds, 1, 3600},
 		{"--instance_delete_probe_timeout_ms", f.probeTimeoutMs, 10, 60000},
@@ -153,10 +172,17 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 
 	ln, err := net.Listen("tcp", net.JoinHostPort(f.host, fmt.Sprint(f.port)))
 	if err != nil {
-		return fmt.Errorf("listen on port %d: %w", f.port, err)
+		return fmt.Errorf("--http_server_port %d: listen: %w", f.port, err)
 	}
 	defer ln.Close()
-	self := advertisedAddr(f, ln.Addr())
+	rpcLn, err := net.Listen("tcp", net.JoinHostPort(f.host, fmt.Sprint(f.rpcPort)))
+	if err != nil {
+		return fmt.Errorf("--rpc_server_port %d: listen: %w", f.rpcPort, err)
+	}
+	defer rpcLn.Close()
+	// Engines find the master by its rpc address, as xllm-service
+	// registers it (XLLM:SERVICE:MASTER = "ip:rpc_port").
+	self := advertisedAddr(f, rpcLn.Addr())
 
 	// Every background part runs under runCtx on wg; at exit they are
 	// stopped and waited for first, then the parts they used are closed
@@ -235,6 +261,13 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 		opts.Streams = dir
 	}
 	srv := server.New(opts)
+	rpcSrv := baidustd.NewServer(baidustd.ServerOptions{Identity: self, Logger: log})
+	outputs := xllmrpc.NewOutputs(0)
+	if err := xllmrpc.NewService(reg, outputs, log).Register(rpcSrv); err != nil {
+		return err
+	}
+	rpcErr := make(chan error, 1)
+	go func() { rpcErr <- rpcSrv.Serve(rpcLn) }()
 	hs := &http.Server{
 		Handler:           srv.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -245,8 +278,8 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	srv.SetReady(true)
-	log.Info("kvcar serving", "addr", ln.Addr().String(), "advertise", self,
-		"query", fmt.Sprintf("http://%s%s", self, server.QueryPath))
+	log.Info("kvcar serving", "addr", ln.Addr().String(), "rpc_addr", rpcLn.Addr().String(), "advertise_rpc", self,
+		"query", fmt.Sprintf("http://%s%s", ln.Addr(), server.QueryPath))
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
@@ -254,11 +287,16 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	select {
 	case err := <-errc:
 		return fmt.Errorf("http server: %w", err)
+	case err := <-rpcErr:
+		return fmt.Errorf("rpc server: %w", err)
 	case <-ctx.Done():
 	}
 	srv.SetReady(false)
 	shutdownCtx, cancelShutdown := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelShutdown()
+	if err := rpcSrv.Shutdown(shutdownCtx); err != nil {
+		log.Warn("rpc shutdown", "err", err)
+	}
 	if err := hs.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("http shutdown: %w", err)
 	}

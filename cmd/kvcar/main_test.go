@@ -37,7 +37,9 @@ func startKVCar(t *testing.T, args ...string) string {
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	errc := make(chan error, 1)
-	go func() { errc <- run(ctx, append([]string{"--port=0", "--log_level=warn"}, args...), t.Output(), ready) }()
+	go func() {
+		errc <- run(ctx, append([]string{"--http_server_port=0", "--rpc_server_port=0", "--log_level=warn"}, args...), t.Output(), ready)
+	}()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-errc; err != nil {
@@ -241,7 +243,7 @@ func TestQueryEndToEnd(t *testing.T) {
 // command before it serves, naming the key and the allowed range.
 func TestBadConfigFailsAtStartup(t *testing.T) {
 	cfg := writeConfig(t, `{"max_streams":500}`)
-	err := run(context.Background(), []string{"--port=0", "--kv_events_config_file=" + cfg}, io.Discard, nil)
+	err := run(context.Background(), []string{"--http_server_port=0", "--rpc_server_port=0", "--kv_events_config_file=" + cfg}, io.Discard, nil)
 	if err == nil || !strings.Contains(err.Error(), "max_streams") || !strings.Contains(err.Error(), "128") {
 		t.Fatalf("err = %v", err)
 	}

@@ -65,7 +65,7 @@ func StartKVCar(o KVCarOptions) (*KVCar, error) {
 		}
 	}
 	args := []string{
-		"--port=" + strconv.Itoa(port), "--advertise_host=127.0.0.1",
+		"--http_server_port=" + strconv.Itoa(port), "--rpc_server_port=0", "--advertise_host=127.0.0.1",
 		"--etcd_addr=" + strings.Join(o.Etcd, ","), "--kv_events_config_file=" + o.ConfigFile,
 	}
 	if o.Namespace != "" {

@@ -65,14 +65,19 @@
 // ReconcileInterval puts a missing key back by itself, as xLLM does.
 //
 // With Config.Heartbeat the engine reads and watches
-// [/<ns>/]XLLM:SERVICE:MASTER and posts the proto-JSON HeartbeatRequest to
-// http://<master>/v1/internal/heartbeat every interval: its name and
-// incarnation, waiting_requests_num (the requests waiting for a batch
-// slot, plus SetWaiting's value) and gpu_cache_usage_perc, the Device
-// blocks in use over the capacity, averaged over the DP ranks as xLLM
-// averages them. The master's last answer is kept for
-// LastHeartbeatStatus; a 409 (unknown instance or incarnation) is only
-// logged, as by xLLM.
+// [/<ns>/]XLLM:SERVICE:MASTER, the master's "ip:rpc_port", and calls
+// xllm_service.proto.XllmRpcService.Heartbeat there over baidu_std every
+// interval, on one pipelined connection, as an xLLM engine does: its name
+// and incarnation, load_metrics (always present) with
+// waiting_requests_num (the requests waiting for a batch slot, plus
+// SetWaiting's value) and gpu_cache_usage_perc, the Device blocks in use
+// over the capacity, averaged over the DP ranks as xLLM averages them,
+// and latency_metrics when SetLatency gave samples. With
+// HeartbeatConfig.HTTPURL it posts the proto-JSON HeartbeatRequest to
+// that HTTP intake instead, as xllm-service's vLLM sidecar does. The
+// master's last answer is kept for LastHeartbeatStatus; a refusal
+// (Status{ok: false}, or 409 over HTTP: unknown instance or incarnation)
+// is only logged, as by xLLM.
 //
 // xllm-service decides a MIX instance's current role itself and keeps it
 // out of etcd; SetMixRole writes it to the optional meta field
