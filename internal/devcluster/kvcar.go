@@ -28,7 +28,7 @@ const StopTimeout = 15 * time.Second
 type KVCarOptions struct {
 	// Binary is the path of the kvcar executable.
 	Binary string
-	// Port is kvcar's HTTP port (--port); 0 picks one free right now.
+	// Port is kvcar's HTTP port (--http_server_port); 0 picks one free right now.
 	Port int
 	// Etcd are the etcd endpoints (--etcd_addr).
 	Etcd []string
