@@ -41,7 +41,7 @@ type e2e struct {
 	lastPick chan lb.Decision
 }
 
-func startE2E(t *testing.T, outputTimeout time.Duration) *e2e {
+func startE2E(t testing.TB, outputTimeout time.Duration) *e2e {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -43,7 +43,7 @@ type cluster struct {
 	srv     *baidustd.Server
 }
 
-func startCluster(t *testing.T, identity string) *cluster {
+func startCluster(t testing.TB, identity string) *cluster {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -82,7 +82,7 @@ func startCluster(t *testing.T, identity string) *cluster {
 }
 
 // register puts an instance key as an engine writes it.
-func (c *cluster) register(t *testing.T, typ instance.Type, name, incarnation string, extra map[string]any) {
+func (c *cluster) register(t testing.TB, typ instance.Type, name, incarnation string, extra map[string]any) {
 	t.Helper()
 	meta := map[string]any{"name": name, "rpc_address": name + "-rpc", "type": int(typ), "incarnation_id": incarnation}
 	for k, v := range extra {
@@ -97,7 +97,7 @@ func (c *cluster) register(t *testing.T, typ instance.Type, name, incarnation st
 	c.wait(t, name+" registered", func(s *instance.Snapshot) bool { _, ok := s.Lookup(name); return ok })
 }
 
-func (c *cluster) wait(t *testing.T, what string, pred func(*instance.Snapshot) bool) {
+func (c *cluster) wait(t testing.TB, what string, pred func(*instance.Snapshot) bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
