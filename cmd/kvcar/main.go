@@ -47,6 +47,7 @@ func main() {
 type flags struct {
 	host             string
 	port             int
+	portAlias        bool // the port came from the deprecated --port
 	rpcPort          int
 	advertiseHost    string
 	kvEventsConfig   string
@@ -109,7 +110,7 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 		if set["http_server_port"] && oldPort != f.port {
 			return nil, fmt.Errorf("--port = %d and --http_server_port = %d: --port is a deprecated alias, give only --http_server_port", oldPort, f.port)
 		}
-		f.port = oldPort
+		f.port, f.portAlias = oldPort, true
 	}
 	portFlag := "--http_server_port"
 	if set["port"] {
@@ -159,6 +160,9 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	log, err := newLogger(f, logOut)
 	if err != nil {
 		return err
+	}
+	if f.portAlias {
+		log.Warn("--port is deprecated: use --http_server_port, as xllm_master_serving names it")
 	}
 	var cfg *config.Config
 	if f.kvEventsConfig == "" {
