@@ -33,6 +33,7 @@ const (
 const (
 	rpcCallTimeout = 5 * time.Second
 	rpcDialTimeout = time.Second
+	maxRPCPeers    = 256
 )
 
 // rpcSide is the baidu_std side of the business port of one process:
@@ -431,6 +432,15 @@ func (r *rpcSide) client(addr string) *baidustd.Client {
 	if r.stopped {
 		c.Close()
 		return c
+	}
+	if len(r.clients) >= maxRPCPeers {
+		// Addresses come from requests: keep their number bounded, at
+		// the price of the calls in flight to the one dropped.
+		for a, old := range r.clients {
+			old.Close()
+			delete(r.clients, a)
+			break
+		}
 	}
 	r.clients[addr] = c
 	return c

@@ -6,18 +6,13 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/kvcar/kvcar/internal/baidustd"
 	"github.com/kvcar/kvcar/internal/enginesim"
-	"github.com/kvcar/kvcar/internal/etcdembed"
 	"github.com/kvcar/kvcar/internal/instance"
 	"github.com/kvcar/kvcar/internal/lb"
 )
@@ -30,12 +25,8 @@ import (
 // register in etcd, heartbeat over baidu_std to the master key's
 // address, take Completions over baidu_std and return Generations.
 type e2e struct {
-	etcd     *etcdembed.Server
-	cli      *clientv3.Client
-	reg      *instance.Registry
-	outputs  *Outputs
+	*cluster
 	disp     *Dispatcher
-	rpcAddr  string
 	http     *httptest.Server
 	policy   lb.Policy
 	lastPick chan lb.Decision
@@ -43,40 +34,8 @@ type e2e struct {
 
 func startE2E(t testing.TB, outputTimeout time.Duration) *e2e {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	etcd, err := etcdembed.Start(ctx, etcdembed.Options{Logger: testLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { etcd.Close() })
-	cli, err := etcd.Client()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	x := &e2e{etcd: etcd, cli: cli, rpcAddr: ln.Addr().String(), outputs: NewOutputs(0), lastPick: make(chan lb.Decision, 64)}
-	x.reg, err = instance.New(instance.Options{Client: cli, SelfAddr: x.rpcAddr, Logger: testLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, rcancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- x.reg.Run(rctx) }()
-	t.Cleanup(func() { rcancel(); <-done })
-
-	srv := baidustd.NewServer(baidustd.ServerOptions{Identity: x.rpcAddr, Logger: testLogger()})
-	if err := NewService(x.reg, x.outputs, testLogger()).Register(srv); err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-
+	x := &e2e{cluster: startCluster(t, ""), lastPick: make(chan lb.Decision, 64)}
+	var err error
 	x.disp, err = NewDispatcher(DispatcherOptions{Self: x.rpcAddr, Outputs: x.outputs, Registry: x.reg,
 		OutputTimeout: outputTimeout, Logger: testLogger()})
 	if err != nil {

@@ -36,6 +36,7 @@ func testLogger() *slog.Logger {
 // cluster is a real embedded etcd, a running instance registry on it and
 // kvcar's RPC service on a loopback port.
 type cluster struct {
+	etcd    *etcdembed.Server
 	cli     *clientv3.Client
 	reg     *instance.Registry
 	outputs *Outputs
@@ -43,6 +44,9 @@ type cluster struct {
 	srv     *baidustd.Server
 }
 
+// startCluster starts a cluster whose error texts carry identity; an
+// empty identity makes the registry take part in the master election
+// with the rpc address, as kvcar runs it, which is then the identity.
 func startCluster(t testing.TB, identity string) *cluster {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -57,25 +61,27 @@ func startCluster(t testing.TB, identity string) *cluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Close() })
-	reg, err := instance.New(instance.Options{Client: cli, Logger: testLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, rcancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- reg.Run(rctx) }()
-	t.Cleanup(func() { rcancel(); <-done })
-
-	c := &cluster{cli: cli, reg: reg, outputs: NewOutputs(0)}
-	c.srv = baidustd.NewServer(baidustd.ServerOptions{Identity: identity, Logger: testLogger()})
-	if err := NewService(reg, c.outputs, testLogger()).Register(c.srv); err != nil {
-		t.Fatal(err)
-	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.rpcAddr = ln.Addr().String()
+	c := &cluster{etcd: etcd, cli: cli, outputs: NewOutputs(0), rpcAddr: ln.Addr().String()}
+	opts := instance.Options{Client: cli, Logger: testLogger()}
+	if identity == "" {
+		identity, opts.SelfAddr = c.rpcAddr, c.rpcAddr
+	}
+	if c.reg, err = instance.New(opts); err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.reg.Run(rctx) }()
+	t.Cleanup(func() { rcancel(); <-done })
+
+	c.srv = baidustd.NewServer(baidustd.ServerOptions{Identity: identity, Logger: testLogger()})
+	if err := NewService(c.reg, c.outputs, testLogger()).Register(c.srv); err != nil {
+		t.Fatal(err)
+	}
 	go c.srv.Serve(ln)
 	t.Cleanup(func() { c.srv.Close() })
 	return c
