@@ -106,15 +106,12 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	portFlag := "--http_server_port"
 	if set["port"] {
 		if set["http_server_port"] && oldPort != f.port {
 			return nil, fmt.Errorf("--port = %d and --http_server_port = %d: --port is a deprecated alias, give only --http_server_port", oldPort, f.port)
 		}
-		f.port, f.portAlias = oldPort, true
-	}
-	portFlag := "--http_server_port"
-	if set["port"] {
-		portFlag = "--port"
+		f.port, f.portAlias, portFlag = oldPort, true, "--port"
 	}
 	for _, r := range []struct {
 		name     string
@@ -270,6 +267,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	if err := xllmrpc.NewService(reg, outputs, log).Register(rpcSrv); err != nil {
 		return err
 	}
+	defer rpcSrv.Close()
 	rpcErr := make(chan error, 1)
 	go func() { rpcErr <- rpcSrv.Serve(rpcLn) }()
 	hs := &http.Server{
@@ -283,7 +281,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- stri
 	go func() { errc <- hs.Serve(ln) }()
 	srv.SetReady(true)
 	log.Info("kvcar serving", "addr", ln.Addr().String(), "rpc_addr", rpcLn.Addr().String(), "advertise_rpc", self,
-		"query", fmt.Sprintf("http://%s%s", ln.Addr(), server.QueryPath))
+		"query", fmt.Sprintf("http://%s%s", advertisedAddr(f, ln.Addr()), server.QueryPath))
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
