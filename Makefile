@@ -7,7 +7,7 @@ PKGS    := ./...
 # FUZZTIME is a duration (20s) or an execution count (100000x).
 FUZZTIME ?= 20s
 
-.PHONY: all deps deps-test build run test test-alloc vet fmt-check bench fuzz clean
+.PHONY: all deps deps-test build run test test-alloc vet fmt-check bench fuzz proto clean
 
 all: build
 
@@ -57,6 +57,21 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzQueryRequest$$' -fuzztime $(FUZZTIME) ./internal/server/
 	$(GO) test -run '^$$' -fuzz '^FuzzEncode$$' -fuzztime $(FUZZTIME) ./internal/tokenizer/
 	$(GO) test -run '^$$' -fuzz '^FuzzSplit$$' -fuzztime $(FUZZTIME) ./internal/tokenizer/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseFrame$$' -fuzztime $(FUZZTIME) ./internal/baidustd/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeMeta$$' -fuzztime $(FUZZTIME) ./internal/baidustd/
+
+# proto regenerates the checked-in Go code of every .proto file with Debian's
+# protoc (protobuf-compiler) and the protoc-gen-go pinned as a tool in go.mod.
+# xLLM's .proto files are kept exactly as extracted; their Go packages are
+# given on the command line.
+PROTOC_GEN_GO = $$($(GO) tool -n protoc-gen-go)
+proto:
+	protoc --plugin=protoc-gen-go=$(PROTOC_GEN_GO) --go_out=. --go_opt=module=github.com/kvcar/kvcar \
+		--proto_path=internal/baidustd/proto internal/baidustd/proto/*.proto
+	protoc --plugin=protoc-gen-go=$(PROTOC_GEN_GO) --go_out=. --go_opt=module=github.com/kvcar/kvcar \
+		$(foreach f,common completion chat disagg_pd xllm_service,--go_opt=M$(f).proto=github.com/kvcar/kvcar/internal/xllmpb) \
+		--go_opt=Mxservice.proto=github.com/kvcar/kvcar/internal/xllmpb/xservicepb \
+		--proto_path=internal/xllmpb/proto internal/xllmpb/proto/*.proto
 
 clean:
 	rm -rf $(BIN)

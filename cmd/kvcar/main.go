@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvcar/kvcar/internal/baidustd"
 	"github.com/kvcar/kvcar/internal/config"
 	"github.com/kvcar/kvcar/internal/etcdembed"
 	"github.com/kvcar/kvcar/internal/instance"
@@ -32,6 +33,7 @@ import (
 	"github.com/kvcar/kvcar/internal/lb"
 	"github.com/kvcar/kvcar/internal/server"
 	"github.com/kvcar/kvcar/internal/tokenizer"
+	"github.com/kvcar/kvcar/internal/xllmrpc"
 )
 
 func main() {
@@ -50,6 +52,9 @@ type flags struct {
 	internalHost     string
 	internalPort     int
 	insecureInternal bool
+	portAlias        bool // the port came from the deprecated --port
+	rpcPort          int
+	rpcNetworks      string
 	advertiseHost    string
 	kvEventsConfig   string
 	internalAPIToken string
@@ -78,10 +83,14 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	fs.SetOutput(out)
 	f := &flags{}
 	fs.StringVar(&f.host, "host", "", "address to listen on (empty: all interfaces)")
-	fs.IntVar(&f.port, "port", 8888, "HTTP port of the service: OpenAI API, /health, /ready")
-	fs.StringVar(&f.internalHost, "internal_host", "127.0.0.1", "address of the internal listener: heartbeat intake, query API, operator routes, status page, /metrics, profiler (empty: all interfaces)")
-	fs.IntVar(&f.internalPort, "internal_port", 8890, "port of the internal listener; engines send heartbeats here")
-	fs.BoolVar(&f.insecureInternal, "insecure_internal_api", false, "allow an internal listener reachable from the network without a token")
+	fs.IntVar(&f.port, "http_server_port", 8888, "HTTP port of the service: OpenAI API, /health, /ready")
+	var oldPort int
+	fs.IntVar(&oldPort, "port", 8888, "deprecated alias of --http_server_port")
+	fs.StringVar(&f.internalHost, "internal_host", "127.0.0.1", "address of the internal listeners: HTTP (heartbeat intake, query API, operator routes, status page, /metrics, profiler) and brpc (empty: all interfaces)")
+	fs.IntVar(&f.internalPort, "internal_port", 8890, "port of the internal HTTP listener; the vLLM sidecar's HTTP heartbeats go here")
+	fs.BoolVar(&f.insecureInternal, "insecure_internal_api", false, "allow internal listeners reachable from the network without a token (HTTP) or an allowed-network list (brpc)")
+	fs.StringVar(&f.rpcNetworks, "rpc_allowed_networks", "", "comma-separated CIDRs whose peers may connect to the rpc port (loopback always may); required when it is reachable from the network, unless --insecure_internal_api")
+	fs.IntVar(&f.rpcPort, "rpc_server_port", 8889, "brpc (baidu_std) port on --internal_host where xLLM engines send heartbeats and generations; 0 picks a free one")
 	fs.StringVar(&f.kvEventsConfig, "kv_events_config_file", "", "path of the KV events config JSON; empty disables the KV index")
 	fs.StringVar(&f.internalAPIToken, "internal_api_token", "", "when set, internal routes require this X-Internal-Token; visible in the process list, prefer --internal_api_token_file or "+tokenEnv)
 	fs.StringVar(&f.tokenFile, "internal_api_token_file", "", "file holding the internal API token (a trailing newline is ignored)")
@@ -107,13 +116,23 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	portFlag := "--http_server_port"
+	if set["port"] {
+		if set["http_server_port"] && oldPort != f.port {
+			return nil, fmt.Errorf("--port = %d and --http_server_port = %d: --port is a deprecated alias, give only --http_server_port", oldPort, f.port)
+		}
+		f.port, f.portAlias, portFlag = oldPort, true, "--port"
+	}
 	for _, r := range []struct {
 		name     string
 		val      int
 		min, max int
 	}{
-		{"--port", f.port, 0, 65535},
+		{portFlag, f.port, 0, 65535},
 		{"--internal_port", f.internalPort, 0, 65535},
+		{"--rpc_server_port", f.rpcPort, 0, 65535},
 		{"--lease_lost_heartbeat_timeout_ms", f.leaseLostMs, 100, 600000},
 		{"--detect_disconnected_instance_interval", f.suspectSeconds, 1, 3600},
 		{"--instance_delete_probe_timeout_ms", f.probeTimeoutMs, 10, 60000},
@@ -156,6 +175,9 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	if err != nil {
 		return err
 	}
+	if f.portAlias {
+		log.Warn("--port is deprecated: use --http_server_port, as xllm_master_serving names it")
+	}
 	var cfg *config.Config
 	if f.kvEventsConfig == "" {
 		log.Warn("--kv_events_config_file is empty: the KV index is disabled and every prefix hit ratio is 0")
@@ -172,7 +194,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(f.host, fmt.Sprint(f.port)))
 	if err != nil {
-		return fmt.Errorf("listen on --host=%q --port=%d: %w", f.host, f.port, err)
+		return fmt.Errorf("listen on --host=%q %s=%d: %w", f.host, portFlagName(f), f.port, err)
 	}
 	defer ln.Close()
 	iln, err := net.Listen("tcp", net.JoinHostPort(f.internalHost, fmt.Sprint(f.internalPort)))
@@ -183,7 +205,21 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	if err := checkInternalExposure(f, token != "", iln.Addr(), log); err != nil {
 		return err
 	}
-	self, err := advertisedAddr(f, iln.Addr())
+	rpcLn, err := net.Listen("tcp", net.JoinHostPort(f.internalHost, fmt.Sprint(f.rpcPort)))
+	if err != nil {
+		return fmt.Errorf("rpc listener on --internal_host=%q --rpc_server_port=%d: %w", f.internalHost, f.rpcPort, err)
+	}
+	defer rpcLn.Close()
+	rpcNets, err := parseNetworks(f.rpcNetworks)
+	if err != nil {
+		return err
+	}
+	if err := checkRPCExposure(f, rpcNets, rpcLn.Addr(), log); err != nil {
+		return err
+	}
+	// Engines find the master by its rpc address, as xllm-service
+	// registers it (XLLM:SERVICE:MASTER = "ip:rpc_port").
+	self, err := advertisedAddr(f, rpcLn.Addr())
 	if err != nil {
 		return err
 	}
@@ -272,6 +308,12 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	steps := readinessSteps(reg, discovered)
 	// Not ready from the first request on, saying why (R-API-1).
 	srv.SetNotReady(steps[0].waitingFor)
+	rpcSrv := baidustd.NewServer(baidustd.ServerOptions{Identity: self, Logger: log})
+	outputs := xllmrpc.NewOutputs(0)
+	if err := xllmrpc.NewService(reg, outputs, log).Register(rpcSrv); err != nil {
+		return err
+	}
+	defer rpcSrv.Close()
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
 	servers := []struct {
 		name string
@@ -282,8 +324,8 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 		{"internal", newHTTPServer(srv.InternalHandler(), errLog), iln},
 	}
 	// Each Serve returns once its server is shut down below; errc has
-	// room for both results so neither goroutine is left blocked.
-	errc := make(chan error, len(servers))
+	// room for every result so no goroutine is left blocked.
+	errc := make(chan error, len(servers)+1)
 	for _, s := range servers {
 		go func() {
 			if err := s.hs.Serve(s.ln); !errors.Is(err, http.ErrServerClosed) {
@@ -291,6 +333,11 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 			}
 		}()
 	}
+	go func() {
+		if err := rpcSrv.Serve(newAllowListener(rpcLn, rpcNets, log)); err != nil && !errors.Is(err, baidustd.ErrServerClosed) {
+			errc <- fmt.Errorf("rpc server: %w", err)
+		}
+	}()
 	readyDone := make(chan struct{})
 	wg.Add(1)
 	go func() {
@@ -298,8 +345,8 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 		defer close(readyDone)
 		awaitReady(runCtx, srv, steps, log)
 	}()
-	log.Info("kvcar listening", "addr", ln.Addr().String(), "internal", iln.Addr().String(), "advertise", self,
-		"query", fmt.Sprintf("http://%s%s", iln.Addr(), server.QueryPath))
+	log.Info("kvcar listening", "addr", ln.Addr().String(), "internal", iln.Addr().String(), "rpc", rpcLn.Addr().String(),
+		"advertise_rpc", self, "query", fmt.Sprintf("http://%s%s", iln.Addr(), server.QueryPath))
 	if ready != nil {
 		ready <- listening{public: ln.Addr().String(), internal: iln.Addr().String()}
 	}
@@ -317,6 +364,9 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	srv.SetNotReady("shutting down")
 	shutdownCtx, cancelShutdown := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelShutdown()
+	if err := rpcSrv.Shutdown(shutdownCtx); err != nil {
+		log.Warn("rpc shutdown", "err", err)
+	}
 	for _, s := range servers {
 		if err := s.hs.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			serveErr = errors.Join(serveErr, fmt.Errorf("%s http shutdown: %w", s.name, err))
