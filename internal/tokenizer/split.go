@@ -234,3 +234,31 @@ func matchLlamaFamily(s string, i int, maxDigits int, marks bool) int {
 	}
 	return matchWhitespaceTail(s, i)
 }
+
+// isPunctuation is the tokenizers library's punctuation test for the
+// Punctuation and BertPreTokenizer pre-tokenizers: ASCII punctuation
+// (symbols such as $ and + included) or a Unicode punctuation category.
+func isPunctuation(r rune) bool {
+	if r < utf8.RuneSelf {
+		return r > ' ' && r < 0x7F && !(r >= '0' && r <= '9') && !(r >= 'a' && r <= 'z') && !(r >= 'A' && r <= 'Z')
+	}
+	return unicode.IsPunct(r)
+}
+
+// matchWhitespaceWords is the Whitespace pre-tokenizer's `\w+|[^\w\s]+`,
+// with the Rust regex crate's Unicode \w (isWordChar) and \s.
+func matchWhitespaceWords(s string, i int) int {
+	r, _ := runeAt(s, i)
+	switch {
+	case isWordChar(r):
+		return spanWhile(s, i, isWordChar)
+	case !isSpace(r):
+		return spanWhile(s, i, func(r rune) bool { return !isWordChar(r) && !isSpace(r) })
+	}
+	return -1
+}
+
+// runeSplit is a split where every rune satisfying pred is a match.
+func runeSplit(pred func(rune) bool, behavior splitBehavior) preStep {
+	return preStep{kind: preSplit, pat: &pattern{kind: patternRune, pred: pred}, behavior: behavior}
+}
