@@ -41,7 +41,7 @@ fmt-check:
 test: deps tokenizer-fixtures fmt-check vet
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
-bench: deps
+bench: deps tokenizer-fixtures
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
 fuzz: deps

@@ -77,7 +77,7 @@ type expectedComponents struct {
 const fixturesHint = "run ./scripts/tokenizer-fixtures.sh (make test runs it)"
 
 // conformanceCache finds .cache/tokenizers at the module root.
-func conformanceCache(t *testing.T) string {
+func conformanceCache(t testing.TB) string {
 	t.Helper()
 	dir, err := os.Getwd()
 	if err != nil {
@@ -95,7 +95,7 @@ func conformanceCache(t *testing.T) string {
 	}
 }
 
-func fileSHA256(t *testing.T, path string) string {
+func fileSHA256(t testing.TB, path string) string {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -121,7 +121,7 @@ func readExpected(t *testing.T, path, corpusSHA string, v any, sha func(any) str
 	}
 }
 
-func loadCorpus(t *testing.T) (conformanceCorpus, string) {
+func loadCorpus(t testing.TB) (conformanceCorpus, string) {
 	t.Helper()
 	path := filepath.Join("testdata", "conformance", "corpus.json")
 	var c conformanceCorpus
