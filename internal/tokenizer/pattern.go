@@ -200,17 +200,28 @@ func (p *pattern) eachBacktrack(s string, out sink) {
 // cutter turns the matches of a pattern in a piece of text into the pieces
 // a split keeps, following the tokenizers library: the text is cut into
 // matches and the gaps between them, invert swaps which is which, and the
-// behaviour decides what happens to the matches. Pieces go to emit, empty
-// ones dropped.
+// behaviour decides what happens to the matches. Kept pieces, empty ones
+// dropped, go to the encoder's next pre-tokenizer step. An encoder keeps
+// one cutter per step, so splitting allocates nothing.
 type cutter struct {
 	behavior splitBehavior
 	invert   bool
-	emit     func(start, end int)
+
+	// Where pieces go: e.pre(step+1, piece of s, ...).
+	e       *encoder
+	step    int
+	s       string
+	atStart bool
 
 	prev      int  // end of the last match
 	held      bool // a piece is held back because the next may join it
 	hs, he    int
 	prevMatch bool
+}
+
+// reset prepares c to cut s for step i of e.
+func (c *cutter) reset(e *encoder, i int, st *preStep, s string, atStart bool) {
+	*c = cutter{behavior: st.behavior, invert: st.invert, e: e, step: i, s: s, atStart: atStart}
 }
 
 func (c *cutter) match(start, end int) {
@@ -222,19 +233,19 @@ func (c *cutter) match(start, end int) {
 }
 
 // finish reports the gap after the last match and releases what is held.
-func (c *cutter) finish(n int) {
-	if c.prev != n {
-		c.segment(c.prev, n, false)
+func (c *cutter) finish() {
+	if c.prev != len(c.s) {
+		c.segment(c.prev, len(c.s), false)
 	}
 	if c.held {
-		c.out(c.hs, c.he)
 		c.held = false
+		c.out(c.hs, c.he)
 	}
 }
 
 func (c *cutter) out(start, end int) {
 	if start < end {
-		c.emit(start, end)
+		c.e.pre(c.step+1, c.s[start:end], c.atStart && start == 0)
 	}
 }
 
@@ -283,13 +294,6 @@ func (c *cutter) segment(start, end int, isMatch bool) {
 		}
 	}
 	c.prevMatch = isMatch
-}
-
-// cut runs p over s and hands the pieces the behaviour keeps to emit.
-func cut(s string, p *pattern, behavior splitBehavior, invert bool, emit func(start, end int)) {
-	c := cutter{behavior: behavior, invert: invert, emit: emit}
-	p.each(s, &c)
-	c.finish(len(s))
 }
 
 // replaceAll replaces every match of p in s with to, as the Replace

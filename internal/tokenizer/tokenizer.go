@@ -122,6 +122,10 @@ type encoder struct {
 	// words, when set, collects the pre-tokenized words instead of
 	// encoding them (tests compare them with the reference library's).
 	words *[]string
+	// cutters holds one cutter per pre-tokenizer step (a step is never
+	// active twice at once), in the array when there are few steps.
+	cutters []cutter
+	array   [6]cutter
 }
 
 func (e *encoder) run(text string) {
@@ -194,9 +198,17 @@ func (e *encoder) pre(i int, s string, atStart bool) {
 // split cuts s with step i's pattern and behaviour and hands the pieces to
 // the next step.
 func (e *encoder) split(i int, s string, atStart bool, st *preStep) {
-	cut(s, st.pat, st.behavior, st.invert, func(start, end int) {
-		e.pre(i+1, s[start:end], atStart && start == 0)
-	})
+	if e.cutters == nil {
+		if n := len(e.t.p.pre); n <= len(e.array) {
+			e.cutters = e.array[:n]
+		} else {
+			e.cutters = make([]cutter, n)
+		}
+	}
+	c := &e.cutters[i]
+	c.reset(e, i, st, s, atStart)
+	st.pat.each(s, c)
+	c.finish()
 }
 
 // word runs the BPE model on one word, through the cache.
