@@ -93,7 +93,7 @@ func TestLoadRejectsUnsupported(t *testing.T) {
 		{"precompiled normalizer", func(d map[string]any) {
 			d["normalizer"] = obj("type", "Sequence", "normalizers", []any{obj("type", "NFC"), obj("type", "Precompiled", "precompiled_charsmap", "AAAA")})
 		}, true, []string{"normalizer.normalizers[1].type", "Precompiled"}},
-		{"replace lookbehind", func(d map[string]any) {
+		{"malformed regex", func(d map[string]any) {
 			d["normalizer"] = obj("type", "Replace", "pattern", obj("Regex", `(?<=a`), "content", " ")
 		}, true, []string{"normalizer.pattern.Regex", "(?<=a"}},
 		{"unknown post-processor", func(d map[string]any) {
