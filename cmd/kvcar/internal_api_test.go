@@ -90,7 +90,7 @@ func TestInternalListenerExposure(t *testing.T) {
 		t.Fatalf("bad network accepted: %v", err)
 	}
 	log, err = startAndStop(t, "--internal_host=127.0.0.1")
-	if err != nil || strings.Contains(log, "insecure") {
+	if err != nil || strings.Contains(log, "insecure_internal_api") {
 		t.Fatalf("on loopback: %v\n%s", err, log)
 	}
 
