@@ -91,7 +91,9 @@ func run(ctx context.Context, args []string) (err error) {
 	}
 	kv, err := devcluster.StartKVCar(devcluster.KVCarOptions{
 		Binary: o.kvcar, Port: o.port, Etcd: etcd.Endpoints(), ConfigFile: cfgPath,
-		Args: []string{"--load_balance_policy=CAR"}, Stdout: os.Stdout, Stderr: os.Stderr,
+		// The demo shows each request's target and hit ratio, which kvcar
+		// sends back only when asked to.
+		Args: []string{"--load_balance_policy=CAR", "--expose_routing_headers"}, Stdout: os.Stdout, Stderr: os.Stderr,
 	})
 	if err != nil {
 		return fmt.Errorf("%w (run make build first)", err)
