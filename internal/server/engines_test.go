@@ -1,79 +1,44 @@
 package server
 
 import (
-	"context"
-	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
-	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
-	"github.com/kvcar/kvcar/internal/etcdembed"
 	"github.com/kvcar/kvcar/internal/instance"
 	"github.com/kvcar/kvcar/internal/lb"
 )
 
-// policyRouter routes with a real policy over a real registry's
-// snapshot, as the command wires it.
+// policyRouter routes with a real policy over a registry snapshot, as
+// the command wires it to the registry.
 type policyRouter struct {
 	policy lb.Policy
-	reg    *instance.Registry
+	snap   *instance.Snapshot
 }
 
 func (r policyRouter) Policy() string { return r.policy.Name() }
 
 func (r policyRouter) Route(req lb.Request) (lb.Decision, error) {
-	return r.policy.Route(req, r.reg.Snapshot())
+	return r.policy.Route(req, r.snap)
 }
 
-// routerFor runs an embedded etcd and a registry in which each of names
-// is a registered DEFAULT instance, and returns an RR router over them.
+// routerFor returns an RR router over a snapshot in which each of names
+// is an active DEFAULT instance with a load report. The snapshot is
+// fixed, so that no registry runs in the process: measurements of the
+// request path then count its own allocations only.
 func routerFor(tb testing.TB, names ...string) policyRouter {
 	tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	srv, err := etcdembed.Start(ctx, etcdembed.Options{})
-	if err != nil {
-		tb.Fatal(err)
+	ins := make([]instance.Instance, len(names))
+	for i, name := range names {
+		ins[i] = instance.Instance{Meta: instance.Meta{Name: name, IncarnationID: "inc", DPSize: 1},
+			Type: instance.Default, Role: instance.Default, State: instance.Active,
+			HasLoad: true, LoadValid: true}
 	}
-	tb.Cleanup(func() { srv.Close() })
-	cfg, err := instance.ClientConfig(srv.Endpoints(), func(string) string { return "" }, nil)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cli, err := clientv3.New(cfg)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { cli.Close() })
-	for _, name := range names {
-		v := fmt.Sprintf(`{"name":%q,"rpc_address":%q,"type":0,"incarnation_id":"inc","dp_size":1}`, name, name)
-		if _, err := cli.Put(ctx, "XLLM:DEFAULT:"+name, v); err != nil {
-			tb.Fatal(err)
-		}
-	}
-	reg, err := instance.New(instance.Options{Client: cli, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	rctx, rcancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		reg.Run(rctx)
-	}()
-	tb.Cleanup(func() {
-		rcancel()
-		<-done
-	})
-	if err := reg.WaitFor(ctx, func(s *instance.Snapshot) bool { return len(s.Instances) == len(names) }); err != nil {
-		tb.Fatal(err)
-	}
-	return policyRouter{policy: lb.NewRR(), reg: reg}
+	slices.SortFunc(ins, func(a, b instance.Instance) int { return strings.Compare(a.Meta.Name, b.Meta.Name) })
+	return policyRouter{policy: lb.NewRR(), snap: &instance.Snapshot{Instances: ins, Version: 1, Synced: true}}
 }
 
 // startEngine runs a real HTTP engine on loopback and returns its

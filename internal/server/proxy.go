@@ -97,14 +97,22 @@ type proxy struct {
 	maxText       int
 	exposeHeaders bool
 	budget        *byteBudget
-	buffers       sync.Pool
+	buffers       freeList[*inferenceBuffers]
+	// copyBufs are what bodies and answers are copied through.
+	copyBufs freeList[*copyBuf]
 }
 
-// Pooled buffers above these sizes are dropped rather than kept, so that
-// one huge request does not pin its memory in the pool.
+// copyBuf is a buffer bodies and answers are copied through.
+type copyBuf struct{ b [readChunk]byte }
+
+// Kept buffers above these sizes are dropped rather than kept, so that
+// one huge request does not pin its memory; all kept buffers together are
+// bounded by these totals.
 const (
-	maxPooledBody = 1 << 20
-	maxPooledIDs  = 1 << 18
+	maxPooledBody     = 1 << 20
+	maxPooledIDs      = 1 << 18
+	maxPooledBytes    = 32 << 20
+	maxPooledCopyBufs = 256
 )
 
 // inferenceBuffers are one request's pooled storage: the body as read,
@@ -119,16 +127,12 @@ type inferenceBuffers struct {
 }
 
 func newProxy(opts Options, maxIDs int, log *slog.Logger) *proxy {
-	rt := opts.EngineTransport
-	if rt == nil {
-		rt = newTransport()
-	}
 	p := &proxy{
 		router:    opts.Router,
 		tokenizer: opts.Tokenizer,
 		// Redirects are relayed, not followed: kvcar sends requests only
 		// to the engine it chose.
-		client: &http.Client{Transport: rt, CheckRedirect: func(*http.Request, []*http.Request) error {
+		client: &http.Client{Transport: opts.EngineTransport, CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse
 		}},
 		log:           log,
@@ -149,14 +153,29 @@ func newProxy(opts Options, maxIDs int, log *slog.Logger) *proxy {
 	}
 	// A body at the limit must fit, or it could never be served.
 	p.budget.max = max(p.budget.max, p.maxBody+1)
-	p.buffers.New = func() any { return &inferenceBuffers{} }
+	p.buffers = freeList[*inferenceBuffers]{maxBytes: maxPooledBytes,
+		newItem: func() *inferenceBuffers { return &inferenceBuffers{} }, size: (*inferenceBuffers).size}
+	p.copyBufs = freeList[*copyBuf]{maxBytes: maxPooledCopyBufs * readChunk,
+		newItem: func() *copyBuf { return new(copyBuf) }, size: func(*copyBuf) int64 { return readChunk }}
+	if p.client.Transport == nil {
+		p.client.Transport = newTransport(&p.copyBufs)
+	}
 	return p
 }
 
-func newTransport() *http.Transport {
+// newTransport returns the transport to the engines; request bodies are
+// written through buffers from bufs.
+func newTransport(bufs *freeList[*copyBuf]) *http.Transport {
+	d := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
 	return &http.Transport{
-		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		Proxy: nil,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return engineConn{Conn: c, bufs: bufs}, nil
+		},
 		MaxIdleConns:          1024,
 		MaxIdleConnsPerHost:   64,
 		IdleConnTimeout:       engineIdleConnTimeout,
@@ -164,6 +183,24 @@ func newTransport() *http.Transport {
 		ExpectContinueTimeout: time.Second,
 	}
 }
+
+// engineConn is a connection to an engine that copies request bodies
+// through pooled buffers. The transport hands a body to the connection's
+// ReadFrom, and a TCP connection's own copies through a buffer of up to
+// 32 KiB allocated for each request.
+type engineConn struct {
+	net.Conn
+	bufs *freeList[*copyBuf]
+}
+
+func (c engineConn) ReadFrom(r io.Reader) (int64, error) {
+	b := c.bufs.get()
+	defer c.bufs.put(b)
+	return io.CopyBuffer(writerOnly{c.Conn}, r, b.b[:])
+}
+
+// writerOnly hides the connection's own ReadFrom from io.CopyBuffer.
+type writerOnly struct{ io.Writer }
 
 // release gives back b's budget and returns it to the pool, without the
 // buffers that grew too large to keep.
@@ -184,7 +221,13 @@ func (p *proxy) release(b *inferenceBuffers) {
 	}
 	clear(b.msgs[:cap(b.msgs)])
 	b.msgs = b.msgs[:0]
-	p.buffers.Put(b)
+	p.buffers.put(b)
+}
+
+// size is about the memory b keeps.
+func (b *inferenceBuffers) size() int64 {
+	return int64(cap(b.body) + 4*cap(b.in.ids) + cap(b.in.text) + 32*cap(b.in.msgs) + cap(b.in.stack) +
+		cap(b.routing) + 32*cap(b.msgs))
 }
 
 // handleInference serves /v1/completions and /v1/chat/completions.
@@ -203,7 +246,7 @@ func (s *Server) handleInference(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusRequestEntityTooLarge, "request body exceeds "+strconv.FormatInt(p.maxBody, 10)+" bytes")
 		return
 	}
-	b := p.buffers.Get().(*inferenceBuffers)
+	b := p.buffers.get()
 	sc := scanner{r: http.MaxBytesReader(w, r.Body, p.maxBody), buf: b.body[:cap(b.body)], limit: p.maxBody,
 		keep: true, budget: p.budget}
 	if r.ContentLength >= 0 {
@@ -211,7 +254,7 @@ func (s *Server) handleInference(w http.ResponseWriter, r *http.Request) {
 		// any of it is read; the extra byte is where its end is seen.
 		n := r.ContentLength + 1
 		if !p.budget.take(n) {
-			p.buffers.Put(b)
+			p.buffers.put(b)
 			busy(w)
 			return
 		}
@@ -452,7 +495,9 @@ func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, p
 	}
 	w.WriteHeader(resp.StatusCode)
 	fw := flushWriter{w: w, f: http.NewResponseController(w)}
-	if _, err := io.Copy(fw, resp.Body); err != nil && r.Context().Err() == nil {
+	cb := p.copyBufs.get()
+	defer p.copyBufs.put(cb)
+	if _, err := io.CopyBuffer(fw, resp.Body, cb.b[:]); err != nil && r.Context().Err() == nil {
 		p.log.Warn("relaying the engine's answer failed", "engine", d.Prefill, "err", err)
 	}
 }
