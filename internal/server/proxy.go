@@ -370,7 +370,9 @@ func (p *proxy) noTokenizer() {
 // relayBody reads the body relayed to the engine: the client's bytes
 // with kvcar's routing value in place of the client's, without copying.
 type relayBody struct {
-	parts [3][]byte
+	parts  [3][]byte
+	closed atomic.Bool
+	out    *outgoing
 }
 
 func (rb *relayBody) Read(p []byte) (int, error) {
@@ -384,6 +386,29 @@ func (rb *relayBody) Read(p []byte) (int, error) {
 	}
 	return 0, io.EOF
 }
+
+func (rb *relayBody) Close() error {
+	if !rb.closed.Swap(true) {
+		rb.out.closed.Add(1)
+	}
+	return nil
+}
+
+// outgoing counts the bodies of one request handed to the transport and
+// those it has closed. A transport may close a body after its round trip
+// has returned, so the storage under the bodies is reused only once all
+// are closed.
+type outgoing struct {
+	parts        [3][]byte
+	made, closed atomic.Int32
+}
+
+func (o *outgoing) body() io.ReadCloser {
+	o.made.Add(1)
+	return &relayBody{parts: o.parts, out: o}
+}
+
+func (o *outgoing) done() bool { return o.made.Load() == o.closed.Load() }
 
 // attempt records, from the transport's trace, what happened to one try
 // of a request on an engine.
@@ -411,25 +436,32 @@ func (a *attempt) neverWritten(err error) bool {
 // request. b holds the body (its first n bytes) and is released here, as
 // soon as the engine has it all; nil b sends no body.
 func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, path string, b *inferenceBuffers, n int) {
-	released := b == nil
-	release := func() {
-		if !released {
-			released = true
-			p.release(b)
-		}
-	}
-	defer release()
-	var parts [3][]byte
+	var out outgoing
 	var length int64
 	if b != nil {
 		body := b.body[:n]
-		parts[0] = body
+		out.parts[0] = body
 		if in := &b.in; in.routingStart >= 0 {
 			b.routing = appendRouting(b.routing[:0], d)
-			parts = [3][]byte{body[:in.routingStart], b.routing, body[in.routingEnd:]}
+			out.parts = [3][]byte{body[:in.routingStart], b.routing, body[in.routingEnd:]}
 		}
-		length = int64(len(parts[0]) + len(parts[1]) + len(parts[2]))
+		length = int64(len(out.parts[0]) + len(out.parts[1]) + len(out.parts[2]))
 	}
+	// release returns b once the transport is done with its bodies; if
+	// one is still open, b's budget is given back but its storage is left
+	// to the collector rather than reused under the transport.
+	release := func() {
+		if b == nil {
+			return
+		}
+		if out.done() {
+			p.release(b)
+		} else {
+			p.budget.give(b.held)
+		}
+		b = nil
+	}
+	defer release()
 	target := "http://" + d.Prefill + path
 	var resp *http.Response
 	var err error
@@ -442,25 +474,25 @@ func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, p
 			GotConn:      func(i httptrace.GotConnInfo) { a.reused.Store(i.Reused) },
 			WroteRequest: func(i httptrace.WroteRequestInfo) { a.wrote.Store(i.Err == nil) },
 		})
-		var out *http.Request
-		out, err = http.NewRequestWithContext(ctx, r.Method, target, nil)
+		var req *http.Request
+		req, err = http.NewRequestWithContext(ctx, r.Method, target, nil)
 		if err != nil {
 			break
 		}
 		if b != nil {
-			out.Body = io.NopCloser(&relayBody{parts: parts})
-			out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(&relayBody{parts: parts}), nil }
-			out.ContentLength = length
-			out.Header.Set("Content-Type", "application/json")
+			req.Body = out.body()
+			req.GetBody = func() (io.ReadCloser, error) { return out.body(), nil }
+			req.ContentLength = length
+			req.Header.Set("Content-Type", "application/json")
 		}
 		if v := r.Header.Get("Accept"); v != "" {
-			out.Header.Set("Accept", v)
+			req.Header.Set("Accept", v)
 		}
-		out.Header.Set(PrefillNameHeader, d.Prefill)
+		req.Header.Set(PrefillNameHeader, d.Prefill)
 		if d.Decode != "" {
-			out.Header.Set(DecodeNameHeader, d.Decode)
+			req.Header.Set(DecodeNameHeader, d.Decode)
 		}
-		resp, err = p.client.Do(out)
+		resp, err = p.client.Do(req)
 		if err == nil || r.Context().Err() != nil || !a.neverWritten(err) {
 			break
 		}
@@ -483,9 +515,9 @@ func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, p
 		return
 	}
 	defer resp.Body.Close()
-	// The engine has the whole body: it is not needed any more, and a
-	// long answer should not hold it.
-	if a.wrote.Load() {
+	// Once the engine has the whole body it is not needed any more, and
+	// a long answer should not hold it.
+	if a.wrote.Load() && out.done() {
 		release()
 	}
 	for _, k := range []string{"Content-Type", "Cache-Control"} {

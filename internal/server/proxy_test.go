@@ -417,3 +417,46 @@ func (e *droppingEngine) serve(conn net.Conn, drop bool) {
 		}
 	}
 }
+
+// TestAnswerDoesNotHoldBudget: the request bytes are given back once
+// the engine has the whole body, so a long streamed answer does not hold
+// them and other requests go on being served meanwhile.
+func TestAnswerDoesNotHoldBudget(t *testing.T) {
+	hold := make(chan struct{})
+	var streams atomic.Int32
+	engine := startEngine(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {}\n\n")
+		_ = http.NewResponseController(w).Flush()
+		if bytes.Contains(b, []byte(`"stream":true`)) {
+			streams.Add(1)
+			select {
+			case <-hold:
+			case <-r.Context().Done():
+			}
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	})
+	ts := routedServer(t, Options{MaxRequestBodyBytes: 2000, MaxInflightRequestBytes: 2001}, engine)
+	resp, err := ts.Client().Post(ts.URL+CompletionsPath, "application/json", strings.NewReader(`{"prompt":[1],"stream":true,"pad":"`+strings.Repeat("x", 1900)+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	line, err := br.ReadString('\n')
+	if err != nil || line != "data: {}\n" || streams.Load() != 1 {
+		t.Fatalf("first chunk %q, %v", line, err)
+	}
+	for i := range 3 {
+		r, b := do(t, ts, http.MethodPost, CompletionsPath, strings.NewReader(`{"prompt":[2],"pad":"`+strings.Repeat("y", 1900)+`"}`))
+		if r.StatusCode != http.StatusOK {
+			t.Fatalf("request %d while an answer streams: %d %s", i, r.StatusCode, b)
+		}
+	}
+	close(hold)
+	if rest, err := io.ReadAll(br); err != nil || string(rest) != "\ndata: [DONE]\n\n" {
+		t.Fatalf("end of the stream %q, %v", rest, err)
+	}
+}
