@@ -120,38 +120,21 @@ func (d *discardWriter) WriteHeader(code int)        { d.code = code }
 func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
 
 // BenchmarkInferenceHandler runs a /v1/completions of 2k and 16k prompt
-// ids through the whole handler, in process: parse, an RR decision over
-// a real registry, the relay to a real HTTP engine on loopback that reads
-// the body and answers a short JSON, and the relay of that answer.
+// ids through the whole handler, in process: parse, an RR decision, the
+// relay to a real HTTP engine on loopback that reads the body and answers
+// a short JSON, and the relay of that answer.
 func BenchmarkInferenceHandler(b *testing.B) {
-	answer := []byte(`{"id":"c","object":"text_completion","choices":[{"text":"ok","index":0,"finish_reason":"length"}]}`)
-	engine := startEngine(b, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(answer)
-	})
-	s := New(Options{Router: routerFor(b, engine)})
+	s := New(Options{Router: routerFor(b, answeringEngine(b))})
 	s.SetReady(true)
 	h := s.Handler()
 	for _, n := range []int{2048, 16384} {
 		b.Run(fmt.Sprintf("ids=%d", n), func(b *testing.B) {
 			body := idsCompletion(n)
-			r := bytes.NewReader(body)
-			w := &discardWriter{h: http.Header{}}
-			req := httptest.NewRequest(http.MethodPost, CompletionsPath, io.NopCloser(r))
-			req.Header.Set("Content-Type", "application/json")
+			serve := completionLoop(b, h, body)
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			for b.Loop() {
-				r.Reset(body)
-				req.Body = io.NopCloser(r)
-				req.ContentLength = int64(len(body))
-				clear(w.h)
-				w.code = 0
-				h.ServeHTTP(w, req)
-				if w.code != http.StatusOK {
-					b.Fatalf("status %d", w.code)
-				}
+				serve()
 			}
 		})
 	}

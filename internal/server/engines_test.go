@@ -1,6 +1,8 @@
 package server
 
 import (
+	"bytes"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -60,4 +62,35 @@ func idsCompletion(n int) []byte {
 		b = strconv.AppendUint(b, uint64(i*7919%151936), 10)
 	}
 	return append(b, `],"temperature":0}`...)
+}
+
+// answeringEngine is a real HTTP engine on loopback that reads the body
+// and answers a short completion, about the least an engine can do.
+func answeringEngine(tb testing.TB) string {
+	return startEngine(tb, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"c","object":"text_completion","choices":[{"text":"ok","index":0,"finish_reason":"length"}]}`)
+	})
+}
+
+// completionLoop returns a func that serves one /v1/completions of body
+// through h, reusing the request and the writer so that only the
+// handler's own work is counted.
+func completionLoop(tb testing.TB, h http.Handler, body []byte) func() {
+	r := bytes.NewReader(body)
+	w := &discardWriter{h: http.Header{}}
+	req := httptest.NewRequest(http.MethodPost, CompletionsPath, io.NopCloser(r))
+	req.Header.Set("Content-Type", "application/json")
+	return func() {
+		r.Reset(body)
+		req.Body = io.NopCloser(r)
+		req.ContentLength = int64(len(body))
+		clear(w.h)
+		w.code = 0
+		h.ServeHTTP(w, req)
+		if w.code != http.StatusOK {
+			tb.Fatalf("status %d", w.code)
+		}
+	}
 }

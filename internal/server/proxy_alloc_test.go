@@ -6,10 +6,6 @@
 package server
 
 import (
-	"bytes"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"runtime"
 	"runtime/debug"
 	"testing"
@@ -24,36 +20,17 @@ import (
 // most 1 KiB and one allocation more, which is noise from the process's
 // other goroutines.
 func TestInferenceAllocationsDoNotGrowWithPrompt(t *testing.T) {
-	engine := startEngine(t, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"choices":[{"text":"ok"}]}`)
-	})
-	s := New(Options{Router: routerFor(t, engine)})
+	s := New(Options{Router: routerFor(t, answeringEngine(t))})
 	s.SetReady(true)
 	h := s.Handler()
 	measure := func(ids int) (bytesPerOp, allocsPerOp float64) {
 		const runs = 200
-		body := idsCompletion(ids)
-		r := bytes.NewReader(body)
-		w := &discardWriter{h: http.Header{}}
-		req := httptest.NewRequest(http.MethodPost, CompletionsPath, io.NopCloser(r))
-		serve := func() {
-			r.Reset(body)
-			req.Body = io.NopCloser(r)
-			req.ContentLength = int64(len(body))
-			clear(w.h)
-			w.code = 0
-			h.ServeHTTP(w, req)
-			if w.code != http.StatusOK {
-				t.Fatalf("%d ids: status %d", ids, w.code)
-			}
-		}
+		serve := completionLoop(t, h, idsCompletion(ids))
 		for range 20 {
 			serve()
 		}
-		// No collection during the runs: it would empty the pools and
-		// count their refilling against the request.
+		// No collection during the runs: it would be the process's, not
+		// the request's.
 		runtime.GC()
 		defer debug.SetGCPercent(debug.SetGCPercent(-1))
 		var before, after runtime.MemStats

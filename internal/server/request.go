@@ -85,15 +85,9 @@ func parseInference(s *scanner, in *inference, chat bool, lim inferenceLimits) *
 		s.pos++
 	} else {
 		for {
-			if c != '"' {
-				return s.syntaxError(c)
-			}
 			var kb [maxKeyShown]byte
-			n, err := s.readKey(&kb)
+			n, err := s.memberKey(c, &kb)
 			if err != nil {
-				return err
-			}
-			if err := s.colon(); err != nil {
 				return err
 			}
 			key := kb[:n]
@@ -125,19 +119,12 @@ func parseInference(s *scanner, in *inference, chat bool, lim inferenceLimits) *
 			if err != nil {
 				return err
 			}
-			if c, ok = s.skipSpace(); !ok {
-				return s.endError()
+			var more bool
+			if c, more, err = s.afterElement('}'); err != nil {
+				return err
 			}
-			s.pos++
-			if c == '}' {
+			if !more {
 				break
-			}
-			if c != ',' {
-				s.pos--
-				return s.syntaxError(c)
-			}
-			if c, ok = s.skipSpace(); !ok {
-				return s.endError()
 			}
 		}
 	}
@@ -199,21 +186,12 @@ func (s *scanner) readPrompt(in *inference, lim inferenceLimits) *requestError {
 	}
 	// The rest of a batch: routed by its first prompt, so only checked.
 	for {
-		c, ok := s.skipSpace()
-		if !ok {
-			return s.endError()
+		_, more, err := s.afterElement(']')
+		if err != nil || !more {
+			return err
 		}
-		s.pos++
-		switch c {
-		case ']':
-			return nil
-		case ',':
-			if in.stack, err = s.skipValue(in.stack); err != nil {
-				return err
-			}
-		default:
-			s.pos--
-			return s.syntaxError(c)
+		if in.stack, err = s.skipValue(in.stack); err != nil {
+			return err
 		}
 	}
 }
@@ -264,20 +242,9 @@ func (s *scanner) readMessages(in *inference, lim inferenceLimits) *requestError
 		if lim.keepText {
 			in.msgs = append(in.msgs, span)
 		}
-		if c, ok = s.skipSpace(); !ok {
-			return s.endError()
-		}
-		s.pos++
-		switch c {
-		case ']':
-			return nil
-		case ',':
-			if c, ok = s.skipSpace(); !ok {
-				return s.endError()
-			}
-		default:
-			s.pos--
-			return s.syntaxError(c)
+		var more bool
+		if c, more, err = s.afterElement(']'); err != nil || !more {
+			return err
 		}
 	}
 }
@@ -297,15 +264,9 @@ func (s *scanner) readMessage(in *inference, lim inferenceLimits, i int) (chatSp
 		return span, nil
 	}
 	for {
-		if c != '"' {
-			return span, s.syntaxError(c)
-		}
 		var kb [maxKeyShown]byte
-		n, err := s.readKey(&kb)
+		n, err := s.memberKey(c, &kb)
 		if err != nil {
-			return span, err
-		}
-		if err := s.colon(); err != nil {
 			return span, err
 		}
 		switch string(kb[:n]) {
@@ -341,20 +302,9 @@ func (s *scanner) readMessage(in *inference, lim inferenceLimits, i int) (chatSp
 				return span, err
 			}
 		}
-		if c, ok = s.skipSpace(); !ok {
-			return span, s.endError()
-		}
-		s.pos++
-		switch c {
-		case '}':
-			return span, nil
-		case ',':
-			if c, ok = s.skipSpace(); !ok {
-				return span, s.endError()
-			}
-		default:
-			s.pos--
-			return span, s.syntaxError(c)
+		var more bool
+		if c, more, err = s.afterElement('}'); err != nil || !more {
+			return span, err
 		}
 	}
 }
@@ -406,20 +356,10 @@ func (s *scanner) readContent(in *inference, lim inferenceLimits, i int) *reques
 		if err := s.readPart(in, lim, i, j); err != nil {
 			return err
 		}
-		if c, ok = s.skipSpace(); !ok {
-			return s.endError()
-		}
-		s.pos++
-		switch c {
-		case ']':
-			return nil
-		case ',':
-			if c, ok = s.skipSpace(); !ok {
-				return s.endError()
-			}
-		default:
-			s.pos--
-			return s.syntaxError(c)
+		var more bool
+		var err *requestError
+		if c, more, err = s.afterElement(']'); err != nil || !more {
+			return err
 		}
 	}
 }
@@ -441,15 +381,9 @@ func (s *scanner) readPart(in *inference, lim inferenceLimits, i, j int) *reques
 		return nil
 	}
 	for {
-		if c != '"' {
-			return s.syntaxError(c)
-		}
 		var kb [maxKeyShown]byte
-		n, err := s.readKey(&kb)
+		n, err := s.memberKey(c, &kb)
 		if err != nil {
-			return err
-		}
-		if err := s.colon(); err != nil {
 			return err
 		}
 		switch string(kb[:n]) {
@@ -492,25 +426,17 @@ func (s *scanner) readPart(in *inference, lim inferenceLimits, i, j int) *reques
 				return err
 			}
 		}
-		if c, ok = s.skipSpace(); !ok {
-			return s.endError()
+		var more bool
+		if c, more, err = s.afterElement('}'); err != nil {
+			return err
 		}
-		s.pos++
-		switch c {
-		case '}':
+		if !more {
 			if isText {
 				in.textLen += textLen
 			} else {
 				in.text = in.text[:start]
 			}
 			return nil
-		case ',':
-			if c, ok = s.skipSpace(); !ok {
-				return s.endError()
-			}
-		default:
-			s.pos--
-			return s.syntaxError(c)
 		}
 	}
 }

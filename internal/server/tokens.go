@@ -52,51 +52,24 @@ var errBusy = errors.New("too many request bytes in flight")
 
 func (s *scanner) offset() int64 { return s.consumed + int64(s.pos) }
 
-// fill replaces the buffer contents with the next chunk of the body and
-// reports whether any byte is available.
+// fill reads the next chunk of the body, in place of the buffer's
+// contents or, when keeping the body, after them, and reports whether
+// any byte is available.
 func (s *scanner) fill() bool {
 	if s.eof || s.err != nil {
 		return false
 	}
+	var p []byte
 	if s.keep {
-		return s.fillKept()
-	}
-	s.consumed += int64(s.end)
-	s.pos, s.end = 0, 0
-	for range 100 {
-		n, err := s.r.Read(s.buf)
-		s.end = n
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				s.eof = true
-			} else {
-				s.err = err
-			}
-			return n > 0
-		}
-		if n > 0 {
-			return true
-		}
-	}
-	s.err = io.ErrNoProgress
-	return false
-}
-
-// fillKept reads the next chunk after the bytes already kept, growing
-// buf as needed.
-func (s *scanner) fillKept() bool {
-	for range 100 {
-		if s.end == len(s.buf) && !s.growKept() {
+		if p = s.nextKept(); p == nil {
 			return false
 		}
-		p := s.buf[s.end:min(len(s.buf), s.end+readChunk)]
-		if want := int64(s.end + len(p)); want > s.held {
-			if !s.budget.take(want - s.held) {
-				s.err = errBusy
-				return false
-			}
-			s.held = want
-		}
+	} else {
+		s.consumed += int64(s.end)
+		s.pos, s.end = 0, 0
+		p = s.buf
+	}
+	for range 100 {
 		n, err := s.r.Read(p)
 		s.end += n
 		if err != nil {
@@ -113,6 +86,24 @@ func (s *scanner) fillKept() bool {
 	}
 	s.err = io.ErrNoProgress
 	return false
+}
+
+// nextKept returns where the next chunk of a kept body goes, growing buf
+// and taking from the budget as needed; nil, with s.err set, when either
+// is refused.
+func (s *scanner) nextKept() []byte {
+	if s.end == len(s.buf) && !s.growKept() {
+		return nil
+	}
+	p := s.buf[s.end:min(len(s.buf), s.end+readChunk)]
+	if want := int64(s.end + len(p)); want > s.held {
+		if !s.budget.take(want - s.held) {
+			s.err = errBusy
+			return nil
+		}
+		s.held = want
+	}
+	return p
 }
 
 // growKept doubles buf, never past one byte over the body limit: that
@@ -783,6 +774,41 @@ func (s *scanner) skipKey() *requestError {
 		return err
 	}
 	return s.colon()
+}
+
+// afterElement consumes what follows an array element or an object
+// member: a comma, after which it returns the next byte and more, or the
+// closing end.
+func (s *scanner) afterElement(end byte) (next byte, more bool, err *requestError) {
+	c, ok := s.skipSpace()
+	if !ok {
+		return 0, false, s.endError()
+	}
+	switch c {
+	case end:
+		s.pos++
+		return 0, false, nil
+	case ',':
+		s.pos++
+		if c, ok = s.skipSpace(); !ok {
+			return 0, false, s.endError()
+		}
+		return c, true, nil
+	}
+	return 0, false, s.syntaxError(c)
+}
+
+// memberKey reads the key of an object member, which starts at c, into
+// kb as readKey does, and the colon after it.
+func (s *scanner) memberKey(c byte, kb *[maxKeyShown]byte) (int, *requestError) {
+	if c != '"' {
+		return 0, s.syntaxError(c)
+	}
+	n, err := s.readKey(kb)
+	if err != nil {
+		return 0, err
+	}
+	return n, s.colon()
 }
 
 // colon consumes the colon after an object key.
