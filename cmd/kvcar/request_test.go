@@ -2,10 +2,12 @@ package main
 
 import (
 	"encoding/json"
+	"io"
 	"strings"
 	"testing"
 
 	"github.com/kvcar/kvcar/internal/enginesim"
+	"github.com/kvcar/kvcar/internal/server"
 )
 
 // TestKVCarOwnsRouting covers issue 10 items 3 and 6 end to end: a
@@ -47,6 +49,33 @@ func TestKVCarOwnsRouting(t *testing.T) {
 	for _, e := range c.engines {
 		if st := e.Stats(); st.Misrouted != 0 {
 			t.Errorf("engine %s counted %d requests whose routing named another engine", e.Name(), st.Misrouted)
+		}
+	}
+}
+
+// TestRequestPathFlags: the request path's limits default to the
+// server's and a value out of range stops start-up naming the flag and
+// its range.
+func TestRequestPathFlags(t *testing.T) {
+	f, err := parseFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.maxRequestBody != server.DefaultMaxRequestBodyBytes || f.maxInflightRequest != server.DefaultMaxInflightRequestBytes ||
+		f.maxPromptText != server.DefaultMaxPromptTextBytes || f.exposeRouting {
+		t.Fatalf("defaults: %+v", f)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--max_request_body_bytes=1000"}, "--max_request_body_bytes = 1000: must be in [1024, 1073741824]"},
+		{[]string{"--max_request_body_bytes=4096", "--max_inflight_request_bytes=4095"}, "--max_inflight_request_bytes = 4095: must be in [4096, "},
+		{[]string{"--max_prompt_text_bytes=0"}, "--max_prompt_text_bytes = 0: must be in [1, 16777216]"},
+		{[]string{"--max_request_body_bytes=4096", "--max_prompt_text_bytes=4097"}, "--max_prompt_text_bytes = 4097: must be in [1, 4096]"},
+	} {
+		if _, err := parseFlags(tc.args, io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want %q", tc.args, err, tc.want)
 		}
 	}
 }
