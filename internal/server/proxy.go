@@ -202,7 +202,7 @@ func (c engineConn) ReadFrom(r io.Reader) (int64, error) {
 // writerOnly hides the connection's own ReadFrom from io.CopyBuffer.
 type writerOnly struct{ io.Writer }
 
-// release gives back b's budget and returns it to the pool, without the
+// release gives back b's budget and keeps it for reuse, without the
 // buffers that grew too large to keep.
 func (p *proxy) release(b *inferenceBuffers) {
 	p.budget.give(b.held)
@@ -317,10 +317,6 @@ func busy(w http.ResponseWriter) {
 	writeError(w, http.StatusServiceUnavailable, "too many request bytes in flight; retry later")
 }
 
-// errClientGone reports a tokenization abandoned because the client went
-// away; nobody reads its message.
-var errClientGone = &requestError{status: 499, message: "client went away"}
-
 // promptTokens returns the prompt's token ids when they can be known, else
 // an estimate of its length for load-only routing. The ids live in b.
 func (p *proxy) promptTokens(ctx context.Context, b *inferenceBuffers, chat bool) ([]uint32, int, *requestError) {
@@ -350,7 +346,8 @@ func (p *proxy) promptTokens(ctx context.Context, b *inferenceBuffers, chat bool
 	}
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, 0, errClientGone
+			// Nobody reads this: the client has gone.
+			return nil, 0, &requestError{status: 499, message: "client went away"}
 		}
 		p.log.Warn("tokenizer failed; routing by load only", "chat", chat, "err", err)
 		return nil, in.textLen / 4, nil

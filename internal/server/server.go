@@ -44,8 +44,8 @@ type Options struct {
 	// 11 bytes per allowed id plus 64 KiB, so that MaxTokenIDs ids fit in
 	// compact JSON (about 11 MiB for the default 1M ids).
 	MaxBodyBytes int64
-	// MaxTokenIDs bounds the ids of one query; zero or less selects
-	// DefaultMaxTokenIDs.
+	// MaxTokenIDs bounds the ids of one query and of one completion's
+	// prompt; zero or less selects DefaultMaxTokenIDs.
 	MaxTokenIDs int
 	// Heartbeats takes engine heartbeats; nil answers them with 503.
 	Heartbeats HeartbeatSink
