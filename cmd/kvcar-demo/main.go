@@ -70,7 +70,9 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 		return err
 	}
 	var tok *tokenizer.Tokenizer
-	kvcarArgs := []string{"--load_balance_policy=CAR"}
+	// The demo shows each request's target and hit ratio, which kvcar sends
+	// back only when asked to.
+	kvcarArgs := []string{"--load_balance_policy=CAR", "--expose_routing_headers"}
 	if o.tokenizer != "" {
 		if tok, err = tokenizer.Load(o.tokenizer); err != nil {
 			return fmt.Errorf("--tokenizer_path: %w", err)

@@ -78,6 +78,11 @@ type flags struct {
 	targetTPOT    int
 
 	tokenizerSpecial bool // chat prompts are encoded with special tokens added
+	// The request path's limits and what it tells clients.
+	maxRequestBody     int64
+	maxInflightRequest int64
+	maxPromptText      int64
+	exposeRouting      bool
 }
 
 func parseFlags(args []string, out io.Writer) (*flags, error) {
@@ -113,8 +118,25 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	fs.IntVar(&f.targetTTFT, "target_ttft", lb.DefaultTargetTTFTms, "SLO_AWARE target time to first token, ms")
 	fs.IntVar(&f.targetTPOT, "target_tpot", lb.DefaultTargetTPOTms, "SLO_AWARE target time per output token, ms")
 	fs.IntVar(&f.blockSize, "block_size", 128, "accepted for compatibility; the KV index uses discovery.block_size of the KV events config")
+	fs.Int64Var(&f.maxRequestBody, "max_request_body_bytes", server.DefaultMaxRequestBodyBytes, "largest /v1/completions or /v1/chat/completions body, bytes (413 past it)")
+	fs.Int64Var(&f.maxInflightRequest, "max_inflight_request_bytes", server.DefaultMaxInflightRequestBytes, "completion body bytes held at once across all requests (503 with Retry-After past it); at least --max_request_body_bytes")
+	fs.Int64Var(&f.maxPromptText, "max_prompt_text_bytes", server.DefaultMaxPromptTextBytes, "largest prompt text or chat content of one request given to the tokenizer, bytes (413 past it)")
+	fs.BoolVar(&f.exposeRouting, "expose_routing_headers", false, "send the routing decision (engine names, policy, hit ratio, decision time) to clients in X-Prefill-Name, X-Decode-Name and X-Kvcar-* headers")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	for _, r := range []struct {
+		name     string
+		val      int64
+		min, max int64
+	}{
+		{"--max_request_body_bytes", f.maxRequestBody, 1 << 10, 1 << 30},
+		{"--max_inflight_request_bytes", f.maxInflightRequest, f.maxRequestBody, 1 << 40},
+		{"--max_prompt_text_bytes", f.maxPromptText, 1, f.maxRequestBody},
+	} {
+		if r.val < r.min || r.val > r.max {
+			return nil, fmt.Errorf("%s = %d: must be in [%d, %d]", r.name, r.val, r.min, r.max)
+		}
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
@@ -294,7 +316,9 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 
 	opts := server.Options{InternalAPIToken: token, Logger: log, Heartbeats: reg,
 		Router: registryRouter{policy: policy, reg: reg}, Metrics: metricsReg,
-		Instances: reg, Policy: policy.Name(), IsMaster: reg.IsMaster}
+		Instances: reg, Policy: policy.Name(), IsMaster: reg.IsMaster,
+		MaxRequestBodyBytes: f.maxRequestBody, MaxInflightRequestBytes: f.maxInflightRequest,
+		MaxPromptTextBytes: int(f.maxPromptText), ExposeRoutingHeaders: f.exposeRouting}
 	if f.tokenizerPath != "" {
 		tok, err := tokenizer.Load(f.tokenizerPath)
 		if err != nil {
@@ -468,16 +492,16 @@ type chatTokenizer struct {
 	special bool // --tokenizer_add_special_tokens
 }
 
-func (c chatTokenizer) Encode(text string, dst []uint32) ([]uint32, error) {
-	return c.t.Encode(text, dst)
+func (c chatTokenizer) Encode(ctx context.Context, text string, dst []uint32) ([]uint32, error) {
+	return c.t.EncodeContext(ctx, text, dst)
 }
 
-func (c chatTokenizer) EncodeChat(msgs []server.ChatMessage, dst []uint32) ([]uint32, error) {
+func (c chatTokenizer) EncodeChat(ctx context.Context, msgs []server.ChatMessage, dst []uint32) ([]uint32, error) {
 	tm := make([]tokenizer.Message, len(msgs))
 	for i, m := range msgs {
 		tm[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
 	}
-	return c.t.EncodeChatWith(tm, tokenizer.ChatOptions{AddGenerationPrompt: true, AddSpecialTokens: c.special}, dst)
+	return c.t.EncodeChatWithContext(ctx, tm, tokenizer.ChatOptions{AddGenerationPrompt: true, AddSpecialTokens: c.special}, dst)
 }
 
 func splitEndpoints(s string) []string {

@@ -37,14 +37,14 @@ func TestTokenizerAddSpecialTokensFlag(t *testing.T) {
 		t.Fatal("no <s> in the fixture")
 	}
 	msgs := []server.ChatMessage{{Role: "user", Content: "hello world"}}
-	plain, err := chatTokenizer{t: tok}.EncodeChat(msgs, nil)
+	plain, err := chatTokenizer{t: tok}.EncodeChat(t.Context(), msgs, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(plain) < 2 || plain[0] != bos || plain[1] == bos {
 		t.Fatalf("without the flag: %v, want one leading BOS %d from the template", plain, bos)
 	}
-	special, err := chatTokenizer{t: tok, special: true}.EncodeChat(msgs, nil)
+	special, err := chatTokenizer{t: tok, special: true}.EncodeChat(t.Context(), msgs, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -100,20 +101,46 @@ func (t *Tokenizer) Encode(text string, dst []uint32) ([]uint32, error) {
 
 // EncodeWith is Encode with explicit options.
 func (t *Tokenizer) EncodeWith(text string, opts EncodeOptions, dst []uint32) ([]uint32, error) {
+	return t.encode(context.Background(), text, opts, dst)
+}
+
+// EncodeContext is Encode that gives up once ctx ends, returning dst
+// unextended and ctx's error: a caller whose client has gone stops paying
+// for a long text. The context is looked at between words and, inside a
+// long word, every cancelCheckEvery merges, so its cost is not measurable.
+func (t *Tokenizer) EncodeContext(ctx context.Context, text string, dst []uint32) ([]uint32, error) {
+	return t.encode(ctx, text, EncodeOptions{AddSpecialTokens: true}, dst)
+}
+
+func (t *Tokenizer) encode(ctx context.Context, text string, opts EncodeOptions, dst []uint32) ([]uint32, error) {
 	if !utf8.ValidString(text) {
 		return dst, ErrInvalidUTF8
 	}
+	if err := ctx.Err(); err != nil {
+		return dst, err
+	}
+	start := len(dst)
 	if opts.AddSpecialTokens {
 		dst = append(dst, t.special.prefix...)
 	}
 	e := encoder{t: t, dst: dst}
+	if done := ctx.Done(); done != nil {
+		e.cancel = &canceller{done: done}
+	}
 	e.run(text)
+	if e.cancel.stopped() {
+		return e.dst[:start], ctx.Err()
+	}
 	dst = e.dst
 	if opts.AddSpecialTokens {
 		dst = append(dst, t.special.suffix...)
 	}
 	return dst, nil
 }
+
+// cancelCheckEvery is how many words, or merges of one long word, pass
+// between two looks at the context.
+const cancelCheckEvery = 1024
 
 // encoder carries one Encode call through the pipeline.
 type encoder struct {
@@ -126,7 +153,40 @@ type encoder struct {
 	// active twice at once), in the array when there are few steps.
 	cutters []cutter
 	array   [6]cutter
+	// cancel watches the caller's context; nil when it cannot end.
+	cancel *canceller
 }
+
+// canceller watches the context of one Encode call. Once it has seen the
+// context end, every step of the call returns at once.
+type canceller struct {
+	done <-chan struct{}
+	work int
+	seen bool
+}
+
+// stop reports whether the context has ended, looking at it once per
+// cancelCheckEvery calls. A nil canceller never stops.
+func (c *canceller) stop() bool {
+	if c == nil {
+		return false
+	}
+	if c.seen {
+		return true
+	}
+	if c.work++; c.work%cancelCheckEvery != 0 {
+		return false
+	}
+	select {
+	case <-c.done:
+		c.seen = true
+	default:
+	}
+	return c.seen
+}
+
+// stopped reports whether stop has seen the context end.
+func (c *canceller) stopped() bool { return c != nil && c.seen }
 
 func (e *encoder) run(text string) {
 	p := e.t.p
@@ -198,6 +258,9 @@ func (e *encoder) pre(i int, s string, atStart bool) {
 // split cuts s with step i's pattern and behaviour and hands the pieces to
 // the next step.
 func (e *encoder) split(i int, s string, atStart bool, st *preStep) {
+	if e.cancel.stopped() {
+		return
+	}
 	if e.cutters == nil {
 		if n := len(e.t.p.pre); n <= len(e.array) {
 			e.cutters = e.array[:n]
@@ -213,13 +276,16 @@ func (e *encoder) split(i int, s string, atStart bool, st *preStep) {
 
 // word runs the BPE model on one word, through the cache.
 func (e *encoder) word(w string) {
+	if e.cancel.stop() {
+		return
+	}
 	if e.words != nil {
 		*e.words = append(*e.words, w)
 		return
 	}
 	m := e.t.p.model
 	if len(w) > maxCachedWord {
-		e.dst = m.encodeWord(w, e.dst)
+		e.dst = m.encodeWord(w, e.dst, e.cancel)
 		return
 	}
 	c := e.t.cache
@@ -228,8 +294,10 @@ func (e *encoder) word(w string) {
 		return
 	}
 	start := len(e.dst)
-	e.dst = m.encodeWord(w, e.dst)
-	c.put(w, e.dst[start:])
+	e.dst = m.encodeWord(w, e.dst, e.cancel)
+	if !e.cancel.stopped() {
+		c.put(w, e.dst[start:])
+	}
 }
 
 // Decode turns ids back into text with the tokenizer.json decoder, special
