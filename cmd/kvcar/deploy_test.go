@@ -319,7 +319,7 @@ func kubernetesConfig(t *testing.T) string {
 func TestDeployFilesMatchTheCommand(t *testing.T) {
 	vars := strings.NewReplacer(
 		"$(KVCAR_ETCD_ADDR)", "127.0.0.1:2379", "${KVCAR_ETCD_ADDR}", "127.0.0.1:2379",
-		"$(POD_IP)", "10.1.2.3", "${KVCAR_ADVERTISE_HOST}", "10.1.2.3")
+		"$(POD_IP)", "10.1.2.3", "${KVCAR_ADVERTISE_HOST}", "10.1.2.3", "${KVCAR_ENGINE_NETWORKS}", "10.0.0.0/16")
 	k8sConfig := writeConfig(t, kubernetesConfig(t))
 	configs := map[string]string{"systemd": "../../examples/kv_events_discovery_config.json", "kubernetes": k8sConfig}
 	tokenFile := writeConfig(t, "t0ken\n")
@@ -406,15 +406,25 @@ func TestDeployFilesMatchTheCommand(t *testing.T) {
 		if err := checkInternalExposure(f, token != "", internal, log); err != nil {
 			t.Errorf("%s: %v", where, err)
 		}
-		if self, err := advertisedAddr(f, internal); err != nil || self != net.JoinHostPort("10.1.2.3", fmt.Sprint(f.internalPort)) {
-			t.Errorf("%s: engines are sent to %q (%v), want the advertised host and the internal port", where, self, err)
+		rpc := &net.TCPAddr{IP: internal.IP, Port: f.rpcPort}
+		nets, err := parseNetworks(f.rpcNetworks)
+		if err != nil {
+			t.Errorf("%s: %v", where, err)
+		}
+		if err := checkRPCExposure(f, nets, rpc, log); err != nil || f.insecureInternal {
+			t.Errorf("%s: the brpc port is not limited to the engines' networks (%v)", where, err)
+		}
+		if self, err := advertisedAddr(f, rpc); err != nil || self != net.JoinHostPort("10.1.2.3", fmt.Sprint(f.rpcPort)) {
+			t.Errorf("%s: engines are sent to %q (%v), want the advertised host and the rpc port", where, self, err)
 		}
 		if where == "kubernetes" {
 			if want := fmt.Sprintf("prometheus.io/port: \"%d\"", f.internalPort); !strings.Contains(string(manifest), want) {
 				t.Errorf("kubernetes: no %s: /metrics is on the internal listener", want)
 			}
-			if want := fmt.Sprintf("containerPort: %d", f.internalPort); !strings.Contains(string(manifest), want) {
-				t.Errorf("kubernetes: no %s for the internal listener", want)
+			for _, port := range []int{f.internalPort, f.rpcPort} {
+				if want := fmt.Sprintf("containerPort: %d", port); !strings.Contains(string(manifest), want) {
+					t.Errorf("kubernetes: no %s for an internal listener", want)
+				}
 			}
 		}
 	}

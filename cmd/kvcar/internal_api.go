@@ -65,3 +65,11 @@ func firstNonLoopback() string {
 	}
 	return "127.0.0.1"
 }
+
+// portFlagName is the flag the public port came from, for messages.
+func portFlagName(f *flags) string {
+	if f.portAlias {
+		return "--port"
+	}
+	return "--http_server_port"
+}

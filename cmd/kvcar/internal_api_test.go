@@ -38,7 +38,7 @@ func startAndStop(t *testing.T, args ...string) (string, error) {
 	ready := make(chan listening, 1)
 	errc := make(chan error, 1)
 	go func() {
-		errc <- run(ctx, append([]string{"--port=0", "--internal_port=0"}, args...), &log, ready)
+		errc <- run(ctx, append([]string{"--http_server_port=0", "--internal_port=0", "--rpc_server_port=0"}, args...), &log, ready)
 	}()
 	select {
 	case <-ready:
@@ -74,12 +74,23 @@ func TestInternalListenerExposure(t *testing.T) {
 		t.Errorf("no warning logged for an open internal listener:\n%s", log)
 	}
 
-	log, err = startAndStop(t, "--internal_host=0.0.0.0", "--internal_api_token_file="+writeConfig(t, "tok\n"))
-	if err != nil || strings.Contains(log, "insecure") {
-		t.Fatalf("with a token: %v\n%s", err, log)
+	// A token protects the HTTP listener, not the brpc one: xLLM's calls
+	// carry no credentials, so it needs the engines' networks.
+	tok := "--internal_api_token_file=" + writeConfig(t, "tok\n")
+	_, err = startAndStop(t, "--internal_host=0.0.0.0", tok)
+	if err == nil || !strings.Contains(err.Error(), "--rpc_allowed_networks") || !strings.Contains(err.Error(), "--insecure_internal_api") {
+		t.Fatalf("open rpc listener without allowed networks: %v, want a refusal naming the flags", err)
+	}
+	log, err = startAndStop(t, "--internal_host=0.0.0.0", tok, "--rpc_allowed_networks=10.0.0.0/8, 192.0.2.7")
+	if err != nil || strings.Contains(log, "insecure_internal_api") {
+		t.Fatalf("with a token and allowed networks: %v\n%s", err, log)
+	}
+	_, err = startAndStop(t, "--internal_host=0.0.0.0", tok, "--rpc_allowed_networks=10.0.0.0/33")
+	if err == nil || !strings.Contains(err.Error(), "--rpc_allowed_networks") || !strings.Contains(err.Error(), "10.0.0.0/33") {
+		t.Fatalf("bad network accepted: %v", err)
 	}
 	log, err = startAndStop(t, "--internal_host=127.0.0.1")
-	if err != nil || strings.Contains(log, "insecure") {
+	if err != nil || strings.Contains(log, "insecure_internal_api") {
 		t.Fatalf("on loopback: %v\n%s", err, log)
 	}
 

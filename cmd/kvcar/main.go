@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/kvcar/kvcar/internal/baidustd"
 	"github.com/kvcar/kvcar/internal/config"
 	"github.com/kvcar/kvcar/internal/etcdembed"
 	"github.com/kvcar/kvcar/internal/instance"
@@ -32,6 +33,7 @@ import (
 	"github.com/kvcar/kvcar/internal/lb"
 	"github.com/kvcar/kvcar/internal/server"
 	"github.com/kvcar/kvcar/internal/tokenizer"
+	"github.com/kvcar/kvcar/internal/xllmrpc"
 )
 
 func main() {
@@ -50,6 +52,9 @@ type flags struct {
 	internalHost     string
 	internalPort     int
 	insecureInternal bool
+	portAlias        bool // the port came from the deprecated --port
+	rpcPort          int
+	rpcNetworks      string
 	advertiseHost    string
 	kvEventsConfig   string
 	internalAPIToken string
@@ -71,6 +76,13 @@ type flags struct {
 	carHostW      float64
 	targetTTFT    int
 	targetTPOT    int
+
+	tokenizerSpecial bool // chat prompts are encoded with special tokens added
+	// The request path's limits and what it tells clients.
+	maxRequestBody     int64
+	maxInflightRequest int64
+	maxPromptText      int64
+	exposeRouting      bool
 }
 
 func parseFlags(args []string, out io.Writer) (*flags, error) {
@@ -78,10 +90,14 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	fs.SetOutput(out)
 	f := &flags{}
 	fs.StringVar(&f.host, "host", "", "address to listen on (empty: all interfaces)")
-	fs.IntVar(&f.port, "port", 8888, "HTTP port of the service: OpenAI API, /health, /ready")
-	fs.StringVar(&f.internalHost, "internal_host", "127.0.0.1", "address of the internal listener: heartbeat intake, query API, operator routes, status page, /metrics, profiler (empty: all interfaces)")
-	fs.IntVar(&f.internalPort, "internal_port", 8890, "port of the internal listener; engines send heartbeats here")
-	fs.BoolVar(&f.insecureInternal, "insecure_internal_api", false, "allow an internal listener reachable from the network without a token")
+	fs.IntVar(&f.port, "http_server_port", 8888, "HTTP port of the service: OpenAI API, /health, /ready")
+	var oldPort int
+	fs.IntVar(&oldPort, "port", 8888, "deprecated alias of --http_server_port")
+	fs.StringVar(&f.internalHost, "internal_host", "127.0.0.1", "address of the internal listeners: HTTP (heartbeat intake, query API, operator routes, status page, /metrics, profiler) and brpc (empty: all interfaces)")
+	fs.IntVar(&f.internalPort, "internal_port", 8890, "port of the internal HTTP listener; the vLLM sidecar's HTTP heartbeats go here")
+	fs.BoolVar(&f.insecureInternal, "insecure_internal_api", false, "allow internal listeners reachable from the network without a token (HTTP) or an allowed-network list (brpc)")
+	fs.StringVar(&f.rpcNetworks, "rpc_allowed_networks", "", "comma-separated CIDRs whose peers may connect to the rpc port (loopback always may); required when it is reachable from the network, unless --insecure_internal_api")
+	fs.IntVar(&f.rpcPort, "rpc_server_port", 8889, "brpc (baidu_std) port on --internal_host where xLLM engines send heartbeats and generations; 0 picks a free one")
 	fs.StringVar(&f.kvEventsConfig, "kv_events_config_file", "", "path of the KV events config JSON; empty disables the KV index")
 	fs.StringVar(&f.internalAPIToken, "internal_api_token", "", "when set, internal routes require this X-Internal-Token; visible in the process list, prefer --internal_api_token_file or "+tokenEnv)
 	fs.StringVar(&f.tokenFile, "internal_api_token_file", "", "file holding the internal API token (a trailing newline is ignored)")
@@ -96,24 +112,52 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	fs.IntVar(&f.probeAttempts, "instance_delete_probe_attempts", 2, "health probe attempts after an instance's etcd key is deleted")
 	fs.StringVar(&f.policy, "load_balance_policy", lb.PolicyRR, "routing policy: RR, CAR or SLO_AWARE")
 	fs.StringVar(&f.tokenizerPath, "tokenizer_path", "", "directory with the model's tokenizer.json (and tokenizer_config.json) so text and chat prompts get token ids for CAR; empty: they are routed by load only")
+	fs.BoolVar(&f.tokenizerSpecial, "tokenizer_add_special_tokens", false, "encode rendered chat prompts with the tokenizer's special tokens added (BOS from add_bos_token or the post_processor), for engines that encode chat that way; text prompts always get them")
 	fs.Float64Var(&f.carLambda, "car_prefill_lambda", lb.DefaultCARPrefillLambda, "CAR weight of the cache-miss cost against the queue cost, in [0, 1]")
 	fs.Float64Var(&f.carHostW, "car_host_hit_weight", lb.DefaultCARHostHitWeight, "CAR benefit of a Host-only hit relative to a Device hit, in [0, 1]")
 	fs.IntVar(&f.targetTTFT, "target_ttft", lb.DefaultTargetTTFTms, "SLO_AWARE target time to first token, ms")
 	fs.IntVar(&f.targetTPOT, "target_tpot", lb.DefaultTargetTPOTms, "SLO_AWARE target time per output token, ms")
 	fs.IntVar(&f.blockSize, "block_size", 128, "accepted for compatibility; the KV index uses discovery.block_size of the KV events config")
+	fs.Int64Var(&f.maxRequestBody, "max_request_body_bytes", server.DefaultMaxRequestBodyBytes, "largest /v1/completions or /v1/chat/completions body, bytes (413 past it)")
+	fs.Int64Var(&f.maxInflightRequest, "max_inflight_request_bytes", server.DefaultMaxInflightRequestBytes, "completion body bytes held at once across all requests (503 with Retry-After past it); at least --max_request_body_bytes")
+	fs.Int64Var(&f.maxPromptText, "max_prompt_text_bytes", server.DefaultMaxPromptTextBytes, "largest prompt text or chat content of one request given to the tokenizer, bytes (413 past it)")
+	fs.BoolVar(&f.exposeRouting, "expose_routing_headers", false, "send the routing decision (engine names, policy, hit ratio, decision time) to clients in X-Prefill-Name, X-Decode-Name and X-Kvcar-* headers")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
+	for _, r := range []struct {
+		name     string
+		val      int64
+		min, max int64
+	}{
+		{"--max_request_body_bytes", f.maxRequestBody, 1 << 10, 1 << 30},
+		{"--max_inflight_request_bytes", f.maxInflightRequest, f.maxRequestBody, 1 << 40},
+		{"--max_prompt_text_bytes", f.maxPromptText, 1, f.maxRequestBody},
+	} {
+		if r.val < r.min || r.val > r.max {
+			return nil, fmt.Errorf("%s = %d: must be in [%d, %d]", r.name, r.val, r.min, r.max)
+		}
+	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	portFlag := "--http_server_port"
+	if set["port"] {
+		if set["http_server_port"] && oldPort != f.port {
+			return nil, fmt.Errorf("--port = %d and --http_server_port = %d: --port is a deprecated alias, give only --http_server_port", oldPort, f.port)
+		}
+		f.port, f.portAlias, portFlag = oldPort, true, "--port"
 	}
 	for _, r := range []struct {
 		name     string
 		val      int
 		min, max int
 	}{
-		{"--port", f.port, 0, 65535},
+		{portFlag, f.port, 0, 65535},
 		{"--internal_port", f.internalPort, 0, 65535},
+		{"--rpc_server_port", f.rpcPort, 0, 65535},
 		{"--lease_lost_heartbeat_timeout_ms", f.leaseLostMs, 100, 600000},
 		{"--detect_disconnected_instance_interval", f.suspectSeconds, 1, 3600},
 		{"--instance_delete_probe_timeout_ms", f.probeTimeoutMs, 10, 60000},
@@ -156,6 +200,9 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	if err != nil {
 		return err
 	}
+	if f.portAlias {
+		log.Warn("--port is deprecated: use --http_server_port, as xllm_master_serving names it")
+	}
 	var cfg *config.Config
 	if f.kvEventsConfig == "" {
 		log.Warn("--kv_events_config_file is empty: the KV index is disabled and every prefix hit ratio is 0")
@@ -172,7 +219,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(f.host, fmt.Sprint(f.port)))
 	if err != nil {
-		return fmt.Errorf("listen on --host=%q --port=%d: %w", f.host, f.port, err)
+		return fmt.Errorf("listen on --host=%q %s=%d: %w", f.host, portFlagName(f), f.port, err)
 	}
 	defer ln.Close()
 	iln, err := net.Listen("tcp", net.JoinHostPort(f.internalHost, fmt.Sprint(f.internalPort)))
@@ -183,7 +230,21 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	if err := checkInternalExposure(f, token != "", iln.Addr(), log); err != nil {
 		return err
 	}
-	self, err := advertisedAddr(f, iln.Addr())
+	rpcLn, err := net.Listen("tcp", net.JoinHostPort(f.internalHost, fmt.Sprint(f.rpcPort)))
+	if err != nil {
+		return fmt.Errorf("rpc listener on --internal_host=%q --rpc_server_port=%d: %w", f.internalHost, f.rpcPort, err)
+	}
+	defer rpcLn.Close()
+	rpcNets, err := parseNetworks(f.rpcNetworks)
+	if err != nil {
+		return err
+	}
+	if err := checkRPCExposure(f, rpcNets, rpcLn.Addr(), log); err != nil {
+		return err
+	}
+	// Engines find the master by its rpc address, as xllm-service
+	// registers it (XLLM:SERVICE:MASTER = "ip:rpc_port").
+	self, err := advertisedAddr(f, rpcLn.Addr())
 	if err != nil {
 		return err
 	}
@@ -255,14 +316,16 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 
 	opts := server.Options{InternalAPIToken: token, Logger: log, Heartbeats: reg,
 		Router: registryRouter{policy: policy, reg: reg}, Metrics: metricsReg,
-		Instances: reg, Policy: policy.Name(), IsMaster: reg.IsMaster}
+		Instances: reg, Policy: policy.Name(), IsMaster: reg.IsMaster,
+		MaxRequestBodyBytes: f.maxRequestBody, MaxInflightRequestBytes: f.maxInflightRequest,
+		MaxPromptTextBytes: int(f.maxPromptText), ExposeRoutingHeaders: f.exposeRouting}
 	if f.tokenizerPath != "" {
 		tok, err := tokenizer.Load(f.tokenizerPath)
 		if err != nil {
 			return fmt.Errorf("--tokenizer_path: %w", err)
 		}
-		opts.Tokenizer = chatTokenizer{tok}
-		log.Info("tokenizer loaded", "path", f.tokenizerPath, "vocab", tok.VocabSize(), "chat_template", tok.HasChatTemplate())
+		opts.Tokenizer = chatTokenizer{t: tok, special: f.tokenizerSpecial}
+		log.Info("tokenizer loaded", "path", f.tokenizerPath, "vocab", tok.VocabSize(), "chat_template", tok.HasChatTemplate(), "chat_special_tokens", f.tokenizerSpecial)
 	}
 	if dir != nil {
 		opts.Directory = dir
@@ -272,6 +335,12 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	steps := readinessSteps(reg, discovered)
 	// Not ready from the first request on, saying why (R-API-1).
 	srv.SetNotReady(steps[0].waitingFor)
+	rpcSrv := baidustd.NewServer(baidustd.ServerOptions{Identity: self, Logger: log})
+	outputs := xllmrpc.NewOutputs(0)
+	if err := xllmrpc.NewService(reg, outputs, log).Register(rpcSrv); err != nil {
+		return err
+	}
+	defer rpcSrv.Close()
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
 	servers := []struct {
 		name string
@@ -282,8 +351,8 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 		{"internal", newHTTPServer(srv.InternalHandler(), errLog), iln},
 	}
 	// Each Serve returns once its server is shut down below; errc has
-	// room for both results so neither goroutine is left blocked.
-	errc := make(chan error, len(servers))
+	// room for every result so no goroutine is left blocked.
+	errc := make(chan error, len(servers)+1)
 	for _, s := range servers {
 		go func() {
 			if err := s.hs.Serve(s.ln); !errors.Is(err, http.ErrServerClosed) {
@@ -291,6 +360,11 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 			}
 		}()
 	}
+	go func() {
+		if err := rpcSrv.Serve(newAllowListener(rpcLn, rpcNets, log)); err != nil && !errors.Is(err, baidustd.ErrServerClosed) {
+			errc <- fmt.Errorf("rpc server: %w", err)
+		}
+	}()
 	readyDone := make(chan struct{})
 	wg.Add(1)
 	go func() {
@@ -298,8 +372,8 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 		defer close(readyDone)
 		awaitReady(runCtx, srv, steps, log)
 	}()
-	log.Info("kvcar listening", "addr", ln.Addr().String(), "internal", iln.Addr().String(), "advertise", self,
-		"query", fmt.Sprintf("http://%s%s", iln.Addr(), server.QueryPath))
+	log.Info("kvcar listening", "addr", ln.Addr().String(), "internal", iln.Addr().String(), "rpc", rpcLn.Addr().String(),
+		"advertise_rpc", self, "query", fmt.Sprintf("http://%s%s", iln.Addr(), server.QueryPath))
 	if ready != nil {
 		ready <- listening{public: ln.Addr().String(), internal: iln.Addr().String()}
 	}
@@ -317,6 +391,9 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	srv.SetNotReady("shutting down")
 	shutdownCtx, cancelShutdown := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelShutdown()
+	if err := rpcSrv.Shutdown(shutdownCtx); err != nil {
+		log.Warn("rpc shutdown", "err", err)
+	}
 	for _, s := range servers {
 		if err := s.hs.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			serveErr = errors.Join(serveErr, fmt.Errorf("%s http shutdown: %w", s.name, err))
@@ -410,18 +487,21 @@ func (r registryRouter) Route(req lb.Request) (lb.Decision, error) {
 }
 
 // chatTokenizer gives the request path the model's tokenizer.
-type chatTokenizer struct{ t *tokenizer.Tokenizer }
-
-func (c chatTokenizer) Encode(text string, dst []uint32) ([]uint32, error) {
-	return c.t.Encode(text, dst)
+type chatTokenizer struct {
+	t       *tokenizer.Tokenizer
+	special bool // --tokenizer_add_special_tokens
 }
 
-func (c chatTokenizer) EncodeChat(msgs []server.ChatMessage, dst []uint32) ([]uint32, error) {
+func (c chatTokenizer) Encode(ctx context.Context, text string, dst []uint32) ([]uint32, error) {
+	return c.t.EncodeContext(ctx, text, dst)
+}
+
+func (c chatTokenizer) EncodeChat(ctx context.Context, msgs []server.ChatMessage, dst []uint32) ([]uint32, error) {
 	tm := make([]tokenizer.Message, len(msgs))
 	for i, m := range msgs {
 		tm[i] = tokenizer.Message{Role: m.Role, Content: m.Content}
 	}
-	return c.t.EncodeChat(tm, dst)
+	return c.t.EncodeChatWithContext(ctx, tm, tokenizer.ChatOptions{AddGenerationPrompt: true, AddSpecialTokens: c.special}, dst)
 }
 
 func splitEndpoints(s string) []string {

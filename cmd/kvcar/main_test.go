@@ -51,7 +51,7 @@ func startKVCarListening(t *testing.T, args ...string) listening {
 	ready := make(chan listening, 1)
 	errc := make(chan error, 1)
 	go func() {
-		errc <- run(ctx, append([]string{"--port=0", "--internal_port=0", "--log_level=warn"}, args...), t.Output(), ready)
+		errc <- run(ctx, append([]string{"--http_server_port=0", "--internal_port=0", "--rpc_server_port=0", "--log_level=warn"}, args...), t.Output(), ready)
 	}()
 	t.Cleanup(func() {
 		cancel()
@@ -256,7 +256,7 @@ func TestQueryEndToEnd(t *testing.T) {
 // command before it serves, naming the key and the allowed range.
 func TestBadConfigFailsAtStartup(t *testing.T) {
 	cfg := writeConfig(t, `{"max_streams":500}`)
-	err := run(context.Background(), []string{"--port=0", "--kv_events_config_file=" + cfg}, io.Discard, nil)
+	err := run(context.Background(), []string{"--http_server_port=0", "--rpc_server_port=0", "--kv_events_config_file=" + cfg}, io.Discard, nil)
 	if err == nil || !strings.Contains(err.Error(), "max_streams") || !strings.Contains(err.Error(), "128") {
 		t.Fatalf("err = %v", err)
 	}

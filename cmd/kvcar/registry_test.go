@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -116,16 +115,15 @@ func TestMasterFailover(t *testing.T) {
 	start := func() (string, context.CancelFunc, chan error) {
 		ctx, cancel := context.WithCancel(context.Background())
 		ready, errc := make(chan listening, 1), make(chan error, 1)
+		// The master key holds the rpc address, as xllm-service's does.
+		rpcPort := freeTCPPort(t)
 		go func() {
-			errc <- run(ctx, []string{"--port=0", "--internal_port=0", "--log_level=error", "--advertise_host=127.0.0.1",
+			errc <- run(ctx, []string{"--http_server_port=0", "--internal_port=0", "--rpc_server_port=" + rpcPort, "--log_level=error", "--advertise_host=127.0.0.1",
 				"--etcd_addr=" + strings.Join(etcd.Endpoints(), ",")}, t.Output(), ready)
 		}()
 		select {
-		case a := <-ready:
-			// The master's address is where engines send heartbeats: the
-			// internal listener.
-			_, port, _ := net.SplitHostPort(a.internal)
-			return "127.0.0.1:" + port, cancel, errc
+		case <-ready:
+			return "127.0.0.1:" + rpcPort, cancel, errc
 		case err := <-errc:
 			t.Fatalf("kvcar: %v", err)
 		}

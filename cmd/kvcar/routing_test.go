@@ -97,7 +97,7 @@ func idsPrompt(from, n int) string {
 // to the instance that cached it, which then reuses its prefix; the
 // decision travels to the engine as routing names.
 func TestRouteCAR(t *testing.T) {
-	c := startCluster(t, 3, nil, "--load_balance_policy=CAR", "--car_prefill_lambda=0.9")
+	c := startCluster(t, 3, nil, "--load_balance_policy=CAR", "--car_prefill_lambda=0.9", "--expose_routing_headers")
 	first := c.complete(t, "/v1/completions", idsPrompt(1000, 64))
 	if first.status != 200 || first.policy != "CAR" || first.engine.Instance != first.prefill || first.engine.PrefillName != first.prefill {
 		t.Fatalf("first: %+v", first)
@@ -121,7 +121,7 @@ func TestRouteCAR(t *testing.T) {
 // TestRouteRR covers R-CAR-9: RR rotates over the instances whatever the
 // cache holds.
 func TestRouteRR(t *testing.T) {
-	c := startCluster(t, 3, nil, "--load_balance_policy=RR")
+	c := startCluster(t, 3, nil, "--load_balance_policy=RR", "--expose_routing_headers")
 	seen := map[string]int{}
 	for i := range 6 {
 		r := c.complete(t, "/v1/completions", idsPrompt(i*100, 32))
@@ -143,7 +143,7 @@ func TestRouteRR(t *testing.T) {
 // TestRouteSLOAwareStreamingAndChat covers SLO_AWARE routing, SSE relay
 // and chat requests routed by load without a tokenizer.
 func TestRouteSLOAwareStreamingAndChat(t *testing.T) {
-	c := startCluster(t, 2, nil, "--load_balance_policy=SLO_AWARE")
+	c := startCluster(t, 2, nil, "--load_balance_policy=SLO_AWARE", "--expose_routing_headers")
 	r := c.complete(t, "/v1/completions", strings.Replace(idsPrompt(5, 32), `"max_tokens":2`, `"max_tokens":3,"stream":true`, 1))
 	if r.status != 200 || r.policy != "SLO_AWARE" || !strings.Contains(r.body, "data: ") || !strings.HasSuffix(strings.TrimSpace(r.body), "data: [DONE]") {
 		t.Fatalf("stream: %d %q", r.status, r.body)
@@ -167,12 +167,12 @@ func TestRouteSLOAwareStreamingAndChat(t *testing.T) {
 // prompts get 400 naming the field, an engine error is relayed, and no
 // instance gives 503.
 func TestRouteErrors(t *testing.T) {
-	c := startCluster(t, 1, nil, "--load_balance_policy=CAR")
+	c := startCluster(t, 1, nil, "--load_balance_policy=CAR", "--expose_routing_headers")
 	for _, tc := range []struct {
 		body, want string
 		code       int
 	}{
-		{`{`, "not a JSON object", 400},
+		{`{`, "invalid JSON: unexpected end of body", 400},
 		{`{"model":"m"}`, "prompt", 400},
 		{`{"prompt":[1,-5]}`, "prompt[1]", 400},
 		{`{"prompt":{"a":1}}`, "prompt", 400},
@@ -281,7 +281,7 @@ func TestRouteChatWithTokenizer(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := startCluster(t, 3, func(ec *enginesim.Config) { ec.Tokenizer = tok },
-		"--load_balance_policy=CAR", "--car_prefill_lambda=0.9", "--tokenizer_path="+dir)
+		"--load_balance_policy=CAR", "--car_prefill_lambda=0.9", "--tokenizer_path="+dir, "--expose_routing_headers")
 	chat := `{"model":"m","max_tokens":2,"messages":[{"role":"system","content":"` + strings.Repeat("You are a careful assistant. ", 12) +
 		`"},{"role":"user","content":"Tell me about prefix caches and routing."}]}`
 	first := c.complete(t, "/v1/chat/completions", chat)

@@ -28,7 +28,7 @@ const StopTimeout = 15 * time.Second
 type KVCarOptions struct {
 	// Binary is the path of the kvcar executable.
 	Binary string
-	// Port is kvcar's HTTP port (--port); 0 picks one free right now.
+	// Port is kvcar's HTTP port (--http_server_port); 0 picks one free right now.
 	Port int
 	// InternalPort is the port of kvcar's internal listener
 	// (--internal_port, on loopback), where the query API, the operator
@@ -72,8 +72,8 @@ func StartKVCar(o KVCarOptions) (*KVCar, error) {
 		}
 	}
 	args := []string{
-		"--port=" + strconv.Itoa(port), "--internal_host=127.0.0.1", "--internal_port=" + strconv.Itoa(internalPort),
-		"--advertise_host=127.0.0.1",
+		"--http_server_port=" + strconv.Itoa(port), "--internal_host=127.0.0.1", "--internal_port=" + strconv.Itoa(internalPort),
+		"--rpc_server_port=0", "--advertise_host=127.0.0.1",
 		"--etcd_addr=" + strings.Join(o.Etcd, ","), "--kv_events_config_file=" + o.ConfigFile,
 	}
 	if o.Namespace != "" {

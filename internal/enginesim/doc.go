@@ -65,14 +65,19 @@
 // ReconcileInterval puts a missing key back by itself, as xLLM does.
 //
 // With Config.Heartbeat the engine reads and watches
-// [/<ns>/]XLLM:SERVICE:MASTER and posts the proto-JSON HeartbeatRequest to
-// http://<master>/v1/internal/heartbeat every interval: its name and
-// incarnation, waiting_requests_num (the requests waiting for a batch
-// slot, plus SetWaiting's value) and gpu_cache_usage_perc, the Device
-// blocks in use over the capacity, averaged over the DP ranks as xLLM
-// averages them. The master's last answer is kept for
-// LastHeartbeatStatus; a 409 (unknown instance or incarnation) is only
-// logged, as by xLLM.
+// [/<ns>/]XLLM:SERVICE:MASTER, the master's "ip:rpc_port", and calls
+// xllm_service.proto.XllmRpcService.Heartbeat there over baidu_std every
+// interval, on one pipelined connection, as an xLLM engine does: its name
+// and incarnation, load_metrics (always present) with
+// waiting_requests_num (the requests waiting for a batch slot, plus
+// SetWaiting's value) and gpu_cache_usage_perc, the Device blocks in use
+// over the capacity, averaged over the DP ranks as xLLM averages them,
+// and latency_metrics when SetLatency gave samples. With
+// HeartbeatConfig.HTTPURL it posts the proto-JSON HeartbeatRequest to
+// that HTTP intake instead, as xllm-service's vLLM sidecar does. The
+// master's last answer is kept for LastHeartbeatStatus; a refusal
+// (Status{ok: false}, or 409 over HTTP: unknown instance or incarnation)
+// is only logged, as by xLLM.
 //
 // xllm-service decides a MIX instance's current role itself and keeps it
 // out of etcd; SetMixRole writes it to the optional meta field
@@ -121,6 +126,29 @@
 // SetFailRequests forces a status. Restart and Close cut off the requests
 // in flight by dropping their connections. Stats counts it all.
 //
+// # Inference requests over baidu_std
+//
+// The business port also serves baidu_std, told from HTTP by the PRPC
+// magic as brpc tells them: xllm.proto.XllmAPIService Completions and
+// ChatCompletions, as an xLLM engine serves them to xllm-service. The call
+// is answered at once with an empty response; the request then runs
+// through the same queues and cost model as over HTTP (its token_ids, else
+// its prompt or messages tokenized as above), and its output goes to
+// source_xservice_addr (else the master) as
+// XllmRpcService.Generations calls: streamed, one generation per token,
+// the last with the finish reason, usage and finished; unstreamed, one
+// with the whole output. With routing.decode_name naming another
+// instance, the prefill instance sends the first token marked
+// finished_on_prefill_instance and hands the request to the decode
+// instance (PDService/PDMethodDecode, an emulation-only method: xLLM's
+// own engine-to-engine protocol is not reproduced), which sends the rest.
+// Errors go back as an engine sends them, a generation with only
+// service_req_id and gen_status: RESOURCE_EXHAUSTED past MaxQueue,
+// UNAVAILABLE under SetFailRequests or when the decode instance cannot be
+// reached, INVALID_ARGUMENT for a request without tokens. A generation
+// the service refuses (Status{ok: false}) or cannot take stops the
+// request.
+//
 // # Ownership
 //
 // Each rank's sockets and cache belong to one goroutine; public methods
@@ -129,9 +157,13 @@
 // in one goroutine that the Engine starts and that Close stops and waits
 // for. An inference request is served by its own HTTP handler goroutine,
 // which the server owns; it waits for a slot on a channel of its own and
-// stops when its client or the process goes. The package owns no state
+// stops when its client or the process goes. A baidu_std request runs on
+// a goroutine the business port's server owns and waits for when it
+// stops, with one client connection per service or decode instance. The
+// package owns no state
 // outside an Engine. It imports kvevent
-// only to encode, kvtransport only for the engine-side sockets and the
-// etcd client only to register; it must not import the directory, index
+// only to encode, kvtransport only for the engine-side sockets, baidustd
+// and xllmpb only to speak xLLM's RPCs and the etcd client only to
+// register; it must not import the directory, index
 // or instance packages, whose behaviour it exists to test.
 package enginesim

@@ -14,6 +14,10 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/kvcar/kvcar/internal/baidustd"
+	"github.com/kvcar/kvcar/internal/xllmpb"
+	"github.com/kvcar/kvcar/internal/xllmpb/xservicepb"
 )
 
 // Heartbeat defaults. xLLM engines beat every few seconds; the emulation
@@ -36,7 +40,14 @@ type HeartbeatConfig struct {
 	Interval time.Duration
 	// Timeout bounds each heartbeat request (DefaultHeartbeatTimeout).
 	Timeout time.Duration
-	// Token, when set, is sent as X-Internal-Token.
+	// HTTPURL, when set, makes the heartbeats those of xllm-service's
+	// vLLM sidecar: proto-JSON POSTs to HTTPURL + HeartbeatPath, HTTPURL
+	// being the service's HTTP base URL ("http://10.0.0.5:8888"). Empty,
+	// they are an xLLM engine's: XllmRpcService.Heartbeat over baidu_std
+	// to the address in XLLM:SERVICE:MASTER.
+	HTTPURL string
+	// Token, when set, is sent as X-Internal-Token with HTTP heartbeats;
+	// baidu_std heartbeats carry none, as an engine's carry none.
 	Token string
 }
 
@@ -103,9 +114,11 @@ func (e *Engine) LoadMetrics() (LoadMetrics, error) {
 	return m, nil
 }
 
-// LastHeartbeatStatus returns the HTTP status of the last heartbeat reply:
-// 200 when the master took it, 409 when it does not know this instance or
-// this incarnation, 0 before any reply or when the last attempt got none.
+// LastHeartbeatStatus returns the outcome of the last heartbeat as an HTTP
+// status: 200 when the master took it, 409 when it does not know this
+// instance or this incarnation (a baidu_std Status{ok: false}), 0 before
+// any reply or when the last attempt got none; other HTTP answers as
+// they came.
 func (e *Engine) LastHeartbeatStatus() int {
 	e.hb.mu.Lock()
 	defer e.hb.mu.Unlock()
@@ -163,6 +176,27 @@ type heartbeatLatency struct {
 	RecentMaxTBT  int64 `json:"recent_max_tbt"`
 }
 
+// heartbeatProto is the HeartbeatRequest an xLLM engine sends: load
+// metrics always present (empty when both are 0), latency metrics only
+// with samples.
+func (e *Engine) heartbeatProto() (*xservicepb.HeartbeatRequest, error) {
+	load, err := e.LoadMetrics()
+	if err != nil {
+		return nil, err
+	}
+	req := &xservicepb.HeartbeatRequest{
+		Name:        e.Name(),
+		LoadMetrics: &xservicepb.LoadMetrics{WaitingRequestsNum: load.WaitingRequests, GpuCacheUsagePerc: float32(load.GPUCacheUsage)},
+	}
+	if ttft, tbt := e.ttftMs.Load(), e.tbtMs.Load(); ttft != 0 || tbt != 0 {
+		req.LatencyMetrics = &xservicepb.LatencyMetrics{RecentMaxTtft: ttft, RecentMaxTbt: tbt}
+	}
+	if !e.cfg.Etcd.OmitIncarnation {
+		req.IncarnationId = e.IncarnationID()
+	}
+	return req, nil
+}
+
 func (e *Engine) heartbeatBody() ([]byte, error) {
 	load, err := e.LoadMetrics()
 	if err != nil {
@@ -187,10 +221,15 @@ type heartbeater struct {
 	key         string
 	interval    time.Duration
 	etcdTimeout time.Duration
+	timeout     time.Duration
+	httpURL     string
 	token       string
 	transport   *http.Transport
 	client      *http.Client
 	log         *slog.Logger
+	// rpc is the baidu_std client of the current master, owned by the
+	// goroutine; replaced when the master changes.
+	rpc *baidustd.Client
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -215,6 +254,8 @@ func (e *Engine) startHeartbeat(cli *clientv3.Client) *heartbeater {
 		key:         MasterKey(e.cfg.Etcd.Namespace),
 		interval:    interval,
 		etcdTimeout: e.cfg.Etcd.requestTimeout(),
+		timeout:     timeout,
+		httpURL:     c.HTTPURL,
 		token:       c.Token,
 		transport:   tr,
 		client:      &http.Client{Transport: tr, Timeout: timeout},
@@ -236,6 +277,11 @@ func (h *heartbeater) stop() {
 // key through a watch; a broken watch is set up again at the next tick.
 func (h *heartbeater) run(ctx context.Context) {
 	defer close(h.done)
+	defer func() {
+		if h.rpc != nil {
+			h.rpc.Close()
+		}
+	}()
 	t := time.NewTicker(h.interval)
 	defer t.Stop()
 	watch, stopWatch := h.follow(ctx)
@@ -293,22 +339,68 @@ func (h *heartbeater) follow(ctx context.Context) (clientv3.WatchChan, context.C
 	return h.cli.Watch(wctx, h.key, clientv3.WithRev(resp.Header.Revision+1)), wcancel
 }
 
-func heartbeatURL(master string) string {
-	if strings.Contains(master, "://") {
-		return strings.TrimSuffix(master, "/") + HeartbeatPath
+func heartbeatURL(base string) string {
+	if strings.Contains(base, "://") {
+		return strings.TrimSuffix(base, "/") + HeartbeatPath
 	}
-	return "http://" + master + HeartbeatPath
+	return "http://" + base + HeartbeatPath
 }
 
-// beat posts one heartbeat to the current master and records the status.
+// beat sends one heartbeat, the engine's way or the sidecar's, and
+// records the outcome.
 func (h *heartbeater) beat(ctx context.Context) {
 	if h.e.hbPaused.Load() {
+		return
+	}
+	if h.httpURL != "" {
+		h.post(ctx, h.httpURL)
 		return
 	}
 	master := h.e.HeartbeatMaster()
 	if master == "" {
 		return
 	}
+	h.call(ctx, master)
+}
+
+// call sends XllmRpcService.Heartbeat to master over its one pipelined
+// connection, as XServiceClient::heartbeat does.
+func (h *heartbeater) call(ctx context.Context, master string) {
+	req, err := h.e.heartbeatProto()
+	if err != nil {
+		h.log.Warn("heartbeat skipped", "err", err)
+		return
+	}
+	if h.rpc == nil || h.rpc.Addr() != master {
+		if h.rpc != nil {
+			h.rpc.Close()
+		}
+		h.rpc = baidustd.NewClient(master, baidustd.ClientOptions{DialTimeout: h.timeout, Logger: h.log})
+	}
+	cctx, cancel := context.WithTimeout(ctx, h.timeout)
+	defer cancel()
+	var st xservicepb.Status
+	if err := h.rpc.CallProto(cctx, xllmpb.RPCService, xllmpb.MethodHeartbeat, req, &st, nil); err != nil {
+		if h.e.hb.setStatus(0) && ctx.Err() == nil {
+			h.log.Warn("heartbeat failed", "master", master, "err", err)
+		}
+		return
+	}
+	code := http.StatusOK
+	if !st.Ok {
+		code = http.StatusConflict
+	}
+	if h.e.hb.setStatus(code) && !st.Ok {
+		// The service does not know this instance or this incarnation;
+		// an engine only logs it and beats on.
+		h.log.Warn("heartbeat refused", "master", master)
+	}
+}
+
+// post sends the proto-JSON heartbeat to the HTTP intake at base, as
+// xllm-service's vLLM sidecar does.
+func (h *heartbeater) post(ctx context.Context, base string) {
+	master := base
 	body, err := h.e.heartbeatBody()
 	if err != nil {
 		h.log.Warn("heartbeat skipped", "err", err)

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/kvcar/kvcar/internal/baidustd"
 )
 
 // HTTP server limits. Writes are allowed long enough for a streamed
@@ -20,12 +22,16 @@ const (
 	httpShutdownTimeout   = 2 * time.Second
 )
 
-// httpServer is the engine's business HTTP endpoint. Its Serve goroutine
-// belongs to the Engine and ends in stop.
+// httpServer is the engine's business port: HTTP, and baidu_std on the
+// same listener told apart by the PRPC magic, as brpc serves both. Its
+// goroutines belong to the Engine and end in stop.
 type httpServer struct {
-	srv  *http.Server
-	addr string
-	done chan struct{}
+	srv     *http.Server
+	rpc     *rpcSide
+	mux     *baidustd.Mux
+	addr    string
+	done    chan struct{}
+	muxDone chan struct{}
 }
 
 // routes builds the engine's whole HTTP surface in one place: /health for
@@ -77,7 +83,14 @@ func (e *Engine) startHTTP(addr string, deadline time.Time) (*httpServer, error)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	rpc, err := e.newRPCSide()
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
 	h := &httpServer{
+		rpc: rpc,
+		mux: baidustd.NewMux(ln, rpc.srv, httpReadHeaderTimeout),
 		srv: &http.Server{
 			Handler:           e.routes(),
 			ReadHeaderTimeout: httpReadHeaderTimeout,
@@ -86,12 +99,19 @@ func (e *Engine) startHTTP(addr string, deadline time.Time) (*httpServer, error)
 			IdleTimeout:       httpIdleTimeout,
 			ErrorLog:          slog.NewLogLogger(e.cfg.Logger.Handler(), slog.LevelWarn),
 		},
-		addr: ln.Addr().String(),
-		done: make(chan struct{}),
+		addr:    ln.Addr().String(),
+		done:    make(chan struct{}),
+		muxDone: make(chan struct{}),
 	}
 	go func() {
+		defer close(h.muxDone)
+		if err := h.mux.Serve(); !errors.Is(err, net.ErrClosed) {
+			e.cfg.Logger.Warn("business port stopped accepting", "addr", h.addr, "err", err)
+		}
+	}()
+	go func() {
 		defer close(h.done)
-		if err := h.srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		if err := h.srv.Serve(h.mux.Listener()); !errors.Is(err, http.ErrServerClosed) {
 			e.cfg.Logger.Warn("http server stopped", "addr", h.addr, "err", err)
 		}
 	}()
@@ -108,6 +128,11 @@ func (h *httpServer) stop() error {
 		err = errors.Join(err, h.srv.Close())
 	}
 	<-h.done
+	if rerr := h.rpc.stop(ctx); rerr != nil {
+		err = errors.Join(err, rerr)
+	}
+	h.mux.Close()
+	<-h.muxDone
 	if err != nil {
 		return fmt.Errorf("http shutdown %s: %w", h.addr, err)
 	}

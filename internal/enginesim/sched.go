@@ -53,6 +53,9 @@ type EngineStats struct {
 	// Misrouted counts requests whose prefill name, from the body or the
 	// header, is not this instance's name.
 	Misrouted uint64
+	// Decoded counts requests another instance prefilled and handed over
+	// here for their decode (baidu_std requests with a decode instance).
+	Decoded uint64
 	// Waiting and Running are the requests queued for a slot and holding
 	// one now.
 	Waiting int

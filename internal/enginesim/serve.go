@@ -260,6 +260,11 @@ func chatTokens(msgs []chatMessageJSON, tok *tokenizer.Tokenizer) ([]uint32, err
 		}
 		flat[i] = ChatMessage{Role: m.Role, Content: text}
 	}
+	return chatTokenIDs(flat, tok)
+}
+
+// chatTokenIDs applies the chat template and tokenizes the result.
+func chatTokenIDs(flat []ChatMessage, tok *tokenizer.Tokenizer) ([]uint32, error) {
 	if tok == nil {
 		return ChatTokenIDs(flat), nil
 	}
@@ -459,31 +464,17 @@ func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat boo
 		return
 	}
 
-	dev, host, err := e.Prefill(t.dp, inf.tokens)
+	dev, host, prefill, err := e.prefillOn(t, inf.tokens, queued)
 	if err != nil {
-		if t.g.ctx.Err() != nil {
+		if errors.Is(err, errAborted) {
 			e.endEarly(errAborted)
 			return
 		}
-		if errors.Is(err, ErrNotRunning) {
-			writeError(w, http.StatusServiceUnavailable, err.Error())
-			return
-		}
-		// The cache has served the prompt and only its announcement
-		// failed; a real engine does not fail the request for that.
-		e.cfg.Logger.Warn("publishing prefill events failed", "engine", name, "dp", t.dp, "err", err)
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
 	}
-	prefill := e.scaled(e.CostModel().Prefill(len(inf.tokens), dev, host))
 	step := e.scaled(e.cfg.DecodePerToken)
 	decode := time.Duration(max(inf.maxTokens-1, 0)) * step
-	e.serve.count(func(st *EngineStats) {
-		st.Requests++
-		st.PromptTokens += uint64(len(inf.tokens))
-		st.DeviceHitTokens += uint64(dev)
-		st.HostHitTokens += uint64(host)
-		st.QueueTime += queued
-		st.PrefillTime += prefill
-	})
 	eu := &EngineUsage{
 		Instance: name, DPRank: t.dp, DeviceHitTokens: dev, HostHitTokens: host,
 		QueueMs: ms(queued), PrefillMs: ms(prefill), DecodeMs: ms(decode), TimeScale: e.cfg.TimeScale,
@@ -510,6 +501,36 @@ func (e *Engine) serveInference(w http.ResponseWriter, r *http.Request, chat boo
 		st.CompletionTokens += uint64(inf.maxTokens)
 		st.DecodeTime += decode
 	})
+}
+
+// prefillOn runs a request's prompt through the cache of the ticket's
+// rank, so that its hits are the engine's truth and the cache's events go
+// out as for Prefill, and accounts for it. It returns the hits and the
+// prefill time the cost model gives (scaled); errAborted when the process
+// ended, ErrNotRunning when the engine is stopped.
+func (e *Engine) prefillOn(t *ticket, tokens []uint32, queued time.Duration) (dev, host int, prefill time.Duration, err error) {
+	dev, host, err = e.Prefill(t.dp, tokens)
+	if err != nil {
+		if t.g.ctx.Err() != nil {
+			return 0, 0, 0, errAborted
+		}
+		if errors.Is(err, ErrNotRunning) {
+			return 0, 0, 0, err
+		}
+		// The cache has served the prompt and only its announcement
+		// failed; a real engine does not fail the request for that.
+		e.cfg.Logger.Warn("publishing prefill events failed", "engine", e.Name(), "dp", t.dp, "err", err)
+	}
+	prefill = e.scaled(e.CostModel().Prefill(len(tokens), dev, host))
+	e.serve.count(func(st *EngineStats) {
+		st.Requests++
+		st.PromptTokens += uint64(len(tokens))
+		st.DeviceHitTokens += uint64(dev)
+		st.HostHitTokens += uint64(host)
+		st.QueueTime += queued
+		st.PrefillTime += prefill
+	})
+	return dev, host, prefill, nil
 }
 
 // endEarly accounts for a request that cannot finish. The end of the

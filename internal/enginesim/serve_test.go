@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvcar/kvcar/internal/kvevent"
+	"github.com/kvcar/kvcar/internal/xllmpb/xservicepb"
 )
 
 const (
@@ -491,15 +492,15 @@ func TestQueueingWithOneSlot(t *testing.T) {
 // value; it falls as requests leave the queue.
 func TestHeartbeatReportsQueuedRequestsRCAR10(t *testing.T) {
 	te := startEtcd(t)
-	m := startMaster(t, http.StatusOK)
+	m := startRPCMaster(t, true)
 	te.put(t, MasterKey("hbq"), m.addr())
 	e := heartbeatEngine(t, te, "hbq", func(c *Config) {
 		c.TimeScale, c.BatchSlots, c.DecodePerToken = testScale, 1, longStep
 	})
 	c := newClient(t, e)
-	waiting := func(n float64) {
+	waiting := func(n uint64) {
 		t.Helper()
-		m.waitBeat(t, e.Name(), func(b beat) bool { return b.load("waiting_requests_num") == n })
+		m.waitBeat(t, e.Name(), func(b *xservicepb.HeartbeatRequest) bool { return b.LoadMetrics.GetWaitingRequestsNum() == n })
 	}
 	long := map[string]any{"prompt": tokens(0, testBS), "max_tokens": 100}
 	a := c.start("/v1/completions", long)

@@ -75,6 +75,10 @@ var layout = map[string]place{
 	// own directory, index or registry.
 	"internal/enginesim": {layer: 2, forbid: []string{"internal/kvdir", "internal/kvindex", "internal/instance", "internal/lb", "internal/server", "internal/etcdembed"}},
 
+	// kvcar as xllm-service on the RPC side: the registry behind the
+	// heartbeats and the engines' generations, never routing decisions.
+	"internal/xllmrpc": {layer: 2, forbid: []string{"internal/lb", "internal/server", "internal/kvdir", "internal/kvindex", "internal/enginesim", "internal/etcdembed"}},
+
 	// The registry knows instances, not KV cache metadata or engines'
 	// event streams.
 	"internal/instance": {layer: 1, forbid: []string{"internal/kvevent", "internal/kvindex", "internal/kvtransport", "internal/config", "internal/etcdembed"}},
@@ -88,8 +92,14 @@ var layout = map[string]place{
 	"internal/kvtransport": {layer: 0, forbid: slices.Concat([]string{"go.etcd.io/...", "google.golang.org/grpc/...", "net/http/..."}, routing)},
 	"internal/tokenizer":   {layer: 0, forbid: slices.Concat(sockets, routing)},
 	"internal/zapslog":     {layer: 0},
-	"internal/leakcheck":   {layer: 0, testOnly: true},
-	"internal/layout":      {layer: 0, testOnly: true},
+	// brpc's protocol knows no xLLM message and no kvcar part; the
+	// generated messages know nothing at all.
+	"internal/baidustd":          {layer: 1, forbid: slices.Concat([]string{"internal/xllmpb/...", "go.etcd.io/...", "github.com/pebbe/zmq4"}, routing)},
+	"internal/baidustd/metapb":   {layer: 0, forbid: slices.Concat(sockets, routing)},
+	"internal/xllmpb":            {layer: 0, forbid: slices.Concat(sockets, routing)},
+	"internal/xllmpb/xservicepb": {layer: 1, forbid: slices.Concat(sockets, routing)},
+	"internal/leakcheck":         {layer: 0, testOnly: true},
+	"internal/layout":            {layer: 0, testOnly: true},
 }
 
 // pkg is the part of `go list -json` the rules read.

@@ -118,3 +118,24 @@ type discardWriter struct {
 func (d *discardWriter) Header() http.Header         { return d.h }
 func (d *discardWriter) WriteHeader(code int)        { d.code = code }
 func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
+
+// BenchmarkInferenceHandler runs a /v1/completions of 2k and 16k prompt
+// ids through the whole handler, in process: parse, an RR decision, the
+// relay to a real HTTP engine on loopback that reads the body and answers
+// a short JSON, and the relay of that answer.
+func BenchmarkInferenceHandler(b *testing.B) {
+	s := New(Options{Router: routerFor(b, answeringEngine(b))})
+	s.SetReady(true)
+	h := s.Handler()
+	for _, n := range []int{2048, 16384} {
+		b.Run(fmt.Sprintf("ids=%d", n), func(b *testing.B) {
+			body := idsCompletion(n)
+			serve := completionLoop(b, h, body)
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				serve()
+			}
+		})
+	}
+}

@@ -28,6 +28,15 @@
 //     array is a status query (R-API-3).
 //   - Anything after the object other than JSON whitespace is rejected.
 //
+// The request path (/v1/completions, /v1/chat/completions) reads a body
+// once, as a stream, with the same scanner: prompt ids go into reused
+// storage, other members are checked for syntax only, and the body is
+// relayed to the engine byte for byte except for the value of a top-level
+// "routing" member, which kvcar replaces with its own decision. Body size,
+// prompt ids, tokenized text and the body bytes held across requests are
+// all bounded (Options), and the decision goes back to the client only
+// when ExposeRoutingHeaders asks for it.
+//
 // Every error, on every route, has the body
 // {"error":{"code":<status>,"message":"<text>"}}.
 //

@@ -1,16 +1,17 @@
 package server
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/http/httptrace"
+	"net/url"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvcar/kvcar/internal/lb"
@@ -24,8 +25,8 @@ const (
 )
 
 // Headers that carry the routing decision to the engine (WIRE.md
-// routing{prefill_name, decode_name}) and report it to the client. The
-// OpenAI body is relayed unchanged.
+// routing{prefill_name, decode_name}) and, with ExposeRoutingHeaders, report
+// it to the client.
 const (
 	PrefillNameHeader    = "X-Prefill-Name"
 	DecodeNameHeader     = "X-Decode-Name"
@@ -34,8 +35,33 @@ const (
 	HitRatioHeader       = "X-Kvcar-Hit-Ratio"
 )
 
-// maxInferenceBody bounds a completion request body.
-const maxInferenceBody = 64 << 20
+// Request path limits, the defaults of the Options that set them.
+const (
+	// DefaultMaxRequestBodyBytes bounds a completion body: DefaultMaxTokenIDs
+	// ids of the widest form, "4294967295,", take 11 MiB, and the rest is
+	// room for the other fields.
+	DefaultMaxRequestBodyBytes = 16 << 20
+	// DefaultMaxInflightRequestBytes bounds the completion body bytes held
+	// at once across all requests: eight bodies at the limit, or thousands
+	// of ordinary ones (a 2k-token prompt is about 12 KB).
+	DefaultMaxInflightRequestBytes = 128 << 20
+	// DefaultMaxPromptTextBytes bounds the text of one request given to
+	// the tokenizer: about 250k tokens of English. Tokenizing is the
+	// costliest step per byte: a 1 MiB word of spaces costs about 1 s of
+	// CPU and 49 MiB of allocations.
+	DefaultMaxPromptTextBytes = 1 << 20
+)
+
+// engineIdleConnTimeout closes kvcar's idle connections to an engine
+// before the engine does, so that a request is not written to a
+// connection the engine is closing: uvicorn-based engines close after 5 s
+// idle, brpc and Go servers later or never.
+const engineIdleConnTimeout = 4 * time.Second
+
+// maxEngineAttempts bounds the tries of one request on an engine: a
+// request that was never written, on a connection the engine had closed,
+// is sent again on another.
+const maxEngineAttempts = 3
 
 // Router makes a routing decision from in-process state only: the
 // registry snapshot and the KV directory (R-DIR-4). It must not block.
@@ -45,10 +71,11 @@ type Router interface {
 }
 
 // Tokenizer turns text and chat messages into the token ids the engine
-// will see, so that CAR can look up their prefix.
+// will see, so that CAR can look up their prefix. It returns ctx's error
+// soon after ctx ends.
 type Tokenizer interface {
-	Encode(text string, dst []uint32) ([]uint32, error)
-	EncodeChat(messages []ChatMessage, dst []uint32) ([]uint32, error)
+	Encode(ctx context.Context, text string, dst []uint32) ([]uint32, error)
+	EncodeChat(ctx context.Context, messages []ChatMessage, dst []uint32) ([]uint32, error)
 }
 
 // ChatMessage is one chat turn with its text content.
@@ -56,18 +83,7 @@ type ChatMessage struct {
 	Role, Content string
 }
 
-// completionRequest holds the fields routing needs; everything else is
-// relayed untouched.
-type completionRequest struct {
-	Prompt   json.RawMessage `json:"prompt"`
-	Messages []struct {
-		Role    string          `json:"role"`
-		Content json.RawMessage `json:"content"`
-	} `json:"messages"`
-	Stream bool `json:"stream"`
-}
-
-// proxy is the request path: decide, forward, relay.
+// proxy is the request path: parse, decide, forward, relay.
 type proxy struct {
 	router          Router
 	tokenizer       Tokenizer
@@ -75,17 +91,143 @@ type proxy struct {
 	log             *slog.Logger
 	warnNoTokenizer sync.Once
 	observe         func(d lb.Decision, took time.Duration)
+
+	maxBody       int64
+	maxIDs        int
+	maxText       int
+	exposeHeaders bool
+	budget        *byteBudget
+	buffers       freeList[*inferenceBuffers]
+	// copyBufs are what bodies and answers are copied through.
+	copyBufs freeList[*copyBuf]
 }
 
-func newTransport() *http.Transport {
+// copyBuf is a buffer bodies and answers are copied through.
+type copyBuf struct{ b [readChunk]byte }
+
+// Kept buffers above these sizes are dropped rather than kept, so that
+// one huge request does not pin its memory; all kept buffers together are
+// bounded by these totals.
+const (
+	maxPooledBody     = 1 << 20
+	maxPooledIDs      = 1 << 18
+	maxPooledBytes    = 32 << 20
+	maxPooledCopyBufs = 256
+)
+
+// inferenceBuffers are one request's pooled storage: the body as read,
+// what the parse found, and kvcar's routing value.
+type inferenceBuffers struct {
+	body    []byte
+	in      inference
+	routing []byte
+	msgs    []ChatMessage
+	// held is what the body took from the in-flight budget.
+	held int64
+}
+
+func newProxy(opts Options, maxIDs int, log *slog.Logger) *proxy {
+	p := &proxy{
+		router:    opts.Router,
+		tokenizer: opts.Tokenizer,
+		// Redirects are relayed, not followed: kvcar sends requests only
+		// to the engine it chose.
+		client: &http.Client{Transport: opts.EngineTransport, CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		}},
+		log:           log,
+		maxBody:       opts.MaxRequestBodyBytes,
+		maxIDs:        maxIDs,
+		maxText:       opts.MaxPromptTextBytes,
+		exposeHeaders: opts.ExposeRoutingHeaders,
+		budget:        &byteBudget{max: opts.MaxInflightRequestBytes},
+	}
+	if p.maxBody <= 0 {
+		p.maxBody = DefaultMaxRequestBodyBytes
+	}
+	if p.maxText <= 0 {
+		p.maxText = DefaultMaxPromptTextBytes
+	}
+	if p.budget.max <= 0 {
+		p.budget.max = DefaultMaxInflightRequestBytes
+	}
+	// A body at the limit must fit, or it could never be served.
+	p.budget.max = max(p.budget.max, p.maxBody+1)
+	p.buffers = freeList[*inferenceBuffers]{maxBytes: maxPooledBytes,
+		newItem: func() *inferenceBuffers { return &inferenceBuffers{} }, size: (*inferenceBuffers).size}
+	p.copyBufs = freeList[*copyBuf]{maxBytes: maxPooledCopyBufs * readChunk,
+		newItem: func() *copyBuf { return new(copyBuf) }, size: func(*copyBuf) int64 { return readChunk }}
+	if p.client.Transport == nil {
+		p.client.Transport = newTransport(&p.copyBufs)
+	}
+	return p
+}
+
+// newTransport returns the transport to the engines; request bodies are
+// written through buffers from bufs.
+func newTransport(bufs *freeList[*copyBuf]) *http.Transport {
+	d := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
 	return &http.Transport{
-		Proxy:                 nil,
+		Proxy: nil,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return engineConn{Conn: c, bufs: bufs}, nil
+		},
 		MaxIdleConns:          1024,
 		MaxIdleConnsPerHost:   64,
-		IdleConnTimeout:       90 * time.Second,
+		IdleConnTimeout:       engineIdleConnTimeout,
 		ResponseHeaderTimeout: 10 * time.Minute,
 		ExpectContinueTimeout: time.Second,
 	}
+}
+
+// engineConn is a connection to an engine that copies request bodies
+// through pooled buffers. The transport hands a body to the connection's
+// ReadFrom, and a TCP connection's own copies through a buffer of up to
+// 32 KiB allocated for each request.
+type engineConn struct {
+	net.Conn
+	bufs *freeList[*copyBuf]
+}
+
+func (c engineConn) ReadFrom(r io.Reader) (int64, error) {
+	b := c.bufs.get()
+	defer c.bufs.put(b)
+	return io.CopyBuffer(writerOnly{c.Conn}, r, b.b[:])
+}
+
+// writerOnly hides the connection's own ReadFrom from io.CopyBuffer.
+type writerOnly struct{ io.Writer }
+
+// release gives back b's budget and keeps it for reuse, without the
+// buffers that grew too large to keep.
+func (p *proxy) release(b *inferenceBuffers) {
+	p.budget.give(b.held)
+	b.held = 0
+	if cap(b.body) > maxPooledBody {
+		b.body = nil
+	}
+	if cap(b.in.ids) > maxPooledIDs {
+		b.in.ids = nil
+	}
+	if cap(b.in.text) > maxPooledBody {
+		b.in.text = nil
+	}
+	if cap(b.in.msgs) > 1024 {
+		b.in.msgs = nil
+	}
+	clear(b.msgs[:cap(b.msgs)])
+	b.msgs = b.msgs[:0]
+	p.buffers.put(b)
+}
+
+// size is about the memory b keeps.
+func (b *inferenceBuffers) size() int64 {
+	return int64(cap(b.body) + 4*cap(b.in.ids) + cap(b.in.text) + 32*cap(b.in.msgs) + cap(b.in.stack) +
+		cap(b.routing) + 32*cap(b.msgs))
 }
 
 // handleInference serves /v1/completions and /v1/chat/completions.
@@ -100,25 +242,48 @@ func (s *Server) handleInference(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "service is not ready")
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxInferenceBody))
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			writeError(w, http.StatusRequestEntityTooLarge, "request body exceeds "+strconv.Itoa(maxInferenceBody)+" bytes")
+	if r.ContentLength > p.maxBody {
+		writeError(w, http.StatusRequestEntityTooLarge, "request body exceeds "+strconv.FormatInt(p.maxBody, 10)+" bytes")
+		return
+	}
+	b := p.buffers.get()
+	sc := scanner{r: http.MaxBytesReader(w, r.Body, p.maxBody), buf: b.body[:cap(b.body)], limit: p.maxBody,
+		keep: true, budget: p.budget}
+	if r.ContentLength >= 0 {
+		// A body of known length is taken from the budget whole, before
+		// any of it is read; the extra byte is where its end is seen.
+		n := r.ContentLength + 1
+		if !p.budget.take(n) {
+			p.buffers.put(b)
+			busy(w)
 			return
 		}
-		writeError(w, http.StatusBadRequest, "reading body: "+err.Error())
-		return
+		sc.held = n
+		if int64(len(sc.buf)) < n {
+			sc.buf = make([]byte, n)
+		}
 	}
-	var req completionRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		writeError(w, http.StatusBadRequest, "request body is not a JSON object: "+err.Error())
-		return
-	}
+	b.in.reset()
 	chat := r.URL.Path == ChatCompletionsPath
-	ids, estimate, err := p.tokens(&req, chat)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
+	perr := parseInference(&sc, &b.in, chat, inferenceLimits{maxIDs: p.maxIDs, keepText: p.tokenizer != nil, maxText: p.maxText})
+	b.body, b.held = sc.buf, sc.held
+	if perr != nil {
+		p.release(b)
+		if perr.status == http.StatusServiceUnavailable {
+			busy(w)
+			return
+		}
+		writeError(w, perr.status, perr.message)
+		return
+	}
+	ids, estimate, perr := p.promptTokens(r.Context(), b, chat)
+	if perr != nil {
+		p.release(b)
+		if r.Context().Err() != nil {
+			p.log.Debug("client went away while its prompt was tokenized")
+			return
+		}
+		writeError(w, perr.status, perr.message)
 		return
 	}
 
@@ -126,87 +291,69 @@ func (s *Server) handleInference(w http.ResponseWriter, r *http.Request) {
 	d, err := p.router.Route(lb.Request{TokenIDs: ids, PromptTokens: estimate})
 	took := time.Since(start)
 	if err != nil {
+		p.release(b)
 		writeError(w, http.StatusServiceUnavailable, "no instance can serve the request: "+err.Error())
 		return
 	}
 	if p.observe != nil {
 		p.observe(d, took)
 	}
-	h := w.Header()
-	h.Set(PrefillNameHeader, d.Prefill)
-	if d.Decode != "" {
-		h.Set(DecodeNameHeader, d.Decode)
+	if p.exposeHeaders {
+		h := w.Header()
+		h.Set(PrefillNameHeader, d.Prefill)
+		if d.Decode != "" {
+			h.Set(DecodeNameHeader, d.Decode)
+		}
+		h.Set(PolicyHeader, d.Policy)
+		h.Set(DecisionMicrosHeader, strconv.FormatInt(took.Microseconds(), 10))
+		h.Set(HitRatioHeader, strconv.FormatFloat(d.HitRatio, 'f', 4, 64))
 	}
-	h.Set(PolicyHeader, d.Policy)
-	h.Set(DecisionMicrosHeader, strconv.FormatInt(took.Microseconds(), 10))
-	h.Set(HitRatioHeader, strconv.FormatFloat(d.HitRatio, 'f', 4, 64))
-	p.forward(w, r, d, r.URL.Path, body)
+	p.forward(w, r, d, r.URL.Path, b, sc.end)
 }
 
-// tokens returns the prompt's token ids when they can be known, else an
-// estimate of its length for load-only routing.
-func (p *proxy) tokens(req *completionRequest, chat bool) ([]uint32, int, error) {
-	if chat {
-		if len(req.Messages) == 0 {
-			return nil, 0, errors.New("messages: must be a non-empty array")
-		}
-		msgs := make([]ChatMessage, len(req.Messages))
-		chars := 0
-		for i, m := range req.Messages {
-			text, err := contentText(m.Content)
-			if err != nil {
-				return nil, 0, fmt.Errorf("messages[%d].content: %w", i, err)
-			}
-			msgs[i] = ChatMessage{Role: m.Role, Content: text}
-			chars += len(text)
-		}
-		if p.tokenizer == nil {
-			p.noTokenizer()
-			return nil, chars / 4, nil
-		}
-		ids, err := p.tokenizer.EncodeChat(msgs, nil)
-		if err != nil {
-			p.log.Warn("chat template failed; routing by load only", "err", err)
-			return nil, chars / 4, nil
-		}
-		return ids, 0, nil
-	}
-	if len(req.Prompt) == 0 {
-		return nil, 0, errors.New("prompt: required")
-	}
-	// A prompt of token ids is used as is.
-	var ids []uint32
-	if req.Prompt[0] == '[' {
-		var raw []int64
-		if err := json.Unmarshal(req.Prompt, &raw); err == nil {
-			ids = make([]uint32, len(raw))
-			for i, v := range raw {
-				if v < 0 || v > 1<<32-1 {
-					return nil, 0, fmt.Errorf("prompt[%d]: token id %d out of range [0, 4294967295]", i, v)
-				}
-				ids[i] = uint32(v)
-			}
-			return ids, 0, nil
-		}
-		// Batched prompts: route by the first one.
-		var batch []json.RawMessage
-		if err := json.Unmarshal(req.Prompt, &batch); err != nil || len(batch) == 0 {
-			return nil, 0, errors.New("prompt: must be a string, an array of token ids, or an array of those")
-		}
-		return p.tokens(&completionRequest{Prompt: batch[0]}, false)
-	}
-	var text string
-	if err := json.Unmarshal(req.Prompt, &text); err != nil {
-		return nil, 0, errors.New("prompt: must be a string, an array of token ids, or an array of those")
+// busy refuses a request the in-flight budget cannot take.
+func busy(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", "1")
+	writeError(w, http.StatusServiceUnavailable, "too many request bytes in flight; retry later")
+}
+
+// promptTokens returns the prompt's token ids when they can be known, else
+// an estimate of its length for load-only routing. The ids live in b.
+func (p *proxy) promptTokens(ctx context.Context, b *inferenceBuffers, chat bool) ([]uint32, int, *requestError) {
+	in := &b.in
+	if in.hasIDs {
+		return in.ids, 0, nil
 	}
 	if p.tokenizer == nil {
 		p.noTokenizer()
-		return nil, len(text) / 4, nil
+		return nil, in.textLen / 4, nil
 	}
-	ids, err := p.tokenizer.Encode(text, nil)
+	var ids []uint32
+	var err error
+	if chat {
+		msgs := b.msgs[:0]
+		for _, m := range in.msgs {
+			msgs = append(msgs, ChatMessage{Role: string(in.text[m.roleStart:m.roleEnd]),
+				Content: string(in.text[m.contentStart:m.contentEnd])})
+		}
+		b.msgs = msgs
+		ids, err = p.tokenizer.EncodeChat(ctx, msgs, in.ids[:0])
+	} else {
+		ids, err = p.tokenizer.Encode(ctx, string(in.text), in.ids[:0])
+	}
+	if cap(ids) > cap(in.ids) {
+		in.ids = ids[:0]
+	}
 	if err != nil {
-		p.log.Warn("tokenizer failed; routing by load only", "err", err)
-		return nil, len(text) / 4, nil
+		if ctx.Err() != nil {
+			// Nobody reads this: the client has gone.
+			return nil, 0, &requestError{status: 499, message: "client went away"}
+		}
+		p.log.Warn("tokenizer failed; routing by load only", "chat", chat, "err", err)
+		return nil, in.textLen / 4, nil
+	}
+	if len(ids) > p.maxIDs {
+		return nil, 0, badRequest("prompt: more than %d ids once tokenized", p.maxIDs)
 	}
 	return ids, 0, nil
 }
@@ -217,64 +364,159 @@ func (p *proxy) noTokenizer() {
 	})
 }
 
-// contentText accepts a string or an array of {"type":"text","text":…}
-// parts; other parts (images) contribute no text.
-func contentText(raw json.RawMessage) (string, error) {
-	if len(raw) == 0 || string(raw) == "null" {
-		return "", nil
-	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err == nil {
-		return s, nil
-	}
-	var parts []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
-	}
-	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", errors.New("must be a string or an array of content parts")
-	}
-	var b bytes.Buffer
-	for _, p := range parts {
-		if p.Type == "text" {
-			b.WriteString(p.Text)
-		}
-	}
-	return b.String(), nil
+// relayBody reads the body relayed to the engine: the client's bytes
+// with kvcar's routing value in place of the client's, without copying.
+type relayBody struct {
+	parts  [3][]byte
+	closed atomic.Bool
+	out    *outgoing
 }
 
-// forward relays body to the chosen engine and its answer back,
-// streaming as it arrives; the client's cancellation cancels the
-// engine request.
-func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, path string, body []byte) {
-	url := "http://" + d.Prefill + path
-	out, err := http.NewRequestWithContext(r.Context(), r.Method, url, bytes.NewReader(body))
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, "building engine request: "+err.Error())
-		return
-	}
-	out.Header.Set("Content-Type", "application/json")
-	if a := r.Header.Get("Accept"); a != "" {
-		out.Header.Set("Accept", a)
-	}
-	out.Header.Set(PrefillNameHeader, d.Prefill)
-	if d.Decode != "" {
-		out.Header.Set(DecodeNameHeader, d.Decode)
-	}
-	resp, err := p.client.Do(out)
-	if err != nil {
-		code := http.StatusBadGateway
-		if errors.Is(err, context.DeadlineExceeded) {
-			code = http.StatusGatewayTimeout
+func (rb *relayBody) Read(p []byte) (int, error) {
+	for i := range rb.parts {
+		if len(rb.parts[i]) == 0 {
+			continue
 		}
+		n := copy(p, rb.parts[i])
+		rb.parts[i] = rb.parts[i][n:]
+		return n, nil
+	}
+	return 0, io.EOF
+}
+
+func (rb *relayBody) Close() error {
+	if !rb.closed.Swap(true) {
+		rb.out.closed.Add(1)
+	}
+	return nil
+}
+
+// outgoing counts the bodies of one request handed to the transport and
+// those it has closed. A transport may close a body after its round trip
+// has returned, so the storage under the bodies is reused only once all
+// are closed.
+type outgoing struct {
+	parts        [3][]byte
+	made, closed atomic.Int32
+}
+
+func (o *outgoing) body() io.ReadCloser {
+	o.made.Add(1)
+	return &relayBody{parts: o.parts, out: o}
+}
+
+func (o *outgoing) done() bool { return o.made.Load() == o.closed.Load() }
+
+// attempt records, from the transport's trace, what happened to one try
+// of a request on an engine.
+type attempt struct {
+	reused atomic.Bool
+	wrote  atomic.Bool
+}
+
+// neverWritten reports whether a failed try is safe to send again: the
+// engine closed an idle connection before the request was on it (Go's
+// transport says "server closed idle connection"; the error is not
+// exported), or the request was not written in full on a connection
+// that had served before. An engine cannot have acted on either. A
+// failure on a new connection is not retried: the engine is refusing.
+func (a *attempt) neverWritten(err error) bool {
+	var ue *url.Error
+	if errors.As(err, &ue) && ue.Err != nil && ue.Err.Error() == "http: server closed idle connection" {
+		return true
+	}
+	return a.reused.Load() && !a.wrote.Load()
+}
+
+// forward relays the request to the chosen engine and its answer back,
+// streaming as it arrives; the client's cancellation cancels the engine
+// request. b holds the body (its first n bytes) and is released here, as
+// soon as the engine has it all; nil b sends no body.
+func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, path string, b *inferenceBuffers, n int) {
+	var out outgoing
+	var length int64
+	if b != nil {
+		body := b.body[:n]
+		out.parts[0] = body
+		if in := &b.in; in.routingStart >= 0 {
+			b.routing = appendRouting(b.routing[:0], d)
+			out.parts = [3][]byte{body[:in.routingStart], b.routing, body[in.routingEnd:]}
+		}
+		length = int64(len(out.parts[0]) + len(out.parts[1]) + len(out.parts[2]))
+	}
+	// release returns b once the transport is done with its bodies; if
+	// one is still open, b's budget is given back but its storage is left
+	// to the collector rather than reused under the transport.
+	release := func() {
+		if b == nil {
+			return
+		}
+		if out.done() {
+			p.release(b)
+		} else {
+			p.budget.give(b.held)
+		}
+		b = nil
+	}
+	defer release()
+	target := "http://" + d.Prefill + path
+	var resp *http.Response
+	var err error
+	var a *attempt
+	tries := 0
+	for tries < maxEngineAttempts {
+		tries++
+		a = &attempt{}
+		ctx := httptrace.WithClientTrace(r.Context(), &httptrace.ClientTrace{
+			GotConn:      func(i httptrace.GotConnInfo) { a.reused.Store(i.Reused) },
+			WroteRequest: func(i httptrace.WroteRequestInfo) { a.wrote.Store(i.Err == nil) },
+		})
+		var req *http.Request
+		req, err = http.NewRequestWithContext(ctx, r.Method, target, nil)
+		if err != nil {
+			break
+		}
+		if b != nil {
+			req.Body = out.body()
+			req.GetBody = func() (io.ReadCloser, error) { return out.body(), nil }
+			req.ContentLength = length
+			req.Header.Set("Content-Type", "application/json")
+		}
+		if v := r.Header.Get("Accept"); v != "" {
+			req.Header.Set("Accept", v)
+		}
+		req.Header.Set(PrefillNameHeader, d.Prefill)
+		if d.Decode != "" {
+			req.Header.Set(DecodeNameHeader, d.Decode)
+		}
+		resp, err = p.client.Do(req)
+		if err == nil || r.Context().Err() != nil || !a.neverWritten(err) {
+			break
+		}
+		p.log.Debug("engine closed a reused connection before the request was written; sending it again",
+			"engine", d.Prefill, "try", tries, "err", err)
+	}
+	if err != nil {
 		if r.Context().Err() != nil {
 			p.log.Debug("client went away before the engine answered", "engine", d.Prefill)
 			return
 		}
-		writeError(w, code, fmt.Sprintf("engine %s: %v", d.Prefill, err))
+		// The details name the engine: they go to the log, not to the
+		// client.
+		p.log.Warn("engine request failed", "engine", d.Prefill, "path", path, "tries", tries, "err", err)
+		if errors.Is(err, context.DeadlineExceeded) {
+			writeError(w, http.StatusGatewayTimeout, "upstream engine timed out")
+			return
+		}
+		writeError(w, http.StatusBadGateway, "upstream engine failed")
 		return
 	}
 	defer resp.Body.Close()
+	// Once the engine has the whole body it is not needed any more, and
+	// a long answer should not hold it.
+	if a.wrote.Load() && out.done() {
+		release()
+	}
 	for _, k := range []string{"Content-Type", "Cache-Control"} {
 		if v := resp.Header.Get(k); v != "" {
 			w.Header().Set(k, v)
@@ -282,9 +524,21 @@ func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, p
 	}
 	w.WriteHeader(resp.StatusCode)
 	fw := flushWriter{w: w, f: http.NewResponseController(w)}
-	if _, err := io.Copy(fw, resp.Body); err != nil && r.Context().Err() == nil {
+	cb := p.copyBufs.get()
+	defer p.copyBufs.put(cb)
+	if _, err := io.CopyBuffer(fw, resp.Body, cb.b[:]); err != nil && r.Context().Err() == nil {
 		p.log.Warn("relaying the engine's answer failed", "engine", d.Prefill, "err", err)
 	}
+}
+
+// appendRouting appends kvcar's routing value, which replaces the one a
+// client sent: kvcar owns the routing it relays.
+func appendRouting(b []byte, d lb.Decision) []byte {
+	b = append(b, `{"prefill_name":`...)
+	b = appendJSONString(b, d.Prefill)
+	b = append(b, `,"decode_name":`...)
+	b = appendJSONString(b, d.Decode)
+	return append(b, '}')
 }
 
 // flushWriter flushes after every write so SSE chunks reach the client
@@ -315,5 +569,5 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusServiceUnavailable, "no instance can serve the request: "+err.Error())
 		return
 	}
-	p.forward(w, r, d, ModelsPath, nil)
+	p.forward(w, r, d, ModelsPath, nil, 0)
 }

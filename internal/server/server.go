@@ -44,8 +44,8 @@ type Options struct {
 	// 11 bytes per allowed id plus 64 KiB, so that MaxTokenIDs ids fit in
 	// compact JSON (about 11 MiB for the default 1M ids).
 	MaxBodyBytes int64
-	// MaxTokenIDs bounds the ids of one query; zero or less selects
-	// DefaultMaxTokenIDs.
+	// MaxTokenIDs bounds the ids of one query and of one completion's
+	// prompt; zero or less selects DefaultMaxTokenIDs.
 	MaxTokenIDs int
 	// Heartbeats takes engine heartbeats; nil answers them with 503.
 	Heartbeats HeartbeatSink
@@ -58,6 +58,23 @@ type Options struct {
 	// EngineTransport carries requests to the engines; nil uses a
 	// pooled transport with a 10 minute response-header timeout.
 	EngineTransport http.RoundTripper
+	// MaxRequestBodyBytes bounds a completion body; zero or less selects
+	// DefaultMaxRequestBodyBytes. Prompt ids are bounded by MaxTokenIDs,
+	// as in a query.
+	MaxRequestBodyBytes int64
+	// MaxInflightRequestBytes bounds the completion body bytes held at
+	// once across all requests (503 with Retry-After past it); zero or
+	// less selects DefaultMaxInflightRequestBytes. It is raised to admit
+	// one body of MaxRequestBodyBytes.
+	MaxInflightRequestBytes int64
+	// MaxPromptTextBytes bounds the prompt text or chat content of one
+	// request given to the Tokenizer (413 past it); zero or less selects
+	// DefaultMaxPromptTextBytes.
+	MaxPromptTextBytes int
+	// ExposeRoutingHeaders sends the decision back to the client in the
+	// X-Prefill-Name, X-Decode-Name and X-Kvcar-* headers. They name
+	// engines, so they are off unless asked for.
+	ExposeRoutingHeaders bool
 	// Metrics, when set, receives the HTTP and routing series and is
 	// served on /metrics with everything else registered in it.
 	Metrics *prometheus.Registry
@@ -132,11 +149,7 @@ func New(opts Options) *Server {
 		s.gatherer = opts.Metrics
 	}
 	if opts.Router != nil {
-		rt := opts.EngineTransport
-		if rt == nil {
-			rt = newTransport()
-		}
-		s.proxy = &proxy{router: opts.Router, tokenizer: opts.Tokenizer, client: &http.Client{Transport: rt}, log: s.log}
+		s.proxy = newProxy(opts, s.maxIDs, s.log)
 		if s.metrics != nil {
 			s.proxy.observe = s.metrics.observeDecision
 		}

@@ -25,6 +25,11 @@ func badRequest(format string, args ...any) *requestError {
 
 // scanner reads a request body in chunks through a reusable buffer, so
 // that a body of a million ids is never held in memory as text.
+//
+// With keep set, buf instead collects the whole body: each chunk is read
+// after the previous ones, so offsets index the body and the body can be
+// relayed byte for byte. Every byte kept is first taken from budget (when
+// not nil) and held until the owner gives it back.
 type scanner struct {
 	r        io.Reader
 	buf      []byte
@@ -35,21 +40,38 @@ type scanner struct {
 	limit int64
 	eof   bool
 	err   error
+
+	keep   bool
+	budget *byteBudget
+	// held is what this body has taken from budget.
+	held int64
 }
+
+// errBusy ends a kept body that the in-flight budget cannot take.
+var errBusy = errors.New("too many request bytes in flight")
 
 func (s *scanner) offset() int64 { return s.consumed + int64(s.pos) }
 
-// fill replaces the buffer contents with the next chunk of the body and
-// reports whether any byte is available.
+// fill reads the next chunk of the body, in place of the buffer's
+// contents or, when keeping the body, after them, and reports whether
+// any byte is available.
 func (s *scanner) fill() bool {
 	if s.eof || s.err != nil {
 		return false
 	}
-	s.consumed += int64(s.end)
-	s.pos, s.end = 0, 0
+	var p []byte
+	if s.keep {
+		if p = s.nextKept(); p == nil {
+			return false
+		}
+	} else {
+		s.consumed += int64(s.end)
+		s.pos, s.end = 0, 0
+		p = s.buf
+	}
 	for range 100 {
-		n, err := s.r.Read(s.buf)
-		s.end = n
+		n, err := s.r.Read(p)
+		s.end += n
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				s.eof = true
@@ -64,6 +86,41 @@ func (s *scanner) fill() bool {
 	}
 	s.err = io.ErrNoProgress
 	return false
+}
+
+// nextKept returns where the next chunk of a kept body goes, growing buf
+// and taking from the budget as needed; nil, with s.err set, when either
+// is refused.
+func (s *scanner) nextKept() []byte {
+	if s.end == len(s.buf) && !s.growKept() {
+		return nil
+	}
+	p := s.buf[s.end:min(len(s.buf), s.end+readChunk)]
+	if want := int64(s.end + len(p)); want > s.held {
+		if !s.budget.take(want - s.held) {
+			s.err = errBusy
+			return nil
+		}
+		s.held = want
+	}
+	return p
+}
+
+// growKept doubles buf, never past one byte over the body limit: that
+// byte is where the limit's reader reports the excess.
+func (s *scanner) growKept() bool {
+	next := max(2*len(s.buf), readChunk)
+	if s.limit > 0 {
+		next = min(next, int(s.limit)+1)
+	}
+	if next <= len(s.buf) {
+		s.err = &http.MaxBytesError{Limit: s.limit}
+		return false
+	}
+	buf := make([]byte, next)
+	copy(buf, s.buf[:s.end])
+	s.buf = buf
+	return true
 }
 
 // peek returns the next byte without consuming it.
@@ -95,6 +152,9 @@ func (s *scanner) skipSpace() (byte, bool) {
 func (s *scanner) endError() *requestError {
 	var tooBig *http.MaxBytesError
 	switch {
+	case errors.Is(s.err, errBusy):
+		return &requestError{status: http.StatusServiceUnavailable,
+			message: "too many request bytes in flight; retry later"}
 	case errors.As(s.err, &tooBig):
 		return &requestError{status: http.StatusRequestEntityTooLarge,
 			message: "request body exceeds " + strconv.FormatInt(s.limit, 10) + " bytes"}
@@ -203,7 +263,7 @@ func parseQuery(s *scanner, ids []uint32, maxIDs int) ([]uint32, *requestError) 
 			return ids, badRequest(`token_ids: given more than once`)
 		}
 		seen = true
-		if ids, err = s.readIDs(ids, maxIDs); err != nil {
+		if ids, err = s.readIDs(ids, maxIDs, "token_ids"); err != nil {
 			return ids, err
 		}
 		if c, ok = s.skipSpace(); !ok {
@@ -317,8 +377,9 @@ func hexValue(c byte) (byte, bool) {
 	return 0, false
 }
 
-// readIDs parses the token_ids array starting at its first byte.
-func (s *scanner) readIDs(ids []uint32, maxIDs int) ([]uint32, *requestError) {
+// readIDs parses the id array named name (for messages) starting at its
+// first byte.
+func (s *scanner) readIDs(ids []uint32, maxIDs int, name string) ([]uint32, *requestError) {
 	c, ok := s.skipSpace()
 	if !ok {
 		return ids, s.endError()
@@ -328,10 +389,17 @@ func (s *scanner) readIDs(ids []uint32, maxIDs int) ([]uint32, *requestError) {
 		if err != nil {
 			return ids, err
 		}
-		return ids, badRequest("token_ids: must be an array of integers, got %s", k)
+		return ids, badRequest("%s: must be an array of integers, got %s", name, k)
 	}
 	s.pos++
-	if c, ok = s.skipSpace(); !ok {
+	return s.readIDElems(ids, maxIDs, name)
+}
+
+// readIDElems parses the elements of an id array whose '[' has been
+// consumed, and its ']'.
+func (s *scanner) readIDElems(ids []uint32, maxIDs int, name string) ([]uint32, *requestError) {
+	c, ok := s.skipSpace()
+	if !ok {
 		return ids, s.endError()
 	}
 	if c == ']' {
@@ -342,9 +410,9 @@ func (s *scanner) readIDs(ids []uint32, maxIDs int) ([]uint32, *requestError) {
 	for {
 		index := len(ids) - start
 		if index >= maxIDs {
-			return ids, badRequest("token_ids: more than %d ids", maxIDs)
+			return ids, badRequest("%s: more than %d ids", name, maxIDs)
 		}
-		id, err := s.readID(index)
+		id, err := s.readID(index, name)
 		if err != nil {
 			return ids, err
 		}
@@ -370,9 +438,10 @@ func (s *scanner) readIDs(ids []uint32, maxIDs int) ([]uint32, *requestError) {
 // maxLiteralShown bounds how much of a bad number is quoted back.
 const maxLiteralShown = 32
 
-// readID parses one array element, which must be a JSON integer in the
-// uint32 range; the first byte has been peeked and is not whitespace.
-func (s *scanner) readID(index int) (uint32, *requestError) {
+// readID parses element index of the id array name, which must be a
+// JSON integer in the uint32 range; the first byte has been peeked and is
+// not whitespace.
+func (s *scanner) readID(index int, name string) (uint32, *requestError) {
 	// Fast path: a plain id of at most ten digits that ends inside the
 	// buffer, which is nearly every id of a real request.
 	if p := s.buf[s.pos:s.end]; len(p) > 10 && p[0] >= '1' && p[0] <= '9' {
@@ -396,7 +465,7 @@ func (s *scanner) readID(index int) (uint32, *requestError) {
 		if err != nil {
 			return 0, err
 		}
-		return 0, badRequest("token_ids[%d]: must be an integer in [0, 4294967295], got %s", index, k)
+		return 0, badRequest("%s[%d]: must be an integer in [0, 4294967295], got %s", name, index, k)
 	}
 	var lit [maxLiteralShown]byte
 	n := 0
@@ -452,10 +521,10 @@ done:
 			s.pos++
 			c, ok = s.peek()
 		}
-		return 0, badRequest("token_ids[%d]: must be an integer in [0, 4294967295], got %s", index, shownLiteral(lit[:n], n == len(lit)))
+		return 0, badRequest("%s[%d]: must be an integer in [0, 4294967295], got %s", name, index, shownLiteral(lit[:n], n == len(lit)))
 	}
 	if (neg && v != 0) || v > math.MaxUint32 {
-		return 0, badRequest("token_ids[%d]: must be an integer in [0, 4294967295], got %s", index, shownLiteral(lit[:n], n == len(lit)))
+		return 0, badRequest("%s[%d]: must be an integer in [0, 4294967295], got %s", name, index, shownLiteral(lit[:n], n == len(lit)))
 	}
 	return uint32(v), nil
 }
@@ -465,4 +534,349 @@ func shownLiteral(lit []byte, truncated bool) string {
 		return string(lit) + "..."
 	}
 	return string(lit)
+}
+
+// readString consumes the JSON string starting at its opening quote. With
+// keep, its decoded text is appended to dst, which may grow to at most
+// maxLen bytes; past that the request is refused with 413 naming what.
+// It returns dst and the string's length as written (escapes included),
+// which is what a caller that does not keep the text can estimate from.
+//
+// Escapes decode as encoding/json decodes them: a \u surrogate half that
+// is not part of a pair becomes U+FFFD. Bytes are not checked for UTF-8:
+// whoever reads the text decides what invalid UTF-8 means.
+func (s *scanner) readString(dst []byte, keep bool, maxLen int, what string) ([]byte, int, *requestError) {
+	s.pos++
+	raw := 0
+	var high rune // a pending high surrogate half
+	put := func(b []byte) *requestError {
+		if !keep {
+			return nil
+		}
+		if len(dst)+len(b) > maxLen {
+			return &requestError{status: http.StatusRequestEntityTooLarge,
+				message: what + ": text exceeds " + strconv.Itoa(maxLen) + " bytes"}
+		}
+		dst = append(dst, b...)
+		return nil
+	}
+	var enc [utf8.UTFMax]byte
+	putRune := func(r rune) *requestError { return put(enc[:utf8.EncodeRune(enc[:], r)]) }
+	flushHigh := func() *requestError {
+		if high == 0 {
+			return nil
+		}
+		high = 0
+		return putRune(utf8.RuneError)
+	}
+	for {
+		if s.pos == s.end && !s.fill() {
+			return dst, raw, s.endError()
+		}
+		// The plain run up to the next quote, escape or control byte.
+		i := s.pos
+		for i < s.end {
+			c := s.buf[i]
+			if c == '"' || c == '\\' || c < 0x20 {
+				break
+			}
+			i++
+		}
+		if i > s.pos {
+			if err := flushHigh(); err != nil {
+				return dst, raw, err
+			}
+			if err := put(s.buf[s.pos:i]); err != nil {
+				return dst, raw, err
+			}
+			raw += i - s.pos
+			s.pos = i
+		}
+		if s.pos == s.end {
+			continue
+		}
+		c := s.buf[s.pos]
+		switch {
+		case c == '"':
+			s.pos++
+			return dst, raw, flushHigh()
+		case c < 0x20:
+			return dst, raw, s.syntaxError(c)
+		}
+		s.pos++
+		e, ok := s.peek()
+		if !ok {
+			return dst, raw, s.endError()
+		}
+		s.pos++
+		raw += 2
+		if e != 'u' {
+			if err := flushHigh(); err != nil {
+				return dst, raw, err
+			}
+			var b byte
+			switch e {
+			case '"', '\\', '/':
+				b = e
+			case 'b':
+				b = '\b'
+			case 'f':
+				b = '\f'
+			case 'n':
+				b = '\n'
+			case 'r':
+				b = '\r'
+			case 't':
+				b = '\t'
+			default:
+				s.pos--
+				return dst, raw, s.syntaxError(e)
+			}
+			enc[0] = b
+			if err := put(enc[:1]); err != nil {
+				return dst, raw, err
+			}
+			continue
+		}
+		var r rune
+		for range 4 {
+			h, ok := s.peek()
+			if !ok {
+				return dst, raw, s.endError()
+			}
+			v, isHex := hexValue(h)
+			if !isHex {
+				return dst, raw, s.syntaxError(h)
+			}
+			s.pos++
+			r = r<<4 | rune(v)
+		}
+		raw += 4
+		var err *requestError
+		switch {
+		case high != 0 && r >= 0xdc00 && r < 0xe000:
+			r, high = 0x10000+(high-0xd800)<<10+(r-0xdc00), 0
+			err = putRune(r)
+		case r >= 0xd800 && r < 0xdc00:
+			err = flushHigh()
+			high = r
+		case r >= 0xdc00 && r < 0xe000:
+			if err = flushHigh(); err == nil {
+				err = putRune(utf8.RuneError)
+			}
+		default:
+			if err = flushHigh(); err == nil {
+				err = putRune(r)
+			}
+		}
+		if err != nil {
+			return dst, raw, err
+		}
+	}
+}
+
+// maxDepth bounds the nesting of a skipped value, as encoding/json does.
+const maxDepth = 10000
+
+// skipValue consumes one JSON value, checking its syntax, with stack as
+// scratch for the open containers (returned for reuse). Nothing of the
+// value is kept.
+func (s *scanner) skipValue(stack []byte) ([]byte, *requestError) {
+	base := len(stack)
+	for {
+		// A value is expected here.
+		c, ok := s.skipSpace()
+		if !ok {
+			return stack, s.endError()
+		}
+		closed := true
+		switch c {
+		case '{', '[':
+			s.pos++
+			if len(stack)-base >= maxDepth {
+				return stack, badRequest("JSON nested deeper than %d levels at offset %d", maxDepth, s.offset())
+			}
+			end := byte('}')
+			if c == '[' {
+				end = ']'
+			}
+			n, ok := s.skipSpace()
+			if !ok {
+				return stack, s.endError()
+			}
+			if n == end {
+				s.pos++
+				break
+			}
+			stack = append(stack, c)
+			closed = false
+			if c == '{' {
+				if err := s.skipKey(); err != nil {
+					return stack, err
+				}
+			}
+		case '"':
+			if _, _, err := s.readString(nil, false, 0, ""); err != nil {
+				return stack, err
+			}
+		case '-', '0', '1', '2', '3', '4', '5', '6', '7', '8', '9':
+			if err := s.skipNumber(); err != nil {
+				return stack, err
+			}
+		default:
+			// true, false and null; anything else is a syntax error.
+			if _, err := s.kindAt(c); err != nil {
+				return stack, err
+			}
+		}
+		if !closed {
+			continue
+		}
+		// After a value: close containers until one has a next element.
+		for len(stack) > base {
+			c, ok := s.skipSpace()
+			if !ok {
+				return stack, s.endError()
+			}
+			top := stack[len(stack)-1]
+			if c == ',' {
+				s.pos++
+				if top == '{' {
+					if err := s.skipKey(); err != nil {
+						return stack, err
+					}
+				}
+				break
+			}
+			if (top == '[' && c == ']') || (top == '{' && c == '}') {
+				s.pos++
+				stack = stack[:len(stack)-1]
+				continue
+			}
+			return stack, s.syntaxError(c)
+		}
+		if len(stack) == base {
+			return stack, nil
+		}
+	}
+}
+
+// skipKey consumes an object key and its colon.
+func (s *scanner) skipKey() *requestError {
+	c, ok := s.skipSpace()
+	if !ok {
+		return s.endError()
+	}
+	if c != '"' {
+		return s.syntaxError(c)
+	}
+	if _, _, err := s.readString(nil, false, 0, ""); err != nil {
+		return err
+	}
+	return s.colon()
+}
+
+// afterElement consumes what follows an array element or an object
+// member: a comma, after which it returns the next byte and more, or the
+// closing end.
+func (s *scanner) afterElement(end byte) (next byte, more bool, err *requestError) {
+	c, ok := s.skipSpace()
+	if !ok {
+		return 0, false, s.endError()
+	}
+	switch c {
+	case end:
+		s.pos++
+		return 0, false, nil
+	case ',':
+		s.pos++
+		if c, ok = s.skipSpace(); !ok {
+			return 0, false, s.endError()
+		}
+		return c, true, nil
+	}
+	return 0, false, s.syntaxError(c)
+}
+
+// memberKey reads the key of an object member, which starts at c, into
+// kb as readKey does, and the colon after it.
+func (s *scanner) memberKey(c byte, kb *[maxKeyShown]byte) (int, *requestError) {
+	if c != '"' {
+		return 0, s.syntaxError(c)
+	}
+	n, err := s.readKey(kb)
+	if err != nil {
+		return 0, err
+	}
+	return n, s.colon()
+}
+
+// colon consumes the colon after an object key.
+func (s *scanner) colon() *requestError {
+	c, ok := s.skipSpace()
+	if !ok {
+		return s.endError()
+	}
+	if c != ':' {
+		return s.syntaxError(c)
+	}
+	s.pos++
+	return nil
+}
+
+// skipNumber consumes a JSON number, checking its grammar; its first
+// byte has been peeked.
+func (s *scanner) skipNumber() *requestError {
+	c, _ := s.peek()
+	if c == '-' {
+		s.pos++
+	}
+	c, ok := s.peek()
+	switch {
+	case !ok:
+		return s.endError()
+	case c == '0':
+		s.pos++
+	case c >= '1' && c <= '9':
+		s.skipDigits()
+	default:
+		return s.syntaxError(c)
+	}
+	if c, ok := s.peek(); ok && c == '.' {
+		s.pos++
+		if s.skipDigits() == 0 {
+			return s.numberEnd()
+		}
+	}
+	if c, ok := s.peek(); ok && (c == 'e' || c == 'E') {
+		s.pos++
+		if c, ok := s.peek(); ok && (c == '+' || c == '-') {
+			s.pos++
+		}
+		if s.skipDigits() == 0 {
+			return s.numberEnd()
+		}
+	}
+	return nil
+}
+
+// skipDigits consumes decimal digits and returns how many.
+func (s *scanner) skipDigits() int {
+	n := 0
+	for {
+		c, ok := s.peek()
+		if !ok || c < '0' || c > '9' {
+			return n
+		}
+		s.pos++
+		n++
+	}
+}
+
+// numberEnd reports a number cut short: digits were due.
+func (s *scanner) numberEnd() *requestError {
+	if c, ok := s.peek(); ok {
+		return s.syntaxError(c)
+	}
+	return s.endError()
 }

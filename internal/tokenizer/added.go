@@ -2,7 +2,6 @@ package tokenizer
 
 import (
 	"sort"
-	"strings"
 	"unicode"
 	"unicode/utf8"
 )
@@ -21,42 +20,91 @@ type addedToken struct {
 // addedMatcher finds added tokens in text with the semantics of the
 // tokenizers library's AddedVocabulary: non-overlapping matches, each the
 // leftmost and then the longest one (Aho-Corasick LeftmostLongest), with
-// single_word, lstrip and rstrip applied to each match. Candidates are
-// bucketed by first byte and tried longest first, which gives the same
-// answer as the automaton for the few hundred tokens models carry.
+// single_word, lstrip and rstrip applied to each match. A byte trie gives
+// the longest token at a position in time bounded by the longest token,
+// whatever the number of tokens (Gemma's files carry thousands).
 type addedMatcher struct {
-	tokens  []addedToken
-	byFirst [256][]int32 // indices into tokens, longest content first
+	tokens []addedToken
+	// nodes[0] is the root. A node's edges are sorted by byte.
+	nodes []trieNode
+	// first marks the bytes that start some token, for a quick skip.
+	first [256]bool
+}
+
+type trieNode struct {
+	edges []trieEdge
+	token int32 // index into tokens of the token ending here, or -1
+}
+
+type trieEdge struct {
+	b    byte
+	next int32
 }
 
 func newAddedMatcher(tokens []addedToken) *addedMatcher {
-	m := &addedMatcher{tokens: tokens}
+	m := &addedMatcher{tokens: tokens, nodes: []trieNode{{token: -1}}}
 	for i, t := range tokens {
 		if t.content == "" {
 			continue
 		}
-		c := t.content[0]
-		m.byFirst[c] = append(m.byFirst[c], int32(i))
-	}
-	for c := range m.byFirst {
-		b := m.byFirst[c]
-		sort.SliceStable(b, func(i, j int) bool {
-			return len(tokens[b[i]].content) > len(tokens[b[j]].content)
-		})
+		m.first[t.content[0]] = true
+		n := int32(0)
+		for k := 0; k < len(t.content); k++ {
+			n = m.child(n, t.content[k])
+		}
+		// The library keeps the first of two tokens with the same content.
+		if m.nodes[n].token < 0 {
+			m.nodes[n].token = int32(i)
+		}
 	}
 	return m
+}
+
+// child returns the node under n for byte c, adding it if missing.
+func (m *addedMatcher) child(n int32, c byte) int32 {
+	edges := m.nodes[n].edges
+	k := sort.Search(len(edges), func(i int) bool { return edges[i].b >= c })
+	if k < len(edges) && edges[k].b == c {
+		return edges[k].next
+	}
+	id := int32(len(m.nodes))
+	m.nodes = append(m.nodes, trieNode{token: -1})
+	edges = append(edges, trieEdge{})
+	copy(edges[k+1:], edges[k:])
+	edges[k] = trieEdge{b: c, next: id}
+	m.nodes[n].edges = edges
+	return id
 }
 
 func (m *addedMatcher) empty() bool { return m == nil || len(m.tokens) == 0 }
 
 // longestAt returns the longest token matching s at i, or -1.
 func (m *addedMatcher) longestAt(s string, i int) int {
-	for _, k := range m.byFirst[s[i]] {
-		if strings.HasPrefix(s[i:], m.tokens[k].content) {
-			return int(k)
+	if !m.first[s[i]] {
+		return -1
+	}
+	best, n := -1, int32(0)
+	for k := i; k < len(s); k++ {
+		edges := m.nodes[n].edges
+		c := s[k]
+		lo, hi := 0, len(edges)
+		for lo < hi {
+			mid := int(uint(lo+hi) >> 1)
+			if edges[mid].b < c {
+				lo = mid + 1
+			} else {
+				hi = mid
+			}
+		}
+		if lo == len(edges) || edges[lo].b != c {
+			break
+		}
+		n = edges[lo].next
+		if t := m.nodes[n].token; t >= 0 {
+			best = int(t)
 		}
 	}
-	return -1
+	return best
 }
 
 // isWordChar is the \w class of Rust's regex crate (Alphabetic, M, Nd, Pc,

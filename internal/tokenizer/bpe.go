@@ -55,8 +55,10 @@ func (m *bpeModel) pairRank(a, b uint32) uint64 {
 	return uint64(r.rank)<<32 | uint64(r.id)
 }
 
-// encodeWord appends the ids of one pre-tokenized word to dst.
-func (m *bpeModel) encodeWord(w string, dst []uint32) []uint32 {
+// encodeWord appends the ids of one pre-tokenized word to dst. A long
+// word's merging ends early, leaving ids that mean nothing, once c sees
+// the caller's context end; the caller then discards them.
+func (m *bpeModel) encodeWord(w string, dst []uint32, c *canceller) []uint32 {
 	if w == "" {
 		return dst
 	}
@@ -67,7 +69,7 @@ func (m *bpeModel) encodeWord(w string, dst []uint32) []uint32 {
 	}
 	start := len(dst)
 	dst = m.appendSymbols(w, dst)
-	n := m.merge(dst[start:])
+	n := m.merge(dst[start:], c)
 	return dst[:start+n]
 }
 
@@ -128,14 +130,15 @@ func (m *bpeModel) appendSymbols(w string, dst []uint32) []uint32 {
 }
 
 // merge applies merges to sym in place, lowest rank first and leftmost
-// among equal ranks, and returns the new length.
-func (m *bpeModel) merge(sym []uint32) int {
+// among equal ranks, and returns the new length. Only a long word's
+// merging looks at c: a short one is bounded work.
+func (m *bpeModel) merge(sym []uint32, c *canceller) int {
 	n := len(sym)
 	if n < 2 {
 		return n
 	}
 	if n > smallWord {
-		return m.mergeLong(sym)
+		return m.mergeLong(sym, c)
 	}
 	var rk [smallWord - 1]uint64
 	for i := 0; i+1 < n; i++ {
@@ -227,8 +230,8 @@ func (h *mergeHeap) pop() heapEntry {
 
 // mergeLong is merge for long words: a priority queue of candidate pairs
 // over a linked list of symbols, ordered by (rank, position) exactly like
-// the quadratic scan.
-func (m *bpeModel) mergeLong(sym []uint32) int {
+// the quadratic scan. It gives up once c sees the caller's context end.
+func (m *bpeModel) mergeLong(sym []uint32, c *canceller) int {
 	n := len(sym)
 	prev := make([]int32, n)
 	next := make([]int32, n)
@@ -245,9 +248,15 @@ func (m *bpeModel) mergeLong(sym []uint32) int {
 		}
 	}
 	for i := 0; i+1 < n; i++ {
+		if c.stop() {
+			return n
+		}
 		try(int32(i), int32(i+1))
 	}
 	for len(h) > 0 {
+		if c.stop() {
+			break
+		}
 		e := h.pop()
 		p := e.pos
 		if dead[p] {

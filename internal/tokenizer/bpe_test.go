@@ -107,7 +107,7 @@ func TestBPEMatchesReference(t *testing.T) {
 				b.WriteString(mergeHeavy[r.IntN(len(mergeHeavy))])
 			}
 			w := b.String()
-			got := tk.p.model.encodeWord(w, nil)
+			got := tk.p.model.encodeWord(w, nil, nil)
 			want := refByteLevelIDs(t, w, ranks, vocab, ignore)
 			if !reflect.DeepEqual(got, want) {
 				t.Fatalf("%s %q:\n got %v\nwant %v", dir, w, got, want)
@@ -199,8 +199,8 @@ func TestMergePathsAgree(t *testing.T) {
 		}
 		a := m.appendSymbols(w, nil)
 		c := append([]uint32(nil), a...)
-		na := m.merge(a)
-		nc := m.mergeLong(c)
+		na := m.merge(a, nil)
+		nc := m.mergeLong(c, nil)
 		if !reflect.DeepEqual(a[:na], c[:nc]) {
 			t.Fatalf("%q: quadratic %v, heap %v", w, a[:na], c[:nc])
 		}

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -219,9 +220,25 @@ func (t *Tokenizer) EncodeChat(messages []Message, dst []uint32) ([]uint32, erro
 
 // EncodeChatWith renders and encodes messages with explicit options.
 func (t *Tokenizer) EncodeChatWith(messages []Message, opts ChatOptions, dst []uint32) ([]uint32, error) {
+	return t.encodeChat(context.Background(), messages, opts, dst)
+}
+
+// EncodeChatContext is EncodeChat that gives up once ctx ends, as
+// EncodeContext does. Rendering the template is not interrupted: its
+// cost is linear in the messages, which the caller bounds.
+func (t *Tokenizer) EncodeChatContext(ctx context.Context, messages []Message, dst []uint32) ([]uint32, error) {
+	return t.encodeChat(ctx, messages, ChatOptions{AddGenerationPrompt: true}, dst)
+}
+
+// EncodeChatWithContext is EncodeChatWith that gives up once ctx ends.
+func (t *Tokenizer) EncodeChatWithContext(ctx context.Context, messages []Message, opts ChatOptions, dst []uint32) ([]uint32, error) {
+	return t.encodeChat(ctx, messages, opts, dst)
+}
+
+func (t *Tokenizer) encodeChat(ctx context.Context, messages []Message, opts ChatOptions, dst []uint32) ([]uint32, error) {
 	prompt, err := t.RenderChat(messages, opts)
 	if err != nil {
 		return dst, err
 	}
-	return t.EncodeWith(prompt, EncodeOptions{AddSpecialTokens: opts.AddSpecialTokens}, dst)
+	return t.encode(ctx, prompt, EncodeOptions{AddSpecialTokens: opts.AddSpecialTokens}, dst)
 }

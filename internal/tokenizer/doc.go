@@ -33,35 +33,54 @@
 //
 // # Supported tokenizer.json subset
 //
+// The subset is what real models' files use, checked against Hugging
+// Face's own library by the conformance test (conformance_test.go) on the
+// files of Qwen3, Llama-3, DeepSeek-V3, Gemma-3, Llama-2, GPT-4o and
+// GPT-OSS.
+//
 // Model: "BPE" with vocab and merges (either "a b" strings or ["a","b"]
 // pairs), ignore_merges, byte_fallback, unk_token and fuse_unk; dropout must
 // be null, and continuing_subword_prefix / end_of_word_suffix must be empty.
+// The model is byte-level (GPT-2, Llama-3, Qwen, DeepSeek style) when the
+// pre-tokenizer ends with ByteLevel, else SentencePiece style (Llama-2,
+// Gemma): one symbol per character, "▁" for spaces from the normalizer or
+// Metaspace, byte_fallback to <0xXX> tokens.
 //
-// Byte-level BPE (GPT-2, Qwen2/2.5/3, Llama-3 style): the pre_tokenizer is
-// ByteLevel, or a Sequence of Split steps with one of the recognised regex
-// patterns (behavior "Isolated", invert false) followed by ByteLevel. Go's
-// regexp package has no lookahead, which these patterns need for
-// `\s+(?!\S)`, so each recognised pattern has a hand-written splitter that
-// follows the backtracking regex semantics of the original (leftmost
-// alternative wins, greedy quantifiers give back). Recognised patterns:
-//
-//   - GPT-2 (also what ByteLevel with use_regex=true applies):
-//     's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-//   - Llama-3: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
-//   - Qwen2 (also Qwen2.5 and Qwen3): as Llama-3 with \p{N} instead of \p{N}{1,3}
-//   - Qwen2 with combining marks: as Qwen2 with [\p{L}\p{M}]+ for letters and
-//     [^\s\p{L}\p{M}\p{N}] for punctuation
-//
-// Any other Split pattern fails with "unsupported pre_tokenizer pattern".
-//
-// SentencePiece-style BPE (Llama-2, Mistral, Gemma style, converted from a
-// sentencepiece model): pre_tokenizer null or Metaspace (replacement and
-// prepend_scheme "always", "first" or "never"; split must be false), the
-// normalizer usually Sequence[Prepend("▁"), Replace(" ", "▁")], and
-// byte_fallback to <0xXX> tokens.
-//
-// Normalizers: null, NFC, NFD, NFKC, NFKD, Prepend, Replace with a String
+// Normalizers: NFC, NFD, NFKC, NFKD, Lowercase (Rust's char::to_lowercase),
+// Strip, StripAccents (every mark), Prepend, Replace with a String or Regex
 // pattern, and Sequence of these.
+//
+// Pre-tokenizers: Split with a String or Regex pattern, every behaviour
+// (Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous) and
+// invert; ByteLevel (add_prefix_space, use_regex; it must be the last
+// step); Metaspace (replacement, prepend_scheme "always", "first" or
+// "never", split); Whitespace, WhitespaceSplit, BertPreTokenizer,
+// Punctuation, Digits, CharDelimiterSplit, FixedLength; Sequence of these.
+//
+// Regex patterns are written for Oniguruma, which the library uses. Each
+// pattern is served by the fastest of three kinds that gives the same
+// matches (leftmost first, non-overlapping, no empty match right after the
+// previous one):
+//
+//   - hand-written matchers for the patterns of GPT-2 (also ByteLevel's
+//     use_regex), Llama-3, Qwen2/2.5/3 (with and without combining marks) and
+//     DeepSeek-V3's three splits, recognised by their exact text (split.go);
+//   - Go's regexp for patterns without look-around or back-references: its
+//     leftmost-first matching chooses what a backtracking engine chooses, in
+//     linear time. A trailing `|\s+(?!\S)|\s+`, which Go's syntax cannot
+//     express, is taken out and emulated. GPT-4o's and GPT-OSS's pattern run
+//     here;
+//   - github.com/dlclark/regexp2, a backtracking engine with look-around,
+//     for the rest.
+//
+// Patterns are rewritten first so that \s, \d and \w mean what they mean
+// in Oniguruma (White_Space; Nd; letters, marks, numbers and connector
+// punctuation), ^ and $ match at line boundaries, and literals under (?i)
+// match their whole case-folding orbit ("'ſ" matches (?i)'s). Constructs
+// that no published tokenizer uses and whose meaning differs between the
+// engines (back-references, possessive quantifiers, \b, nested classes,
+// character classes under (?i) for regexp2, inline options other than i)
+// fail Load with "unsupported" and the pattern named.
 //
 // Post-processors: null, ByteLevel (offsets only, no ids), TemplateProcessing
 // (the "single" template), RobertaProcessing, BertProcessing, and Sequence of
@@ -79,19 +98,22 @@
 // "<|im_start|>" written in a prompt becomes its id.
 //
 // Encode adds special tokens the way the engine's encode(text,
-// add_special_tokens=true) does: first the tokenizer.json post_processor
-// (TemplateProcessing of Llama-3 prepends <|begin_of_text|>; ByteLevel of
-// Qwen2 adds nothing), then, when tokenizer_config.json sets
-// add_bos_token / add_eos_token to true, bos_token / eos_token are put at
-// the start / end unless already there. No BOS is added otherwise.
+// add_special_tokens=true) does with transformers: the tokenizer.json
+// post_processor (TemplateProcessing of Llama-2 and Gemma prepends BOS;
+// ByteLevel of Qwen adds nothing), except that when tokenizer_config.json
+// sets add_bos_token or add_eos_token to true the template becomes
+// "[bos_token] $A [eos_token]", as transformers' Llama and Gemma tokenizers
+// rebuild it (DeepSeek-V3's files get their BOS this way). A text that
+// already starts with BOS gets a second one, as there.
 //
 // EncodeChat renders the chat template with add_generation_prompt=true and
 // encodes the result without adding special tokens, because the template
 // itself writes bos_token where the model wants one (the HuggingFace and
-// vLLM convention for chat requests). Some xLLM service versions encode the
-// rendered chat prompt with add_special_tokens=true instead, which for a
-// Llama-3 style tokenizer yields two BOS ids; EncodeChatWith with
-// ChatOptions.AddSpecialTokens reproduces that where a deployment does it.
+// vLLM convention for chat requests). Some engines encode the rendered chat
+// prompt with add_special_tokens=true instead, which for a Llama-2 or
+// DeepSeek-V3 style tokenizer yields two BOS ids; EncodeChatWith with
+// ChatOptions.AddSpecialTokens reproduces that (kvcar's
+// --tokenizer_add_special_tokens).
 //
 // # Chat templates
 //
@@ -115,7 +137,7 @@
 // are); invalid input is rejected. Unicode tables are Go's (unicode and
 // golang.org/x/text/unicode/norm), which may differ from the Rust crates'
 // Unicode version for characters assigned in the newest Unicode releases.
-// WordPiece, Unigram and WordLevel models, and pre-tokenizers other than the
-// ones listed above (Digits, Punctuation, Whitespace, BertPreTokenizer, the
-// DeepSeek-V3 multi-Split sequences, ...) are rejected at Load.
+// WordPiece, Unigram and WordLevel models, the BertNormalizer, Nmt,
+// Precompiled and ByteLevel normalizers, and the UnicodeScripts
+// pre-tokenizer are rejected at Load.
 package tokenizer

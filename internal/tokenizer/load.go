@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
 )
@@ -66,6 +67,8 @@ type normalizerJSON struct {
 	Prepend     *string           `json:"prepend"`
 	Pattern     *patternJSON      `json:"pattern"`
 	Content     *string           `json:"content"`
+	StripLeft   *bool             `json:"strip_left"`
+	StripRight  *bool             `json:"strip_right"`
 }
 
 type preTokenizerJSON struct {
@@ -79,6 +82,10 @@ type preTokenizerJSON struct {
 	Replacement    *string           `json:"replacement"`
 	PrependScheme  *string           `json:"prepend_scheme"`
 	Split          *bool             `json:"split"`
+	// Digits, CharDelimiterSplit, FixedLength.
+	IndividualDigits bool    `json:"individual_digits"`
+	Delimiter        *string `json:"delimiter"`
+	Length           *int    `json:"length"`
 }
 
 type templateItemJSON struct {
@@ -164,9 +171,15 @@ func loadTokenizerJSON(path string) (*pipeline, error) {
 		return nil, err
 	}
 	byteLevel := false
-	for _, st := range p.pre {
-		if st.kind == preByteLevel {
-			byteLevel = true
+	for i, st := range p.pre {
+		if st.kind != preByteLevel {
+			continue
+		}
+		byteLevel = true
+		// Steps after ByteLevel would see text spelled in the byte
+		// alphabet, which this pipeline does not produce.
+		if i != len(p.pre)-1 {
+			return nil, sp.unsupported("pre_tokenizer", "a pre-tokenizer after ByteLevel")
 		}
 	}
 	if p.norms, err = parseNormalizer(sp, "normalizer", tj.Normalizer); err != nil {
@@ -225,15 +238,52 @@ func parseNormalizer(sp spec, path string, raw json.RawMessage) ([]normStep, err
 		}
 		return []normStep{{kind: normPrepend, prepend: *nj.Prepend}}, nil
 	case "Replace":
-		if nj.Pattern == nil || nj.Pattern.String == nil || nj.Content == nil {
-			return nil, sp.unsupported(path+".pattern", "normalizer Replace with a Regex pattern (only String patterns are supported)")
+		if nj.Content == nil {
+			return nil, sp.invalid(path+".content", "Replace without content")
 		}
-		if *nj.Pattern.String == "" {
-			return nil, sp.invalid(path+".pattern", "empty Replace pattern")
+		pat, err := parsePattern(sp, path+".pattern", nj.Pattern)
+		if err != nil {
+			return nil, err
 		}
-		return []normStep{{kind: normReplace, from: *nj.Pattern.String, to: *nj.Content}}, nil
+		return []normStep{{kind: normReplace, pat: pat, to: *nj.Content}}, nil
+	case "Lowercase":
+		return []normStep{{kind: normLowercase}}, nil
+	case "Strip":
+		st := normStep{kind: normStrip, left: true, right: true}
+		if nj.StripLeft != nil {
+			st.left = *nj.StripLeft
+		}
+		if nj.StripRight != nil {
+			st.right = *nj.StripRight
+		}
+		return []normStep{st}, nil
+	case "StripAccents":
+		return []normStep{{kind: normStripAccents}}, nil
 	}
-	return nil, sp.unsupported(path+".type", "normalizer %q (supported: NFC, NFD, NFKC, NFKD, Prepend, Replace, Sequence)", nj.Type)
+	return nil, sp.unsupported(path+".type", "normalizer %q (supported: NFC, NFD, NFKC, NFKD, Lowercase, Strip, StripAccents, Prepend, Replace, Sequence)", nj.Type)
+}
+
+// parsePattern reads the pattern of a Split pre-tokenizer or a Replace
+// normalizer: {"String": text} (matched literally) or {"Regex": pattern}
+// (Oniguruma syntax, as the tokenizers library compiles it).
+func parsePattern(sp spec, path string, pj *patternJSON) (*pattern, error) {
+	switch {
+	case pj == nil || (pj.String == nil) == (pj.Regex == nil):
+		return nil, sp.invalid(path, "want exactly one of String and Regex")
+	case pj.String != nil:
+		if *pj.String == "" {
+			return nil, sp.invalid(path+".String", "empty pattern")
+		}
+		return &pattern{kind: patternLiteral, lit: *pj.String}, nil
+	}
+	if *pj.Regex == "" {
+		return nil, sp.invalid(path+".Regex", "empty pattern")
+	}
+	p, err := compileRegex(*pj.Regex)
+	if err != nil {
+		return nil, sp.unsupported(path+".Regex", "%v", err)
+	}
+	return p, nil
 }
 
 func parsePrependScheme(sp spec, path string, scheme *string, addPrefixSpace *bool) (prependScheme, error) {
@@ -275,20 +325,52 @@ func parsePreTokenizer(sp spec, path string, raw json.RawMessage) ([]preStep, er
 		}
 		return out, nil
 	case "Split":
-		if pj.Pattern == nil || pj.Pattern.Regex == nil {
-			return nil, sp.unsupported(path+".pattern", "pre_tokenizer Split with a String pattern (only the known Regex patterns are supported)")
+		pat, err := parsePattern(sp, path+".pattern", pj.Pattern)
+		if err != nil {
+			return nil, err
 		}
-		if pj.Behavior != "Isolated" {
-			return nil, sp.unsupported(path+".behavior", "Split behavior %q (only Isolated)", pj.Behavior)
-		}
-		if pj.Invert {
-			return nil, sp.unsupported(path+".invert", "Split with invert=true")
-		}
-		known, ok := knownPatterns()[*pj.Pattern.Regex]
+		behavior, ok := behaviorNames[pj.Behavior]
 		if !ok {
-			return nil, sp.unsupported(path+".pattern.Regex", "pre_tokenizer pattern %q (recognised: the GPT-2, Llama-3 and Qwen2 split patterns)", *pj.Pattern.Regex)
+			return nil, sp.invalid(path+".behavior", "unknown Split behavior %q", pj.Behavior)
 		}
-		return []preStep{{kind: preSplit, match: known.match}}, nil
+		return []preStep{{kind: preSplit, pat: pat, behavior: behavior, invert: pj.Invert}}, nil
+	case "Whitespace":
+		// The tokenizers library's `\w+|[^\w\s]+` (Rust regex classes), kept.
+		return []preStep{{kind: preSplit, pat: &pattern{kind: patternHand, hand: matchWhitespaceWords}, behavior: behaviorRemoved, invert: true}}, nil
+	case "WhitespaceSplit":
+		return []preStep{runeSplit(isSpace, behaviorRemoved)}, nil
+	case "BertPreTokenizer":
+		return []preStep{runeSplit(isSpace, behaviorRemoved), runeSplit(isPunctuation, behaviorIsolated)}, nil
+	case "Punctuation":
+		behavior := behaviorIsolated
+		if pj.Behavior != "" {
+			var ok bool
+			if behavior, ok = behaviorNames[pj.Behavior]; !ok {
+				return nil, sp.invalid(path+".behavior", "unknown Punctuation behavior %q", pj.Behavior)
+			}
+		}
+		return []preStep{runeSplit(isPunctuation, behavior)}, nil
+	case "Digits":
+		behavior := behaviorContiguous
+		if pj.IndividualDigits {
+			behavior = behaviorIsolated
+		}
+		return []preStep{runeSplit(isNumber, behavior)}, nil
+	case "CharDelimiterSplit":
+		if pj.Delimiter == nil || utf8.RuneCountInString(*pj.Delimiter) != 1 {
+			return nil, sp.invalid(path+".delimiter", "want one character")
+		}
+		d, _ := utf8.DecodeRuneInString(*pj.Delimiter)
+		return []preStep{runeSplit(func(r rune) bool { return r == d }, behaviorRemoved)}, nil
+	case "FixedLength":
+		st := preStep{kind: preFixedLength, length: 5}
+		if pj.Length != nil {
+			st.length = *pj.Length
+		}
+		if st.length < 1 {
+			return nil, sp.invalid(path+".length", "length %d: must be at least 1", st.length)
+		}
+		return []preStep{st}, nil
 	case "ByteLevel":
 		st := preStep{kind: preByteLevel, useRegex: true}
 		if pj.AddPrefixSpace != nil {
@@ -297,6 +379,8 @@ func parsePreTokenizer(sp spec, path string, raw json.RawMessage) ([]preStep, er
 		if pj.UseRegex != nil {
 			st.useRegex = *pj.UseRegex
 		}
+		st.pat = &pattern{kind: patternHand, hand: matchGPT2}
+		st.behavior = behaviorIsolated
 		return []preStep{st}, nil
 	case "Metaspace":
 		st := preStep{kind: preMetaspace, replacement: "\u2581", splitOnRep: true}
@@ -309,13 +393,16 @@ func parsePreTokenizer(sp spec, path string, raw json.RawMessage) ([]preStep, er
 		if pj.Split != nil {
 			st.splitOnRep = *pj.Split
 		}
+		// Every replacement starts a new word.
+		st.pat = &pattern{kind: patternLiteral, lit: st.replacement}
+		st.behavior = behaviorMergedWithNext
 		var err error
 		if st.prepend, err = parsePrependScheme(sp, path, pj.PrependScheme, pj.AddPrefixSpace); err != nil {
 			return nil, err
 		}
 		return []preStep{st}, nil
 	}
-	return nil, sp.unsupported(path+".type", "pre_tokenizer %q (supported: ByteLevel, Split with a known pattern, Metaspace, Sequence)", pj.Type)
+	return nil, sp.unsupported(path+".type", "pre_tokenizer %q (supported: Split, ByteLevel, Metaspace, Whitespace, WhitespaceSplit, BertPreTokenizer, Punctuation, Digits, CharDelimiterSplit, FixedLength, Sequence)", pj.Type)
 }
 
 func parseDecoder(sp spec, path string, raw json.RawMessage) ([]decodeStep, error) {

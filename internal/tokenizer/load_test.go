@@ -56,18 +56,28 @@ func TestLoadRejectsUnsupported(t *testing.T) {
 		unsupported bool
 		want        []string
 	}{
-		{"unknown split regex", func(d map[string]any) {
-			d["pre_tokenizer"].(map[string]any)["pretokenizers"].([]any)[0].(map[string]any)["pattern"] = obj("Regex", `\p{N}{1,3}`)
-		}, true, []string{"pre_tokenizer.pretokenizers[0].pattern.Regex", "unsupported pre_tokenizer pattern", `\\p{N}{1,3}`}},
+		{"split back-reference", func(d map[string]any) {
+			d["pre_tokenizer"].(map[string]any)["pretokenizers"].([]any)[0].(map[string]any)["pattern"] = obj("Regex", `(a)\1`)
+		}, true, []string{"pre_tokenizer.pretokenizers[0].pattern.Regex", "back-reference", `(a)\\1`}},
+		{"split possessive", func(d map[string]any) {
+			d["pre_tokenizer"].(map[string]any)["pretokenizers"].([]any)[0].(map[string]any)["pattern"] = obj("Regex", `\p{L}++`)
+		}, true, []string{"pre_tokenizer.pretokenizers[0].pattern.Regex", "possessive"}},
 		{"split behavior", func(d map[string]any) {
-			d["pre_tokenizer"].(map[string]any)["pretokenizers"].([]any)[0].(map[string]any)["behavior"] = "Removed"
-		}, true, []string{"pre_tokenizer.pretokenizers[0].behavior", "Removed"}},
-		{"split string pattern", func(d map[string]any) {
-			d["pre_tokenizer"] = obj("type", "Split", "pattern", obj("String", " "), "behavior", "Isolated")
-		}, true, []string{"pre_tokenizer.pattern", "String pattern"}},
-		{"digits pre-tokenizer", func(d map[string]any) {
-			d["pre_tokenizer"] = obj("type", "Digits", "individual_digits", true)
-		}, true, []string{"pre_tokenizer.type", `"Digits"`}},
+			d["pre_tokenizer"].(map[string]any)["pretokenizers"].([]any)[0].(map[string]any)["behavior"] = "Sideways"
+		}, false, []string{"pre_tokenizer.pretokenizers[0].behavior", "Sideways"}},
+		{"split empty string pattern", func(d map[string]any) {
+			d["pre_tokenizer"] = obj("type", "Split", "pattern", obj("String", ""), "behavior", "Isolated")
+		}, false, []string{"pre_tokenizer.pattern.String", "empty pattern"}},
+		{"split two patterns", func(d map[string]any) {
+			d["pre_tokenizer"] = obj("type", "Split", "pattern", obj("String", " ", "Regex", " "), "behavior", "Isolated")
+		}, false, []string{"pre_tokenizer.pattern", "exactly one"}},
+		{"unicode scripts pre-tokenizer", func(d map[string]any) {
+			d["pre_tokenizer"] = obj("type", "UnicodeScripts")
+		}, true, []string{"pre_tokenizer.type", `"UnicodeScripts"`}},
+		{"step after byte level", func(d map[string]any) {
+			pre := d["pre_tokenizer"].(map[string]any)
+			pre["pretokenizers"] = append(pre["pretokenizers"].([]any), obj("type", "Digits", "individual_digits", true))
+		}, true, []string{"pre_tokenizer", "after ByteLevel"}},
 		{"wordpiece model", func(d map[string]any) {
 			d["model"].(map[string]any)["type"] = "WordPiece"
 		}, true, []string{"model.type", "WordPiece"}},
@@ -80,9 +90,12 @@ func TestLoadRejectsUnsupported(t *testing.T) {
 		{"bert normalizer", func(d map[string]any) {
 			d["normalizer"] = obj("type", "BertNormalizer")
 		}, true, []string{"normalizer.type", "BertNormalizer"}},
-		{"regex replace normalizer", func(d map[string]any) {
-			d["normalizer"] = obj("type", "Sequence", "normalizers", []any{obj("type", "NFC"), obj("type", "Replace", "pattern", obj("Regex", " +"), "content", " ")})
-		}, true, []string{"normalizer.normalizers[1].pattern", "Regex"}},
+		{"precompiled normalizer", func(d map[string]any) {
+			d["normalizer"] = obj("type", "Sequence", "normalizers", []any{obj("type", "NFC"), obj("type", "Precompiled", "precompiled_charsmap", "AAAA")})
+		}, true, []string{"normalizer.normalizers[1].type", "Precompiled"}},
+		{"malformed regex", func(d map[string]any) {
+			d["normalizer"] = obj("type", "Replace", "pattern", obj("Regex", `(?<=a`), "content", " ")
+		}, true, []string{"normalizer.pattern.Regex", "(?<=a"}},
 		{"unknown post-processor", func(d map[string]any) {
 			d["post_processor"] = obj("type", "Fancy")
 		}, true, []string{"post_processor.type", "Fancy"}},
@@ -227,7 +240,7 @@ func TestPostProcessorVariants(t *testing.T) {
 			t.Errorf("%s: got %v, want %v", typ, got, want)
 		}
 	}
-	// add_eos_token from the config appends EOS unless already last.
+	// add_eos_token from the config appends EOS, even after one in the text.
 	dir := variantDir(t, "qwen2like", func(map[string]any) {})
 	cfg := `{"eos_token": "<|im_end|>", "add_eos_token": true}`
 	if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(cfg), 0o644); err != nil {
@@ -239,7 +252,7 @@ func TestPostProcessorVariants(t *testing.T) {
 	}
 	for text, want := range map[string][]uint32{
 		"hello":           append(append([]uint32{}, hello...), sep),
-		"hello<|im_end|>": append(append([]uint32{}, hello...), sep),
+		"hello<|im_end|>": append(append([]uint32{}, hello...), sep, sep),
 	} {
 		if got, _ := tk.Encode(text, nil); !reflect.DeepEqual(got, want) {
 			t.Errorf("add_eos_token %q: got %v, want %v", text, got, want)

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
@@ -13,8 +14,10 @@ type normStep struct {
 	kind    normKind
 	form    norm.Form
 	prepend string
-	from    string // Replace pattern
-	to      string // Replace content
+	pat     *pattern // Replace pattern
+	to      string   // Replace content
+	left    bool     // Strip
+	right   bool     // Strip
 }
 
 type normKind int
@@ -23,6 +26,9 @@ const (
 	normUnicode normKind = iota
 	normPrepend
 	normReplace
+	normLowercase
+	normStrip
+	normStripAccents
 )
 
 func (n *normStep) apply(s string) string {
@@ -39,17 +45,71 @@ func (n *normStep) apply(s string) string {
 		}
 		return n.prepend + s
 	case normReplace:
-		return strings.ReplaceAll(s, n.from, n.to)
+		if n.pat.kind == patternLiteral {
+			return strings.ReplaceAll(s, n.pat.lit, n.to)
+		}
+		return replaceAll(s, n.pat, n.to)
+	case normLowercase:
+		return lowercase(s)
+	case normStrip:
+		if n.left {
+			s = strings.TrimLeftFunc(s, isSpace)
+		}
+		if n.right {
+			s = strings.TrimRightFunc(s, isSpace)
+		}
+		return s
+	case normStripAccents:
+		// Every mark goes, spacing and enclosing ones too.
+		if strings.IndexFunc(s, isMark) < 0 {
+			return s
+		}
+		return strings.Map(func(r rune) rune {
+			if isMark(r) {
+				return -1
+			}
+			return r
+		}, s)
 	}
 	return s
+}
+
+// lowercase maps each rune to its full Unicode lowercase, as Rust's
+// char::to_lowercase does: the simple mapping, except U+0130 (İ), the one
+// rune whose unconditional lowercase is two runes. There is no
+// context-dependent final sigma.
+func lowercase(s string) string {
+	ascii := true
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c >= utf8.RuneSelf || (c >= 'A' && c <= 'Z') {
+			ascii = false
+			break
+		}
+	}
+	if ascii {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s))
+	for _, r := range s {
+		if r == 0x130 {
+			b.WriteString("i\u0307")
+			continue
+		}
+		b.WriteRune(unicode.ToLower(r))
+	}
+	return b.String()
 }
 
 // preStep is one pre-tokenizer of tokenizer.json.
 type preStep struct {
 	kind preKind
 
-	// preSplit: the recognised pattern (behavior Isolated).
-	match matcher
+	// preSplit, and preByteLevel with useRegex (Isolated), and
+	// preMetaspace with splitOnRep (MergedWithNext).
+	pat      *pattern
+	behavior splitBehavior
+	invert   bool
 
 	// preByteLevel.
 	addPrefixSpace bool
@@ -59,6 +119,9 @@ type preStep struct {
 	replacement string
 	prepend     prependScheme
 	splitOnRep  bool
+
+	// preFixedLength: runes per piece.
+	length int
 }
 
 type preKind int
@@ -67,6 +130,7 @@ const (
 	preSplit preKind = iota
 	preByteLevel
 	preMetaspace
+	preFixedLength
 )
 
 type prependScheme int

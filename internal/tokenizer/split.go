@@ -21,6 +21,13 @@ const (
 	patternQwen2 = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
 
 	patternQwen2Marks = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+
+	// DeepSeek-V3 (and R1) split three times: numbers, runs of CJK
+	// ideographs and kana, then words. The CR and LF inside classes are
+	// the characters themselves in these files, not escapes.
+	patternDeepSeekDigits = `\p{N}{1,3}`
+	patternDeepSeekCJK    = "[一-龥\u3040-ゟ゠-ヿ]+"
+	patternDeepSeekWords  = "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
 )
 
 // matcher returns the end (byte offset) of the pattern's match that starts
@@ -37,10 +44,13 @@ type splitPattern struct {
 // knownPatterns maps pattern text to its matcher.
 func knownPatterns() map[string]splitPattern {
 	return map[string]splitPattern{
-		patternGPT2:       {"gpt2", matchGPT2},
-		patternLlama3:     {"llama3", func(s string, i int) int { return matchLlamaFamily(s, i, 3, false) }},
-		patternQwen2:      {"qwen2", func(s string, i int) int { return matchLlamaFamily(s, i, 1, false) }},
-		patternQwen2Marks: {"qwen2-marks", func(s string, i int) int { return matchLlamaFamily(s, i, 1, true) }},
+		patternGPT2:           {"gpt2", matchGPT2},
+		patternLlama3:         {"llama3", func(s string, i int) int { return matchLlamaFamily(s, i, 3, false) }},
+		patternQwen2:          {"qwen2", func(s string, i int) int { return matchLlamaFamily(s, i, 1, false) }},
+		patternQwen2Marks:     {"qwen2-marks", func(s string, i int) int { return matchLlamaFamily(s, i, 1, true) }},
+		patternDeepSeekDigits: {"deepseek-digits", matchDigits3},
+		patternDeepSeekCJK:    {"deepseek-cjk", matchDeepSeekCJK},
+		patternDeepSeekWords:  {"deepseek-words", matchDeepSeekWords},
 	}
 }
 
@@ -220,6 +230,12 @@ func matchLlamaFamily(s string, i int, maxDigits int, marks bool) int {
 	if !isSpace(r) {
 		return -1
 	}
+	return matchNewlineOrSpaces(s, i)
+}
+
+// matchNewlineOrSpaces is the shared tail `\s*[\r\n]+|\s+(?!\S)|\s+` at a
+// position holding whitespace.
+func matchNewlineOrSpaces(s string, i int) int {
 	// \s*[\r\n]+ : greedy \s* gives back until a newline can follow, so the
 	// match ends just after the last \r or \n of the whitespace run.
 	end := spanWhile(s, i, isSpace)
@@ -233,4 +249,105 @@ func matchLlamaFamily(s string, i int, maxDigits int, marks bool) int {
 		return lastNL + 1
 	}
 	return matchWhitespaceTail(s, i)
+}
+
+// isPunctuation is the tokenizers library's punctuation test for the
+// Punctuation and BertPreTokenizer pre-tokenizers: ASCII punctuation
+// (symbols such as $ and + included) or a Unicode punctuation category.
+func isPunctuation(r rune) bool {
+	if r < utf8.RuneSelf {
+		return r > ' ' && r < 0x7F && !(r >= '0' && r <= '9') && !(r >= 'a' && r <= 'z') && !(r >= 'A' && r <= 'Z')
+	}
+	return unicode.IsPunct(r)
+}
+
+// matchWhitespaceWords is the Whitespace pre-tokenizer's `\w+|[^\w\s]+`,
+// with the Rust regex crate's Unicode \w (isWordChar) and \s.
+func matchWhitespaceWords(s string, i int) int {
+	r, _ := runeAt(s, i)
+	switch {
+	case isWordChar(r):
+		return spanWhile(s, i, isWordChar)
+	case !isSpace(r):
+		return spanWhile(s, i, func(r rune) bool { return !isWordChar(r) && !isSpace(r) })
+	}
+	return -1
+}
+
+// runeSplit is a split where every rune satisfying pred is a match.
+func runeSplit(pred func(rune) bool, behavior splitBehavior) preStep {
+	return preStep{kind: preSplit, pat: &pattern{kind: patternRune, pred: pred}, behavior: behavior}
+}
+
+// matchDigits3 implements patternDeepSeekDigits.
+func matchDigits3(s string, i int) int {
+	e := i
+	for k := 0; k < 3 && e < len(s); k++ {
+		r, n := runeAt(s, e)
+		if !isNumber(r) {
+			break
+		}
+		e += n
+	}
+	if e == i {
+		return -1
+	}
+	return e
+}
+
+// isDeepSeekCJK is the class of patternDeepSeekCJK: the CJK Unified
+// Ideographs U+4E00-U+9FA5, Hiragana and Katakana.
+func isDeepSeekCJK(r rune) bool {
+	return (r >= 0x4E00 && r <= 0x9FA5) || (r >= 0x3040 && r <= 0x30FF)
+}
+
+// matchDeepSeekCJK implements patternDeepSeekCJK.
+func matchDeepSeekCJK(s string, i int) int {
+	if e := spanWhile(s, i, isDeepSeekCJK); e > i {
+		return e
+	}
+	return -1
+}
+
+func isASCIIPunct(r rune) bool {
+	return (r >= '!' && r <= '/') || (r >= ':' && r <= '@') || (r >= '[' && r <= '`') || (r >= '{' && r <= '~')
+}
+
+func isASCIILetter(r rune) bool { return (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') }
+
+func isLetterOrMark(r rune) bool { return isLetter(r) || isMark(r) }
+
+func isPunctOrSymbol(r rune) bool { return unicode.IsPunct(r) || unicode.IsSymbol(r) }
+
+// matchDeepSeekWords implements patternDeepSeekWords, alternative by
+// alternative as matchLlamaFamily does.
+func matchDeepSeekWords(s string, i int) int {
+	r, n := runeAt(s, i)
+	r2, n2 := runeAt(s, i+n)
+	// [ASCII punctuation][A-Za-z]+
+	if isASCIIPunct(r) && n2 > 0 && isASCIILetter(r2) {
+		return spanWhile(s, i+n, isASCIILetter)
+	}
+	// [^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+
+	if r != '\r' && r != '\n' && !isLetter(r) && !isPunctOrSymbol(r) && n2 > 0 && isLetterOrMark(r2) {
+		return spanWhile(s, i+n, isLetterOrMark)
+	}
+	if isLetterOrMark(r) {
+		return spanWhile(s, i, isLetterOrMark)
+	}
+	// ` ?[\p{P}\p{S}]+[\r\n]*`
+	j := -1
+	if isPunctOrSymbol(r) {
+		j = i
+	} else if r == ' ' && n2 > 0 && isPunctOrSymbol(r2) {
+		j = i + n
+	}
+	if j >= 0 {
+		e := spanWhile(s, j, isPunctOrSymbol)
+		return spanWhile(s, e, func(r rune) bool { return r == '\r' || r == '\n' })
+	}
+	if !isSpace(r) {
+		return -1
+	}
+	return matchNewlineOrSpaces(s, i)
 }

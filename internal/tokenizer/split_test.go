@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"unicode/utf8"
 
@@ -68,6 +69,7 @@ var splitPool = []string{
 	"1", "2", "3", "4", "٣", "Ⅻ", "½",
 	".", ",", "!", "?", "-", "_", "(", ")", "<", "|", ">", "$", "€", "🦀", "\u200b",
 	"é", "ß", "你", "好", "Ω", "İ", "e\u0301", "\u0301", "\u0300", "\u093f", "क",
+	"ひ", "ア", "ー", "。", "、", "+", "^", "`", "~", "\u0903", "龦", "\U00020000",
 }
 
 func randomSplitInput(r *rand.Rand) string {
@@ -143,4 +145,72 @@ func FuzzSplit(f *testing.F) {
 			}
 		}
 	})
+}
+
+// matchList collects a pattern's matches.
+type matchList [][2]int
+
+func (m *matchList) match(start, end int) { *m = append(*m, [2]int{start, end}) }
+
+func matchesOf(p *pattern, s string) matchList {
+	var m matchList
+	p.each(s, &m)
+	return m
+}
+
+// TestEnginesAgree runs every known pattern through the two general
+// engines as well, Go's regexp (with the `\s+(?!\S)` emulation) and
+// regexp2 (with Oniguruma's classes and case folding translated, so "'ſ"
+// matches (?i)'s there too), and checks that they find the hand matcher's
+// matches.
+func TestEnginesAgree(t *testing.T) {
+	for text, known := range knownPatterns() {
+		t.Run(known.name, func(t *testing.T) {
+			hand := &pattern{kind: patternHand, hand: known.match}
+			goPat, err := compileGo(text)
+			if err != nil {
+				t.Fatalf("Go engine: %v", err)
+			}
+			expr, err := translatePattern(text, dialectBacktrack)
+			if err != nil {
+				t.Fatalf("regexp2 translation: %v", err)
+			}
+			bt := &pattern{kind: patternBacktrack, bt: regexp2.MustCompile(expr, regexp2.None), runes: &sync.Pool{New: func() any { return new(runeBuf) }}}
+			r := rand.New(rand.NewPCG(7, uint64(len(text))))
+			inputs := []string{"it'ſ IT'ſ", "a  b\n\n c", "x\u3000\u3000y", "12345你好ひらがな。"}
+			for range 3000 {
+				inputs = append(inputs, randomSplitInput(r))
+			}
+			for _, s := range inputs {
+				want := matchesOf(hand, s)
+				if got := matchesOf(goPat, s); !reflect.DeepEqual(got, want) {
+					t.Fatalf("Go engine on %q:\n got  %v\n want %v", s, got, want)
+				}
+				if got := matchesOf(bt, s); !reflect.DeepEqual(got, want) {
+					t.Fatalf("regexp2 on %q:\n got  %v\n want %v", s, got, want)
+				}
+			}
+		})
+	}
+}
+
+// TestEmptyMatches checks the library's rule for empty matches (none right
+// after the previous match) in both general engines: `a*` on "baab" matches
+// at 0, over "aa", and at the end.
+func TestEmptyMatches(t *testing.T) {
+	want := matchList{{0, 0}, {1, 3}, {4, 4}}
+	goPat, err := compileGo("a*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	re := regexp2.MustCompile("a*", regexp2.None)
+	bt := &pattern{kind: patternBacktrack, bt: re, runes: &sync.Pool{New: func() any { return new(runeBuf) }}}
+	for name, p := range map[string]*pattern{"go": goPat, "regexp2": bt} {
+		if got := matchesOf(p, "baab"); !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: got %v, want %v", name, got, want)
+		}
+	}
+	if got := replaceAll("baab", goPat, "-"); got != "-b-b-" {
+		t.Errorf("replace: got %q, want %q", got, "-b-b-")
+	}
 }

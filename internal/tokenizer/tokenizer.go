@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -25,18 +26,11 @@ type Tokenizer struct {
 	p     *pipeline
 	cache *wordCache
 
-	bos, eos       specialRef
-	addBOS, addEOS bool
-	tokens         map[string]string // bos_token, eos_token, ... for templates
+	// special is what AddSpecialTokens puts around the text.
+	special postSpecial
+	tokens  map[string]string // bos_token, eos_token, ... for templates
 
 	tmpl *jinja.Template
-}
-
-// specialRef is a special token named in tokenizer_config.json.
-type specialRef struct {
-	text string
-	id   uint32
-	ok   bool // text is set and has an id
 }
 
 // Load reads dir/tokenizer.json and, when present, dir/tokenizer_config.json
@@ -53,19 +47,18 @@ func Load(dir string) (*Tokenizer, error) {
 		return nil, err
 	}
 	t.tokens = cfg.tokens
-	t.addBOS, t.addEOS = cfg.addBOS, cfg.addEOS
-	for _, ref := range []struct {
-		dst  *specialRef
-		name string
-	}{{&t.bos, "bos_token"}, {&t.eos, "eos_token"}} {
-		text, set := cfg.tokens[ref.name]
-		if !set {
-			continue
+	t.special = p.post
+	if cfg.addBOS || cfg.addEOS {
+		// transformers' Llama and Gemma tokenizers replace the
+		// post_processor with "[bos] $A [eos]" when the config asks for
+		// either; a configured token without an id is skipped.
+		t.special = postSpecial{}
+		if id, ok := p.tokenID(cfg.tokens["bos_token"]); cfg.addBOS && ok {
+			t.special.prefix = []uint32{id}
 		}
-		ref.dst.text = text
-		// The engine skips a configured BOS/EOS whose id it cannot find,
-		// so an unknown token is not an error here either.
-		ref.dst.id, ref.dst.ok = p.tokenID(text)
+		if id, ok := p.tokenID(cfg.tokens["eos_token"]); cfg.addEOS && ok {
+			t.special.suffix = []uint32{id}
+		}
 	}
 	if cfg.template != "" {
 		tmpl, err := compileTemplate(cfg.template)
@@ -108,38 +101,92 @@ func (t *Tokenizer) Encode(text string, dst []uint32) ([]uint32, error) {
 
 // EncodeWith is Encode with explicit options.
 func (t *Tokenizer) EncodeWith(text string, opts EncodeOptions, dst []uint32) ([]uint32, error) {
+	return t.encode(context.Background(), text, opts, dst)
+}
+
+// EncodeContext is Encode that gives up once ctx ends, returning dst
+// unextended and ctx's error: a caller whose client has gone stops paying
+// for a long text. The context is looked at between words and, inside a
+// long word, every cancelCheckEvery merges, so its cost is not measurable.
+func (t *Tokenizer) EncodeContext(ctx context.Context, text string, dst []uint32) ([]uint32, error) {
+	return t.encode(ctx, text, EncodeOptions{AddSpecialTokens: true}, dst)
+}
+
+func (t *Tokenizer) encode(ctx context.Context, text string, opts EncodeOptions, dst []uint32) ([]uint32, error) {
 	if !utf8.ValidString(text) {
 		return dst, ErrInvalidUTF8
 	}
+	if err := ctx.Err(); err != nil {
+		return dst, err
+	}
 	start := len(dst)
 	if opts.AddSpecialTokens {
-		dst = append(dst, t.p.post.prefix...)
+		dst = append(dst, t.special.prefix...)
 	}
 	e := encoder{t: t, dst: dst}
+	if done := ctx.Done(); done != nil {
+		e.cancel = &canceller{done: done}
+	}
 	e.run(text)
+	if e.cancel.stopped() {
+		return e.dst[:start], ctx.Err()
+	}
 	dst = e.dst
-	if !opts.AddSpecialTokens {
-		return dst, nil
-	}
-	dst = append(dst, t.p.post.suffix...)
-	// The engine adds the configured BOS/EOS after the post_processor,
-	// unless the post_processor already put that token there.
-	if t.addBOS && t.bos.ok && (len(dst) == start || dst[start] != t.bos.id) {
-		dst = append(dst, 0)
-		copy(dst[start+1:], dst[start:len(dst)-1])
-		dst[start] = t.bos.id
-	}
-	if t.addEOS && t.eos.ok && (len(dst) == start || dst[len(dst)-1] != t.eos.id) {
-		dst = append(dst, t.eos.id)
+	if opts.AddSpecialTokens {
+		dst = append(dst, t.special.suffix...)
 	}
 	return dst, nil
 }
+
+// cancelCheckEvery is how many words, or merges of one long word, pass
+// between two looks at the context.
+const cancelCheckEvery = 1024
 
 // encoder carries one Encode call through the pipeline.
 type encoder struct {
 	t   *Tokenizer
 	dst []uint32
+	// words, when set, collects the pre-tokenized words instead of
+	// encoding them (tests compare them with the reference library's).
+	words *[]string
+	// cutters holds one cutter per pre-tokenizer step (a step is never
+	// active twice at once), in the array when there are few steps.
+	cutters []cutter
+	array   [6]cutter
+	// cancel watches the caller's context; nil when it cannot end.
+	cancel *canceller
 }
+
+// canceller watches the context of one Encode call. Once it has seen the
+// context end, every step of the call returns at once.
+type canceller struct {
+	done <-chan struct{}
+	work int
+	seen bool
+}
+
+// stop reports whether the context has ended, looking at it once per
+// cancelCheckEvery calls. A nil canceller never stops.
+func (c *canceller) stop() bool {
+	if c == nil {
+		return false
+	}
+	if c.seen {
+		return true
+	}
+	if c.work++; c.work%cancelCheckEvery != 0 {
+		return false
+	}
+	select {
+	case <-c.done:
+		c.seen = true
+	default:
+	}
+	return c.seen
+}
+
+// stopped reports whether stop has seen the context end.
+func (c *canceller) stopped() bool { return c != nil && c.seen }
 
 func (e *encoder) run(text string) {
 	p := e.t.p
@@ -173,14 +220,14 @@ func (e *encoder) pre(i int, s string, atStart bool) {
 	st := &steps[i]
 	switch st.kind {
 	case preSplit:
-		e.split(i, s, atStart, st.match)
+		e.split(i, s, atStart, st)
 	case preByteLevel:
 		// Applied to every piece it is given, as in the tokenizers library.
 		if st.addPrefixSpace && !strings.HasPrefix(s, " ") {
 			s = " " + s
 		}
 		if st.useRegex {
-			e.split(i, s, atStart, matchGPT2)
+			e.split(i, s, atStart, st)
 		} else {
 			e.pre(i+1, s, atStart)
 		}
@@ -194,49 +241,51 @@ func (e *encoder) pre(i int, s string, atStart bool) {
 			e.pre(i+1, s, atStart)
 			return
 		}
-		// MergedWithNext: every replacement starts a new word.
-		from := 0
-		for {
-			// from < len(s) here; searching from from+1 skips the
-			// replacement that starts the current word.
-			k := strings.Index(s[from+1:], st.replacement)
-			if k < 0 {
-				break
+		e.split(i, s, atStart, st)
+	case preFixedLength:
+		from, n := 0, 0
+		for k := range s {
+			if n == st.length {
+				e.pre(i+1, s[from:k], atStart && from == 0)
+				from, n = k, 0
 			}
-			e.pre(i+1, s[from:from+1+k], atStart && from == 0)
-			from += 1 + k
+			n++
 		}
 		e.pre(i+1, s[from:], atStart && from == 0)
 	}
 }
 
-// split cuts s with a pattern matcher, Isolated behaviour: matches and the
-// gaps between them both become words.
-func (e *encoder) split(i int, s string, atStart bool, match matcher) {
-	gap := 0
-	for pos := 0; pos < len(s); {
-		end := match(s, pos)
-		if end < 0 {
-			_, n := utf8.DecodeRuneInString(s[pos:])
-			pos += n
-			continue
-		}
-		if gap < pos {
-			e.pre(i+1, s[gap:pos], atStart && gap == 0)
-		}
-		e.pre(i+1, s[pos:end], atStart && pos == 0)
-		pos, gap = end, end
+// split cuts s with step i's pattern and behaviour and hands the pieces to
+// the next step.
+func (e *encoder) split(i int, s string, atStart bool, st *preStep) {
+	if e.cancel.stopped() {
+		return
 	}
-	if gap < len(s) {
-		e.pre(i+1, s[gap:], atStart && gap == 0)
+	if e.cutters == nil {
+		if n := len(e.t.p.pre); n <= len(e.array) {
+			e.cutters = e.array[:n]
+		} else {
+			e.cutters = make([]cutter, n)
+		}
 	}
+	c := &e.cutters[i]
+	c.reset(e, i, st, s, atStart)
+	st.pat.each(s, c)
+	c.finish()
 }
 
 // word runs the BPE model on one word, through the cache.
 func (e *encoder) word(w string) {
+	if e.cancel.stop() {
+		return
+	}
+	if e.words != nil {
+		*e.words = append(*e.words, w)
+		return
+	}
 	m := e.t.p.model
 	if len(w) > maxCachedWord {
-		e.dst = m.encodeWord(w, e.dst)
+		e.dst = m.encodeWord(w, e.dst, e.cancel)
 		return
 	}
 	c := e.t.cache
@@ -245,8 +294,10 @@ func (e *encoder) word(w string) {
 		return
 	}
 	start := len(e.dst)
-	e.dst = m.encodeWord(w, e.dst)
-	c.put(w, e.dst[start:])
+	e.dst = m.encodeWord(w, e.dst, e.cancel)
+	if !e.cancel.stopped() {
+		c.put(w, e.dst[start:])
+	}
 }
 
 // Decode turns ids back into text with the tokenizer.json decoder, special

@@ -135,9 +135,10 @@ func TestEncodeHandWorked(t *testing.T) {
 		{"gpt2like", " zebra", false, []string{" ", "z", "e", "b", "r", "a"}},
 		// lstrip on <mask> takes the whitespace before it.
 		{"gpt2like", "a \t<mask> b", false, []string{"a", "<mask>", " ", "b"}},
-		// add_bos_token=true: BOS first unless already there.
+		// add_bos_token=true: BOS first, even when the text starts with
+		// one, as transformers does.
 		{"gpt2like", "hello", true, []string{"<s>", "hello"}},
-		{"gpt2like", "<s>hello", true, []string{"<s>", "hello"}},
+		{"gpt2like", "<s>hello", true, []string{"<s>", "<s>", "hello"}},
 		{"gpt2like", "", true, []string{"<s>"}},
 		{"qwen2like", "", true, []string{}},
 		// SentencePiece style: "▁" replaces spaces and is prepended;

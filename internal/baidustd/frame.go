@@ -1,0 +1,158 @@
+package baidustd
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvcar/kvcar/internal/baidustd/metapb"
+)
+
+// HeaderSize is the size of a frame header: "PRPC", body_size, meta_size.
+const HeaderSize = 12
+
+// Magic starts every baidu_std frame; brpc tells baidu_std from the other
+// protocols on a port by it.
+const Magic = "PRPC"
+
+// DefaultMaxBodySize is brpc's default -max_body_size, 64 MiB.
+const DefaultMaxBodySize = 64 << 20
+
+// Frame is one decoded frame. Payload is the message followed by the
+// attachment; it aliases the buffer the frame was read from.
+type Frame struct {
+	Meta    *metapb.RpcMeta
+	Payload []byte
+}
+
+// Parts splits the payload into the message and the attachment that
+// RpcMeta.attachment_size announces. ok is false when attachment_size is
+// negative or larger than the payload.
+func (f Frame) Parts() (msg, att []byte, ok bool) {
+	n := int64(f.Meta.GetAttachmentSize())
+	if n < 0 || n > int64(len(f.Payload)) {
+		return nil, nil, false
+	}
+	cut := len(f.Payload) - int(n)
+	return f.Payload[:cut:cut], f.Payload[cut:], true
+}
+
+// IsMagic reports whether b starts like a baidu_std frame: the first
+// min(len(b), 4) bytes agree with "PRPC".
+func IsMagic(b []byte) bool {
+	n := min(len(b), len(Magic))
+	return string(b[:n]) == Magic[:n]
+}
+
+// ParseHeader checks a frame header and returns its body and meta sizes.
+// The error is a *FrameError: bad magic, body_size over maxBody, or
+// meta_size over body_size.
+func ParseHeader(h []byte, maxBody uint32) (body, meta uint32, err error) {
+	if len(h) < HeaderSize {
+		return 0, 0, io.ErrUnexpectedEOF
+	}
+	if string(h[:4]) != Magic {
+		return 0, 0, frameErrorf("magic %q is not %q", h[:4], Magic)
+	}
+	body = binary.BigEndian.Uint32(h[4:8])
+	meta = binary.BigEndian.Uint32(h[8:12])
+	if body > maxBody {
+		return 0, 0, frameErrorf("body_size=%d is larger than the limit %d", body, maxBody)
+	}
+	if meta > body {
+		return 0, 0, frameErrorf("meta_size=%d is bigger than body_size=%d", meta, body)
+	}
+	return body, meta, nil
+}
+
+// DecodeMeta parses an RpcMeta as brpc does: every required field of
+// RpcRequestMeta must be present. The error is a *FrameError.
+func DecodeMeta(b []byte, m *metapb.RpcMeta) error {
+	if err := proto.Unmarshal(b, m); err != nil {
+		return frameErrorf("RpcMeta does not parse: %v", err)
+	}
+	return nil
+}
+
+// ParseFrame decodes the frame at the start of b and returns it with the
+// number of bytes it takes. A b shorter than the frame gives
+// io.ErrUnexpectedEOF; a frame that breaks the framing gives a
+// *FrameError.
+func ParseFrame(b []byte, maxBody uint32) (Frame, int, error) {
+	body, metaSize, err := ParseHeader(b, maxBody)
+	if err != nil {
+		return Frame{}, 0, err
+	}
+	end := HeaderSize + int(body)
+	if len(b) < end {
+		return Frame{}, 0, io.ErrUnexpectedEOF
+	}
+	f := Frame{Meta: &metapb.RpcMeta{}}
+	metaEnd := HeaderSize + int(metaSize)
+	if err := DecodeMeta(b[HeaderSize:metaEnd], f.Meta); err != nil {
+		return Frame{}, 0, err
+	}
+	f.Payload = b[metaEnd:end:end]
+	return f, end, nil
+}
+
+// ReadFrame reads one frame from r into a buffer of its own. The body
+// is allocated only after the header has passed ParseHeader, so a peer
+// cannot make it allocate more than maxBody.
+func ReadFrame(r *bufio.Reader, maxBody uint32) (Frame, error) {
+	var h [HeaderSize]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return Frame{}, err
+	}
+	body, metaSize, err := ParseHeader(h[:], maxBody)
+	if err != nil {
+		return Frame{}, err
+	}
+	buf := make([]byte, body)
+	if _, err := io.ReadFull(r, buf); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return Frame{}, err
+	}
+	f := Frame{Meta: &metapb.RpcMeta{}, Payload: buf[metaSize:]}
+	if err := DecodeMeta(buf[:metaSize], f.Meta); err != nil {
+		return Frame{}, err
+	}
+	return f, nil
+}
+
+// AppendFrame appends a whole frame to dst: the header, meta, msg and
+// att. It sets meta.attachment_size to len(att) when att is not empty
+// and clears it otherwise, as brpc sets it only for an attachment.
+func AppendFrame(dst []byte, meta *metapb.RpcMeta, msg, att []byte) ([]byte, error) {
+	if len(att) > 0 {
+		if len(att) > math.MaxInt32 {
+			return dst, fmt.Errorf("baidu_std: attachment of %d bytes is too large", len(att))
+		}
+		meta.AttachmentSize = proto.Int32(int32(len(att)))
+	} else {
+		meta.AttachmentSize = nil
+	}
+	start := len(dst)
+	dst = append(dst, Magic...)
+	dst = append(dst, 0, 0, 0, 0, 0, 0, 0, 0)
+	var err error
+	dst, err = proto.MarshalOptions{Deterministic: true}.MarshalAppend(dst, meta)
+	if err != nil {
+		return dst[:start], fmt.Errorf("baidu_std: encoding RpcMeta: %w", err)
+	}
+	metaSize := len(dst) - start - HeaderSize
+	body := uint64(metaSize) + uint64(len(msg)) + uint64(len(att))
+	if body > math.MaxUint32 {
+		return dst[:start], fmt.Errorf("baidu_std: body of %d bytes does not fit a frame", body)
+	}
+	binary.BigEndian.PutUint32(dst[start+4:], uint32(body))
+	binary.BigEndian.PutUint32(dst[start+8:], uint32(metaSize))
+	dst = append(dst, msg...)
+	return append(dst, att...), nil
+}

@@ -1,0 +1,121 @@
+package baidustd
+
+import (
+	"bytes"
+	"compress/gzip"
+	"compress/zlib"
+	"fmt"
+	"io"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvcar/kvcar/internal/baidustd/metapb"
+)
+
+// brpc's CompressType values.
+const (
+	CompressNone   int32 = 0
+	CompressSnappy int32 = 1
+	CompressGzip   int32 = 2
+	CompressZlib   int32 = 3
+)
+
+// compressName is brpc's name of a compress type in its error texts.
+func compressName(t int32) string {
+	switch t {
+	case CompressNone:
+		return "none"
+	case CompressSnappy:
+		return "snappy"
+	case CompressGzip:
+		return "gzip"
+	case CompressZlib:
+		return "zlib"
+	}
+	return "unknown"
+}
+
+// decompress undoes compress type t on b, producing at most limit bytes.
+// It supports none, gzip and zlib; ok is false for the others and for
+// data that does not decompress within limit.
+func decompress(t int32, b []byte, limit int) ([]byte, bool) {
+	var r io.ReadCloser
+	var err error
+	switch t {
+	case CompressNone:
+		return b, true
+	case CompressGzip:
+		r, err = gzip.NewReader(bytes.NewReader(b))
+	case CompressZlib:
+		r, err = zlib.NewReader(bytes.NewReader(b))
+	default:
+		return nil, false
+	}
+	if err != nil {
+		return nil, false
+	}
+	defer r.Close()
+	out, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
+	if err != nil || len(out) > limit {
+		return nil, false
+	}
+	return out, true
+}
+
+// extended reports whether m carries the fields newer brpc adds to every
+// RpcMeta (content_type, checksum_type, checksum_value); a response
+// carries them when its request did, as the peer's brpc would write them.
+func extended(m *metapb.RpcMeta) bool {
+	return m.ContentType != nil || m.ChecksumType != nil || m.ChecksumValue != nil
+}
+
+func setExtended(m *metapb.RpcMeta) {
+	m.ContentType = proto.Int32(0)
+	m.ChecksumType = proto.Int32(0)
+	m.ChecksumValue = []byte{}
+}
+
+// requestMeta is the RpcMeta of a call, in brpc's field order and
+// presence: request{service, method, [log_id], [request_id],
+// [timeout_ms]}, compress_type, correlation_id.
+func requestMeta(service, method string, cid int64, o *CallOptions, ext bool) *metapb.RpcMeta {
+	rm := &metapb.RpcRequestMeta{ServiceName: proto.String(service), MethodName: proto.String(method)}
+	if o != nil {
+		if o.LogID != 0 {
+			rm.LogId = proto.Int64(o.LogID)
+		}
+		if o.RequestID != "" {
+			rm.RequestId = proto.String(o.RequestID)
+		}
+	}
+	m := &metapb.RpcMeta{Request: rm, CompressType: proto.Int32(CompressNone), CorrelationId: proto.Int64(cid)}
+	if ext {
+		setExtended(m)
+	}
+	return m
+}
+
+// responseMeta is the RpcMeta of a response as brpc writes it: the
+// error_code always, the error_text only on error.
+func responseMeta(cid int64, code Errno, text string, ext bool) *metapb.RpcMeta {
+	rm := &metapb.RpcResponseMeta{ErrorCode: proto.Int32(int32(code))}
+	if text != "" {
+		rm.ErrorText = proto.String(text)
+	}
+	m := &metapb.RpcMeta{Response: rm, CompressType: proto.Int32(CompressNone), CorrelationId: proto.Int64(cid)}
+	if ext {
+		setExtended(m)
+	}
+	return m
+}
+
+// errorText words a server-side error as brpc's Controller::SetFailed
+// does: "[<identity>]" then "[E<code>]" for a coded error, then the text.
+// A handler's plain error has no code part (brpc records it as -1 and
+// sends EINTERNAL).
+func errorText(identity string, code Errno, coded bool, text string) string {
+	if coded {
+		return fmt.Sprintf("[%s][E%d]%s", identity, int32(code), text)
+	}
+	return "[" + identity + "]" + text
+}

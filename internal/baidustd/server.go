@@ -1,0 +1,567 @@
+package baidustd
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvcar/kvcar/internal/baidustd/metapb"
+)
+
+// Server defaults. brpc itself has no handler timeout and reaps no idle
+// connection by default; a service on a shared network wants both.
+const (
+	DefaultHandlerTimeout   = 30 * time.Second
+	DefaultIdleTimeout      = 5 * time.Minute
+	DefaultFrameReadTimeout = 30 * time.Second
+	DefaultWriteTimeout     = 10 * time.Second
+	DefaultMaxConns         = 4096
+	DefaultMaxCallsPerConn  = 1024
+)
+
+// ErrServerClosed is returned by Serve after Shutdown or Close.
+var ErrServerClosed = errors.New("baidu_std: server closed")
+
+// Request is one call as a handler sees it. Message and Attachment are
+// the handler's to keep.
+type Request struct {
+	Service    string
+	Method     string
+	LogID      int64 // 0 when the call has none
+	RequestID  string
+	Message    []byte // the serialized request, decompressed
+	Attachment []byte
+	RemoteAddr net.Addr
+}
+
+// Response is a handler's successful answer.
+type Response struct {
+	Message    []byte // the serialized response
+	Attachment []byte
+}
+
+// Handler serves one method. Its context ends when the call's timeout
+// passes or the server is closed. An *Error chooses the error_code;
+// any other error is sent as brpc sends a handler's SetFailed(reason):
+// EINTERNAL with the reason.
+type Handler func(ctx context.Context, req *Request) (Response, error)
+
+// ServerOptions configures a Server. Zero values select the defaults.
+type ServerOptions struct {
+	// Identity is the "ip:port" that prefixes every error_text, as brpc
+	// prefixes its server's address; empty: the address of the listener
+	// the call came on.
+	Identity string
+	// MaxBodySize bounds a frame's body_size (DefaultMaxBodySize).
+	MaxBodySize uint32
+	// HandlerTimeout bounds a call, unless the request's own timeout_ms
+	// is shorter (DefaultHandlerTimeout). A call past it is answered
+	// with ERPCTIMEDOUT; its handler's context ends.
+	HandlerTimeout time.Duration
+	// IdleTimeout: a connection with no call in flight that brings
+	// nothing for this long is closed (DefaultIdleTimeout).
+	IdleTimeout time.Duration
+	// FrameReadTimeout bounds the arrival of the rest of a frame once it
+	// has begun (DefaultFrameReadTimeout).
+	FrameReadTimeout time.Duration
+	// WriteTimeout bounds writing one response (DefaultWriteTimeout).
+	WriteTimeout time.Duration
+	// MaxConns bounds the open connections; one more is closed at once
+	// (DefaultMaxConns).
+	MaxConns int
+	// MaxCallsPerConn bounds the calls in flight on one connection; past
+	// it the connection is not read until one finishes
+	// (DefaultMaxCallsPerConn).
+	MaxCallsPerConn int
+	// Logger receives connection problems; nil discards them.
+	Logger *slog.Logger
+}
+
+func (o *ServerOptions) setDefaults() {
+	if o.MaxBodySize == 0 {
+		o.MaxBodySize = DefaultMaxBodySize
+	}
+	if o.HandlerTimeout <= 0 {
+		o.HandlerTimeout = DefaultHandlerTimeout
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = DefaultIdleTimeout
+	}
+	if o.FrameReadTimeout <= 0 {
+		o.FrameReadTimeout = DefaultFrameReadTimeout
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = DefaultWriteTimeout
+	}
+	if o.MaxConns <= 0 {
+		o.MaxConns = DefaultMaxConns
+	}
+	if o.MaxCallsPerConn <= 0 {
+		o.MaxCallsPerConn = DefaultMaxCallsPerConn
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Server serves registered methods over baidu_std. Register every method
+// before the first Serve.
+type Server struct {
+	opts ServerOptions
+	log  *slog.Logger
+
+	// services maps a full service name to its methods; short maps a
+	// service name without its package to the full one, for clients
+	// that send short names (brpc accepts them for jprotobuf).
+	services map[string]map[string]Handler
+	short    map[string]string
+
+	base   context.Context // parent of every handler's context
+	cancel context.CancelFunc
+
+	mu        sync.Mutex
+	listeners map[net.Listener]struct{}
+	conns     map[*serverConn]struct{}
+	closing   bool
+	wg        sync.WaitGroup // every connection goroutine
+}
+
+// NewServer makes a server; Register methods, then Serve.
+func NewServer(opts ServerOptions) *Server {
+	opts.setDefaults()
+	base, cancel := context.WithCancel(context.Background())
+	return &Server{
+		opts:      opts,
+		log:       opts.Logger,
+		services:  make(map[string]map[string]Handler),
+		short:     make(map[string]string),
+		base:      base,
+		cancel:    cancel,
+		listeners: make(map[net.Listener]struct{}),
+		conns:     make(map[*serverConn]struct{}),
+	}
+}
+
+// Register adds a method under the full protobuf service name, e.g.
+// "xllm_service.proto.XllmRpcService" and "Heartbeat".
+func (s *Server) Register(service, method string, h Handler) error {
+	if service == "" || method == "" || h == nil {
+		return errors.New("baidu_std: Register needs a service, a method and a handler")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	m := s.services[service]
+	if m == nil {
+		m = make(map[string]Handler)
+		s.services[service] = m
+		short := service[strings.LastIndexByte(service, '.')+1:]
+		s.short[short] = service
+	}
+	if _, dup := m[method]; dup {
+		return fmt.Errorf("baidu_std: %s/%s registered twice", service, method)
+	}
+	m[method] = h
+	return nil
+}
+
+// Serve accepts connections on ln until Shutdown or Close, and returns
+// ErrServerClosed then; any other accept error is returned at once. The
+// server closes ln.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		ln.Close()
+		return ErrServerClosed
+	}
+	s.listeners[ln] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, ln)
+		s.mu.Unlock()
+		ln.Close()
+	}()
+	var delay time.Duration
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if s.isClosing() {
+				return ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				// Out of file descriptors and the like: wait, as
+				// net/http does, rather than spin.
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				s.log.Warn("baidu_std accept failed; retrying", "err", err, "retry_in", delay)
+				time.Sleep(delay)
+				continue
+			}
+			return fmt.Errorf("baidu_std: accept: %w", err)
+		}
+		delay = 0
+		s.ServeConn(c)
+	}
+}
+
+// ServeConn serves one connection that was accepted elsewhere, e.g. by a
+// listener shared with HTTP; it returns at once. The server owns c.
+func (s *Server) ServeConn(c net.Conn) {
+	s.serveConn(c, bufio.NewReader(c))
+}
+
+func (s *Server) serveConn(c net.Conn, r *bufio.Reader) {
+	identity := s.opts.Identity
+	if identity == "" {
+		identity = c.LocalAddr().String()
+	}
+	sc := &serverConn{s: s, c: c, r: r, identity: identity, sem: make(chan struct{}, s.opts.MaxCallsPerConn)}
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		c.Close()
+		return
+	}
+	if len(s.conns) >= s.opts.MaxConns {
+		s.mu.Unlock()
+		s.log.Warn("baidu_std connection refused: too many connections", "remote", c.RemoteAddr(), "max_conns", s.opts.MaxConns)
+		c.Close()
+		return
+	}
+	s.conns[sc] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go sc.serve()
+}
+
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
+}
+
+// Shutdown stops accepting, stops reading new calls, lets the calls in
+// flight finish and their responses go out, then closes every
+// connection. When ctx ends first, it closes everything at once, ends the
+// handlers' contexts and returns ctx's error after the connections'
+// goroutines have stopped.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closing = true
+	for ln := range s.listeners {
+		ln.Close()
+	}
+	for sc := range s.conns {
+		sc.stopReading()
+	}
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		s.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		s.cancel()
+		return nil
+	case <-ctx.Done():
+	}
+	s.forceClose()
+	<-done
+	return ctx.Err()
+}
+
+// Close closes every listener and connection at once and waits for the
+// connections' goroutines; handlers still running see their context end.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closing = true
+	for ln := range s.listeners {
+		ln.Close()
+	}
+	s.mu.Unlock()
+	s.forceClose()
+	s.wg.Wait()
+	return nil
+}
+
+func (s *Server) forceClose() {
+	s.cancel()
+	s.mu.Lock()
+	for sc := range s.conns {
+		sc.c.Close()
+	}
+	s.mu.Unlock()
+}
+
+// serverConn is one connection. Its goroutine reads frames and starts a
+// goroutine per call; it waits for them before it closes the connection.
+type serverConn struct {
+	s        *Server
+	c        net.Conn
+	r        *bufio.Reader
+	identity string
+	sem      chan struct{} // one token per call in flight
+	calls    sync.WaitGroup
+	active   atomic.Int32
+	stopping atomic.Bool
+
+	wmu    sync.Mutex
+	broken bool // a write failed: nothing more is written
+}
+
+func (sc *serverConn) stopReading() {
+	sc.stopping.Store(true)
+	_ = sc.c.SetReadDeadline(time.Now())
+}
+
+func (sc *serverConn) serve() {
+	s := sc.s
+	defer func() {
+		sc.calls.Wait()
+		sc.c.Close()
+		s.mu.Lock()
+		delete(s.conns, sc)
+		s.mu.Unlock()
+		s.wg.Done()
+	}()
+	for {
+		if reason := sc.waitFrame(); reason != "" {
+			if reason != "eof" && reason != "stopping" {
+				s.log.Info("baidu_std connection closed", "remote", sc.c.RemoteAddr(), "reason", reason)
+			}
+			return
+		}
+		_ = sc.c.SetReadDeadline(time.Now().Add(s.opts.FrameReadTimeout))
+		f, err := ReadFrame(sc.r, s.opts.MaxBodySize)
+		if err != nil {
+			if !sc.stopping.Load() {
+				s.log.Warn("baidu_std connection closed: cannot read a frame", "remote", sc.c.RemoteAddr(), "err", err)
+			}
+			return
+		}
+		// Past MaxCallsPerConn this waits for a call to finish before
+		// reading on: the peer's writes back up, not this process.
+		sc.sem <- struct{}{}
+		sc.active.Add(1)
+		sc.calls.Add(1)
+		go sc.call(f)
+	}
+}
+
+// waitFrame waits for the first byte of the next frame, closing idle
+// connections. It returns "" when a frame is starting, else why the
+// connection ends.
+func (sc *serverConn) waitFrame() string {
+	s := sc.s
+	for {
+		if sc.stopping.Load() {
+			return "stopping"
+		}
+		if sc.r.Buffered() > 0 {
+			return ""
+		}
+		_ = sc.c.SetReadDeadline(time.Now().Add(s.opts.IdleTimeout))
+		if sc.stopping.Load() {
+			return "stopping" // stopReading's deadline may have been overwritten
+		}
+		_, err := sc.r.Peek(1)
+		if err == nil {
+			return ""
+		}
+		if sc.stopping.Load() {
+			return "stopping"
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			if sc.active.Load() > 0 {
+				continue // calls in flight: not idle
+			}
+			return fmt.Sprintf("idle for %v", s.opts.IdleTimeout)
+		}
+		if errors.Is(err, net.ErrClosed) || errors.Is(err, io.EOF) {
+			return "eof"
+		}
+		return err.Error()
+	}
+}
+
+func (sc *serverConn) call(f Frame) {
+	defer func() {
+		sc.active.Add(-1)
+		<-sc.sem
+		sc.calls.Done()
+	}()
+	s := sc.s
+	meta := f.Meta
+	cid := meta.GetCorrelationId()
+	ext := extended(meta)
+	h, code, text := s.lookup(meta.GetRequest())
+	if h == nil {
+		sc.respondError(cid, ext, code, true, text)
+		return
+	}
+	msg, att, ok := f.Parts()
+	if !ok {
+		sc.respondError(cid, ext, EREQUEST, true, fmt.Sprintf("attachment_size=%d is larger than request_size=%d",
+			meta.GetAttachmentSize(), len(f.Payload)))
+		return
+	}
+	if ct, cs := meta.GetContentType(), meta.GetChecksumType(); ct != 0 || cs != 0 {
+		sc.respondError(cid, ext, EREQUEST, true, fmt.Sprintf("content_type=%d and checksum_type=%d are not supported; only 0 is", ct, cs))
+		return
+	}
+	if ctype := meta.GetCompressType(); ctype != CompressNone {
+		var ok bool
+		if msg, ok = decompress(ctype, msg, int(s.opts.MaxBodySize)); !ok {
+			sc.respondError(cid, ext, EREQUEST, true, fmt.Sprintf("Fail to parse request message, CompressType=%s, request_size=%d",
+				compressName(ctype), len(f.Payload)))
+			return
+		}
+	}
+	rm := meta.GetRequest()
+	req := &Request{
+		Service: rm.GetServiceName(), Method: rm.GetMethodName(), LogID: rm.GetLogId(), RequestID: rm.GetRequestId(),
+		Message: msg, Attachment: att, RemoteAddr: sc.c.RemoteAddr(),
+	}
+	timeout := s.opts.HandlerTimeout
+	if t := rm.GetTimeoutMs(); t > 0 {
+		timeout = min(timeout, time.Duration(t)*time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(s.base, timeout)
+	defer cancel()
+
+	// Exactly one response: the handler's, or the timeout's when the
+	// handler is late. The late handler runs on, its context ended.
+	var answered atomic.Bool
+	fired := make(chan struct{})
+	t := time.AfterFunc(timeout, func() {
+		defer close(fired)
+		if answered.CompareAndSwap(false, true) {
+			sc.respondError(cid, ext, ERPCTIMEDOUT, true, fmt.Sprintf("%s/%s did not finish within %v", req.Service, req.Method, timeout))
+		}
+	})
+	resp, err := sc.run(ctx, h, req)
+	if !t.Stop() {
+		<-fired
+	}
+	if !answered.CompareAndSwap(false, true) {
+		return
+	}
+	if err != nil {
+		var e *Error
+		if errors.As(err, &e) {
+			sc.respondError(cid, ext, e.Code, true, e.Text)
+		} else {
+			sc.respondError(cid, ext, EINTERNAL, false, err.Error())
+		}
+		return
+	}
+	sc.respond(responseMeta(cid, 0, "", ext), resp.Message, resp.Attachment)
+}
+
+// run calls h, turning a panic into an error so that one bad call does
+// not take the process down.
+func (sc *serverConn) run(ctx context.Context, h Handler, req *Request) (resp Response, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			sc.s.log.Error("baidu_std handler panicked", "service", req.Service, "method", req.Method, "panic", p,
+				"stack", string(debug.Stack()))
+			err = Errorf(EINTERNAL, "%s/%s panicked: %v", req.Service, req.Method, p)
+		}
+	}()
+	return h(ctx, req)
+}
+
+// lookup finds the handler of a call, or the error brpc answers: a short
+// service name that no service has is ENOSERVICE, any other miss
+// ENOMETHOD.
+func (s *Server) lookup(rm *metapb.RpcRequestMeta) (Handler, Errno, string) {
+	svc, method := rm.GetServiceName(), rm.GetMethodName()
+	full := svc
+	if !strings.Contains(svc, ".") {
+		var ok bool
+		if full, ok = s.short[svc]; !ok {
+			return nil, ENOSERVICE, "Fail to find service=" + svc
+		}
+	}
+	if h := s.services[full][method]; h != nil {
+		return h, 0, ""
+	}
+	return nil, ENOMETHOD, "Fail to find method=" + svc + "/" + method
+}
+
+func (sc *serverConn) respondError(cid int64, ext bool, code Errno, coded bool, text string) {
+	sc.respond(responseMeta(cid, code, errorText(sc.identity, code, coded, text), ext), nil, nil)
+}
+
+var framePool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+// respond writes one response frame. A failed write closes the
+// connection: the peer cannot tell which of its calls were answered.
+func (sc *serverConn) respond(meta *metapb.RpcMeta, msg, att []byte) {
+	bp := framePool.Get().(*[]byte)
+	defer func() {
+		if cap(*bp) <= 64<<10 {
+			framePool.Put(bp)
+		}
+	}()
+	b, err := AppendFrame((*bp)[:0], meta, msg, att)
+	*bp = b
+	if err != nil {
+		// Too large to frame: answer with the error instead.
+		b, _ = AppendFrame((*bp)[:0], responseMeta(meta.GetCorrelationId(), ERESPONSE,
+			errorText(sc.identity, ERESPONSE, true, err.Error()), extended(meta)), nil, nil)
+		*bp = b
+	}
+	sc.wmu.Lock()
+	defer sc.wmu.Unlock()
+	if sc.broken {
+		return
+	}
+	_ = sc.c.SetWriteDeadline(time.Now().Add(sc.s.opts.WriteTimeout))
+	if _, err := sc.c.Write(b); err != nil {
+		sc.broken = true
+		if !sc.s.isClosing() {
+			sc.s.log.Warn("baidu_std connection closed: cannot write a response", "remote", sc.c.RemoteAddr(), "err", err)
+		}
+		sc.c.Close()
+	}
+}
+
+// Unary adapts a typed function to a Handler: the request message is
+// decoded into a new Req (EREQUEST when it does not parse, worded as
+// brpc words it) and the response encoded.
+func Unary[Req any, PReq interface {
+	*Req
+	proto.Message
+}, Resp proto.Message](fn func(ctx context.Context, req PReq) (Resp, error)) Handler {
+	return func(ctx context.Context, r *Request) (Response, error) {
+		req := PReq(new(Req))
+		if err := proto.Unmarshal(r.Message, req); err != nil {
+			return Response{}, Errorf(EREQUEST, "Fail to parse request message, CompressType=none, request_size=%d",
+				len(r.Message)+len(r.Attachment))
+		}
+		resp, err := fn(ctx, req)
+		if err != nil {
+			return Response{}, err
+		}
+		b, err := proto.Marshal(resp)
+		if err != nil {
+			return Response{}, Errorf(ERESPONSE, "Fail to serialize response, CompressType=none")
+		}
+		return Response{Message: b}, nil
+	}
+}

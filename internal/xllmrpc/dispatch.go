@@ -1,0 +1,405 @@
+package xllmrpc
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/baidustd"
+	"github.com/kvcar/kvcar/internal/instance"
+	"github.com/kvcar/kvcar/internal/xllmpb"
+)
+
+// Dispatcher defaults.
+const (
+	// DefaultOutputTimeout bounds the wait for a request's next
+	// generation, the first included: an engine that says nothing for
+	// this long has lost the request.
+	DefaultOutputTimeout = 60 * time.Second
+	// DefaultCallTimeout bounds the Completions call itself, which an
+	// engine answers at once.
+	DefaultCallTimeout = 5 * time.Second
+	// livenessInterval is how often a waiting request checks that its
+	// instances are still registered in the same incarnation.
+	livenessInterval = 200 * time.Millisecond
+)
+
+// DispatcherOptions configures a Dispatcher.
+type DispatcherOptions struct {
+	// Self is kvcar's rpc address ("ip:rpc_port"), sent as
+	// source_xservice_addr: where engines send the output. Required.
+	Self string
+	// Outputs is the registry the Service delivers Generations into.
+	// Required.
+	Outputs *Outputs
+	// Registry, when set, ends a request at once with an error when the
+	// instance serving it is removed, becomes SUSPECT or restarts (a new
+	// incarnation), as xllm-service clears the requests of a failed
+	// instance.
+	Registry Registry
+	// OutputTimeout: DefaultOutputTimeout when 0.
+	OutputTimeout time.Duration
+	// CallTimeout: DefaultCallTimeout when 0.
+	CallTimeout time.Duration
+	// Logger receives dispatch problems; nil discards them.
+	Logger *slog.Logger
+}
+
+// Dispatcher sends OpenAI requests to xLLM engines over baidu_std as
+// xllm-service does and writes the engines' output as the OpenAI
+// response. Safe for concurrent use.
+type Dispatcher struct {
+	opts   DispatcherOptions
+	log    *slog.Logger
+	prefix string // of service_request_ids, unique per Dispatcher
+	seq    atomic.Uint64
+
+	mu      sync.Mutex
+	clients map[string]*baidustd.Client // by instance name
+	closed  bool
+}
+
+// NewDispatcher checks opts and makes a Dispatcher; Close releases its
+// connections.
+func NewDispatcher(opts DispatcherOptions) (*Dispatcher, error) {
+	if opts.Self == "" || opts.Outputs == nil {
+		return nil, errors.New("xllmrpc: DispatcherOptions.Self and Outputs are required")
+	}
+	if opts.OutputTimeout <= 0 {
+		opts.OutputTimeout = DefaultOutputTimeout
+	}
+	if opts.CallTimeout <= 0 {
+		opts.CallTimeout = DefaultCallTimeout
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	var b [6]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return nil, fmt.Errorf("xllmrpc: request id prefix: %w", err)
+	}
+	return &Dispatcher{opts: opts, log: opts.Logger, prefix: "kvcar-" + hex.EncodeToString(b[:]) + "-",
+		clients: make(map[string]*baidustd.Client)}, nil
+}
+
+// Close closes the connections to the engines; requests in flight fail.
+func (d *Dispatcher) Close() error {
+	d.mu.Lock()
+	d.closed = true
+	clients := d.clients
+	d.clients = nil
+	d.mu.Unlock()
+	for _, c := range clients {
+		c.Close()
+	}
+	return nil
+}
+
+// Request is one OpenAI request for xLLM instances, with the routing
+// decision already taken.
+type Request struct {
+	// Chat is true for /v1/chat/completions, false for /v1/completions.
+	Chat bool
+	// Body is the client's JSON body.
+	Body []byte
+	// TokenIDs are the prompt's token ids as kvcar's tokenizer made them
+	// (chat template applied), sent as token_ids as xllm-service sends its
+	// own; empty leaves the tokenization to the engine (a completions
+	// prompt given as token ids is sent as such).
+	TokenIDs []uint32
+	// Prefill is the instance the request is sent to (its name,
+	// "ip:http_port", where it serves baidu_std); Decode the decode
+	// instance, "" when the prefill instance decodes too.
+	Prefill string
+	Decode  string
+}
+
+// Serve sends req to its prefill instance and writes the OpenAI response
+// to w as the output arrives: one JSON body, or SSE chunks and "data:
+// [DONE]" when the request streams. A failure before any output is an
+// HTTP error with a {"error":{"code","message"}} body (400 for a body
+// that cannot be sent, 502 for an instance that cannot be reached or left,
+// 504 for one that stopped reporting, the engine's gen_status mapped as
+// HTTPStatus maps it); after the stream began, it is an SSE error event
+// that ends the stream. When ctx ends (the client went away) the request
+// is abandoned and its engine told so at its next Generations call. Serve
+// returns what ended the request early, nil when it completed.
+func (d *Dispatcher) Serve(ctx context.Context, req Request, w http.ResponseWriter) error {
+	pr, err := d.build(req)
+	if err != nil {
+		writeHTTPError(w, http.StatusBadRequest, err.Error())
+		return err
+	}
+	id := d.prefix + strconv.FormatUint(d.seq.Add(1), 10)
+	q, err := d.opts.Outputs.open(id)
+	if err != nil {
+		writeHTTPError(w, http.StatusInternalServerError, err.Error())
+		return err
+	}
+	defer d.opts.Outputs.close(id, q)
+
+	watch, err := d.bind(req)
+	if err != nil {
+		writeHTTPError(w, http.StatusBadGateway, err.Error())
+		return err
+	}
+	if err := d.send(ctx, req, pr, id); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		writeHTTPError(w, http.StatusBadGateway, err.Error())
+		return err
+	}
+	out := newResponder(w, pr, time.Now().Unix())
+	return d.collect(ctx, req, q, watch, out)
+}
+
+// build turns the body into the xLLM request message.
+func (d *Dispatcher) build(req Request) (*parsedRequest, error) {
+	var pr *parsedRequest
+	var promptIDs []int32
+	var err error
+	if req.Chat {
+		pr, err = parseChat(req.Body)
+	} else {
+		pr, promptIDs, err = parseCompletion(req.Body)
+	}
+	if err != nil {
+		return nil, err
+	}
+	ids := promptIDs
+	if len(req.TokenIDs) > 0 {
+		ids = make([]int32, len(req.TokenIDs))
+		for i, t := range req.TokenIDs {
+			if t > 1<<31-1 {
+				return nil, badRequest("token id %d does not fit xLLM's int32 token_ids", t)
+			}
+			ids[i] = int32(t)
+		}
+	}
+	if req.Prefill == "" {
+		return nil, badRequest("no prefill instance in the routing decision")
+	}
+	routing := &xllmpb.Routing{PrefillName: req.Prefill, DecodeName: req.Decode}
+	self := d.opts.Self
+	if pr.chat != nil {
+		pr.chat.TokenIds, pr.chat.Routing, pr.chat.SourceXserviceAddr = ids, routing, &self
+	} else {
+		pr.completion.TokenIds, pr.completion.Routing, pr.completion.SourceXserviceAddr = ids, routing, &self
+	}
+	return pr, nil
+}
+
+// watched is an instance a request depends on, in the incarnation it
+// was sent to.
+type watched struct {
+	name        string
+	incarnation string
+	prefill     bool // only until the prefill stage has finished
+}
+
+// bind records the incarnations of the request's instances, as
+// xllm-service binds a request to them before dispatch.
+func (d *Dispatcher) bind(req Request) ([]watched, error) {
+	if d.opts.Registry == nil {
+		return nil, nil
+	}
+	snap := d.opts.Registry.Snapshot()
+	var out []watched
+	for _, w := range []watched{{name: req.Prefill, prefill: req.Decode != ""}, {name: req.Decode}} {
+		if w.name == "" {
+			continue
+		}
+		in, ok := snap.Lookup(w.name)
+		if !ok || !in.Schedulable() {
+			return nil, fmt.Errorf("instance %s is not registered or not schedulable", w.name)
+		}
+		w.incarnation = in.Incarnation()
+		out = append(out, w)
+	}
+	return out, nil
+}
+
+// gone says why a watched instance can no longer finish the request, ""
+// while it can.
+func (d *Dispatcher) gone(watch []watched, prefillDone bool) string {
+	if d.opts.Registry == nil {
+		return ""
+	}
+	snap := d.opts.Registry.Snapshot()
+	for _, w := range watch {
+		if w.prefill && prefillDone {
+			continue
+		}
+		in, ok := snap.Lookup(w.name)
+		switch {
+		case !ok:
+			return fmt.Sprintf("instance %s left the registry before finishing the request", w.name)
+		case in.State == instance.Suspect:
+			return fmt.Sprintf("instance %s is SUSPECT: it lost its lease and does not answer", w.name)
+		case in.Incarnation() != w.incarnation:
+			return fmt.Sprintf("instance %s restarted (incarnation %q, was %q) and lost the request", w.name, in.Incarnation(), w.incarnation)
+		}
+	}
+	return ""
+}
+
+// send makes the Completions or ChatCompletions call; the engine answers
+// it at once and sends the output later.
+func (d *Dispatcher) send(ctx context.Context, req Request, pr *parsedRequest, id string) error {
+	c, err := d.client(req.Prefill)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, d.opts.CallTimeout)
+	defer cancel()
+	if pr.chat != nil {
+		pr.chat.ServiceRequestId = &id
+		err = c.CallProto(cctx, xllmpb.APIService, xllmpb.MethodChatCompletions, pr.chat, nil, nil)
+	} else {
+		pr.completion.ServiceRequestId = &id
+		err = c.CallProto(cctx, xllmpb.APIService, xllmpb.MethodCompletions, pr.completion, nil, nil)
+	}
+	if err != nil {
+		return fmt.Errorf("instance %s: %w", req.Prefill, err)
+	}
+	return nil
+}
+
+// client is the one connection to an instance.
+func (d *Dispatcher) client(name string) (*baidustd.Client, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, errors.New("dispatcher closed")
+	}
+	if c := d.clients[name]; c != nil {
+		return c, nil
+	}
+	d.pruneLocked()
+	c := baidustd.NewClient(name, baidustd.ClientOptions{Logger: d.log})
+	d.clients[name] = c
+	return c, nil
+}
+
+// pruneLocked closes the connections to instances no longer registered,
+// so that the clients kept are bounded by the registry's size.
+func (d *Dispatcher) pruneLocked() {
+	if d.opts.Registry == nil || len(d.clients) < 64 {
+		return
+	}
+	snap := d.opts.Registry.Snapshot()
+	if len(d.clients) < 2*len(snap.Instances) {
+		return
+	}
+	for name, c := range d.clients {
+		if _, ok := snap.Lookup(name); !ok {
+			c.Close()
+			delete(d.clients, name)
+		}
+	}
+}
+
+// collect turns the request's generations into the response until it
+// finishes, fails, times out or its client goes.
+func (d *Dispatcher) collect(ctx context.Context, req Request, q *outputQueue, watch []watched, out *responder) error {
+	timeout := time.NewTimer(d.opts.OutputTimeout)
+	defer timeout.Stop()
+	var tick <-chan time.Time
+	if len(watch) > 0 {
+		t := time.NewTicker(livenessInterval)
+		defer t.Stop()
+		tick = t.C
+	}
+	prefillDone := false
+	source := req.Prefill
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-timeout.C:
+			return out.fail(http.StatusGatewayTimeout, fmt.Sprintf("no output from instance %s for %v", source, d.opts.OutputTimeout))
+		case <-tick:
+			if why := d.gone(watch, prefillDone); why != "" {
+				return out.fail(http.StatusBadGateway, why)
+			}
+		case <-q.notify:
+			gens, err := q.take()
+			if err != nil {
+				return out.fail(http.StatusInternalServerError, err.Error())
+			}
+			for _, g := range gens {
+				if st := g.GetGenStatus(); st.GetStatusCode() != 0 {
+					return out.fail(HTTPStatus(st.GetStatusCode()), fmt.Sprintf("instance %s: %s (status %d %s)",
+						source, st.GetStatusMsg(), st.GetStatusCode(), statusName(st.GetStatusCode())))
+				}
+				if g.GetFinishedOnPrefillInstance() && !prefillDone {
+					prefillDone = true
+					if req.Decode != "" {
+						source = req.Decode
+					}
+				}
+				done, err := out.add(g)
+				if err != nil || done {
+					return err
+				}
+			}
+			if !timeout.Stop() {
+				select {
+				case <-timeout.C:
+				default:
+				}
+			}
+			timeout.Reset(d.opts.OutputTimeout)
+		}
+	}
+}
+
+// HTTPStatus maps an engine's gen_status code (xllm::StatusCode) to the
+// HTTP status of the client's answer.
+func HTTPStatus(code int32) int {
+	switch code {
+	case 1: // CANCELLED: the engine dropped the request
+		return http.StatusBadGateway
+	case 3: // INVALID_ARGUMENT
+		return http.StatusBadRequest
+	case 4: // DEADLINE_EXCEEDED
+		return http.StatusGatewayTimeout
+	case 5, 6: // RESOURCE_EXHAUSTED, UNAVAILABLE
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError // 2 UNKNOWN and codes this version does not know
+}
+
+var statusNames = map[int32]string{1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED",
+	5: "RESOURCE_EXHAUSTED", 6: "UNAVAILABLE"}
+
+func statusName(code int32) string {
+	if n, ok := statusNames[code]; ok {
+		return n
+	}
+	return "code " + strconv.Itoa(int(code))
+}
+
+// writeHTTPError sends kvcar's error body, {"error":{"code","message"}}.
+func writeHTTPError(w http.ResponseWriter, code int, msg string) {
+	b, _ := json.Marshal(errorJSON(code, msg))
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func errorJSON(code int, msg string) map[string]any {
+	return map[string]any{"error": map[string]any{"code": code, "message": msg}}
+}

@@ -1,0 +1,209 @@
+package xllmrpc
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/kvcar/kvcar/internal/xllmpb"
+)
+
+// responder writes one request's OpenAI response from its generations,
+// as xllm-service's response handler writes it: streamed, a chunk per
+// output text and one per finish reason (chat: a first chunk with the
+// assistant role), a usage chunk with stream_options.include_usage, then
+// "data: [DONE]"; unstreamed, one body once the request has finished,
+// from the generations not marked finished_on_prefill_instance.
+type responder struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	pr      *parsedRequest
+	created int64
+	id      string
+	started bool // the stream's status and headers are out
+
+	roleSent map[int32]bool
+	// The unstreamed output so far, by choice index.
+	texts  map[int32]*strings.Builder
+	finish map[int32]string
+	usage  *xllmpb.OutputUsage
+}
+
+func newResponder(w http.ResponseWriter, pr *parsedRequest, created int64) *responder {
+	return &responder{w: w, rc: http.NewResponseController(w), pr: pr, created: created,
+		roleSent: map[int32]bool{}, texts: map[int32]*strings.Builder{}, finish: map[int32]string{}}
+}
+
+func (r *responder) object() string {
+	switch {
+	case r.pr.chat != nil && r.pr.stream:
+		return "chat.completion.chunk"
+	case r.pr.chat != nil:
+		return "chat.completion"
+	}
+	return "text_completion"
+}
+
+// add takes one generation; done is true once the response is complete.
+func (r *responder) add(g *xllmpb.DisaggStreamGeneration) (done bool, err error) {
+	if r.id == "" {
+		r.id = g.GetReqId()
+	}
+	if r.pr.stream {
+		return r.stream(g)
+	}
+	if g.GetFinishedOnPrefillInstance() && !g.GetFinished() {
+		// The decode instance sends the whole result.
+		return false, nil
+	}
+	for _, o := range g.GetOutputs() {
+		b := r.texts[o.GetIndex()]
+		if b == nil {
+			b = &strings.Builder{}
+			r.texts[o.GetIndex()] = b
+		}
+		b.WriteString(o.GetText())
+		if o.GetFinishReason() != "" {
+			r.finish[o.GetIndex()] = o.GetFinishReason()
+		}
+	}
+	if g.GetUsage() != nil {
+		r.usage = g.GetUsage()
+	}
+	if !g.GetFinished() {
+		return false, nil
+	}
+	resp := responseJSON{ID: r.id, Object: r.object(), Created: r.created, Model: r.pr.model, Usage: usageOf(r.usage),
+		Choices: []choiceJSON{}}
+	indices := make([]int32, 0, len(r.texts))
+	for i := range r.texts {
+		indices = append(indices, i)
+	}
+	slices.Sort(indices)
+	for _, i := range indices {
+		text := r.texts[i].String()
+		c := choiceJSON{Index: i}
+		if f, ok := r.finish[i]; ok {
+			c.FinishReason = &f
+		}
+		if r.pr.chat != nil {
+			c.Message = &messageJSON{Role: "assistant", Content: &text}
+		} else {
+			c.Text = &text
+		}
+		resp.Choices = append(resp.Choices, c)
+	}
+	body, err := json.Marshal(resp)
+	if err != nil {
+		return true, r.fail(http.StatusInternalServerError, "encoding the response: "+err.Error())
+	}
+	h := r.w.Header()
+	h.Set("Content-Type", "application/json")
+	r.w.WriteHeader(http.StatusOK)
+	if _, err := r.w.Write(append(body, '\n')); err != nil {
+		return true, fmt.Errorf("writing the response: %w", err)
+	}
+	return true, nil
+}
+
+// stream writes the chunks of one generation.
+func (r *responder) stream(g *xllmpb.DisaggStreamGeneration) (bool, error) {
+	for _, o := range g.GetOutputs() {
+		i := o.GetIndex()
+		if r.pr.chat != nil && !r.roleSent[i] {
+			empty := ""
+			if err := r.chunk(choiceJSON{Index: i, Delta: &messageJSON{Role: "assistant", Content: &empty}}, nil); err != nil {
+				return true, err
+			}
+			r.roleSent[i] = true
+		}
+		if text := o.GetText(); text != "" {
+			c := choiceJSON{Index: i}
+			if r.pr.chat != nil {
+				c.Delta = &messageJSON{Content: &text}
+			} else {
+				c.Text = &text
+			}
+			if err := r.chunk(c, nil); err != nil {
+				return true, err
+			}
+		}
+		if f := o.GetFinishReason(); f != "" {
+			c := choiceJSON{Index: i, FinishReason: &f}
+			if r.pr.chat != nil {
+				c.Delta = &messageJSON{}
+			} else {
+				empty := ""
+				c.Text = &empty
+			}
+			if err := r.chunk(c, nil); err != nil {
+				return true, err
+			}
+		}
+	}
+	if r.pr.includeUsage && g.GetUsage() != nil {
+		if err := r.chunk(choiceJSON{}, usageOf(g.GetUsage())); err != nil {
+			return true, err
+		}
+	}
+	if !g.GetFinished() {
+		return false, r.flush()
+	}
+	if err := r.write("data: [DONE]\n\n"); err != nil {
+		return true, err
+	}
+	return true, r.flush()
+}
+
+// chunk writes one SSE event: a choice, or the usage with no choices.
+func (r *responder) chunk(c choiceJSON, usage *usageJSON) error {
+	resp := responseJSON{ID: r.id, Object: r.object(), Created: r.created, Model: r.pr.model, Usage: usage, Choices: []choiceJSON{}}
+	if usage == nil {
+		resp.Choices = append(resp.Choices, c)
+	}
+	body, err := json.Marshal(resp)
+	if err != nil {
+		return fmt.Errorf("encoding a chunk: %w", err)
+	}
+	return r.write("data: " + string(body) + "\n\n")
+}
+
+func (r *responder) write(s string) error {
+	if !r.started {
+		h := r.w.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-cache")
+		r.w.WriteHeader(http.StatusOK)
+		r.started = true
+	}
+	if _, err := r.w.Write([]byte(s)); err != nil {
+		return fmt.Errorf("writing to the client: %w", err)
+	}
+	return nil
+}
+
+func (r *responder) flush() error {
+	if err := r.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return fmt.Errorf("flushing to the client: %w", err)
+	}
+	return nil
+}
+
+// fail ends the response with an error: an HTTP error while nothing has
+// been sent, else an SSE error event. It returns the error for the
+// caller's log.
+func (r *responder) fail(code int, msg string) error {
+	err := fmt.Errorf("%s (HTTP %d)", msg, code)
+	if !r.started {
+		writeHTTPError(r.w, code, msg)
+		return err
+	}
+	b, _ := json.Marshal(errorJSON(code, msg))
+	if werr := r.write("data: " + string(b) + "\n\n"); werr == nil {
+		_ = r.flush()
+	}
+	return err
+}
