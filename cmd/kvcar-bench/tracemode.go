@@ -202,7 +202,7 @@ func parseTraceFlags(args []string, stderr io.Writer) (traceOptions, error) {
 	fs.DurationVar(&o.Cluster.AttentionPer1K, "attention_per_1k_context", 2150*time.Nanosecond, "an engine's attention time per computed token per 1,024 context tokens (emulated)")
 	fs.DurationVar(&o.Cluster.TPOT, "tpot", 30*time.Millisecond, "decode time per output token after the first, for end-to-end latency")
 	fs.DurationVar(&o.Cluster.Heartbeat, "heartbeat_interval", 500*time.Millisecond, "engines' load report interval in trace time (xLLM's default)")
-	fs.IntVar(&o.Cluster.TokenScale, "token_scale", 8, "emulated prompts are this many times shorter than the trace's: 512/token_scale token ids per hash id, blocks as long; 1 sends the trace's full lengths")
+	fs.IntVar(&o.Cluster.TokenScale, "token_scale", 1, "emulated prompts are this many times shorter than the trace's: 512/token_scale token ids per hash id, blocks as long; 1 sends the trace's full lengths")
 	fs.BoolVar(&o.readme, "readme", false, "print the README section: tables with spread, date, commit and the command")
 	fs.BoolVar(&o.jsonOut, "json", false, "print every run's results as JSON")
 	fs.StringVar(&o.jsonFile, "json_file", "", "also write every run's results as JSON to this file")
