@@ -402,7 +402,8 @@ func summarizeWindow(reqs []traceRequest, o traceOptions) windowSummary {
 	return w
 }
 
-// maxAttempts bounds how often a run the machine disturbed is repeated.
+// maxAttempts bounds how often a run the machine disturbed or failed is
+// repeated.
 const maxAttempts = 3
 
 // runAll replays every policy with every seed, o.Parallel runs at once,
@@ -437,7 +438,18 @@ func runAll(ctx context.Context, o traceOptions, reqs []traceRequest, etcd *etcd
 					// and etcd namespace.
 					res, err = replayOnce(ctx, o, reqs, etcd, j.p, j.seed, (j.i+1)*maxAttempts+attempt, headers, progress)
 					res.Attempts = attempt + 1
-					if err != nil || !res.disturbed(o.Speedup) || attempt == maxAttempts-1 {
+					if ctx.Err() != nil || attempt == maxAttempts-1 {
+						break
+					}
+					// A run fails when requests fail, which on this
+					// harness means the machine stalled long enough for
+					// heartbeats or leases to lapse; it is repeated like a
+					// disturbed one.
+					if err != nil {
+						fmt.Fprintf(progress, "%s seed %d: %v; repeating the run\n", j.p.Name, j.seed, firstLine(err))
+						continue
+					}
+					if !res.disturbed(o.Speedup) {
 						break
 					}
 					fmt.Fprintf(progress, "%s seed %d: requests left up to %.0f ms late (p99) against the trace's clock, %.1f s of trace time: the machine stalled; repeating the run\n",
@@ -472,4 +484,11 @@ func runAll(ctx context.Context, o traceOptions, reqs []traceRequest, etcd *etcd
 		return nil, err
 	}
 	return results, nil
+}
+
+// firstLine is an error's first line: the log tail that follows stays
+// for the final error.
+func firstLine(err error) string {
+	line, _, _ := strings.Cut(err.Error(), "\n")
+	return line
 }

@@ -207,7 +207,7 @@ func writeChecks(w io.Writer, rep *traceReport, groups [][]*runResult) {
 			repeated, disturbed,
 			spreadOf(g, func(r *runResult) float64 { return r.WallSeconds }).format(1))
 	}
-	fmt.Fprintf(w, "\nA run is repeated (at most %d times in all) when more than 1 %% of its requests left over 1 s of trace time late: the shared machine stalled.\n\n", maxAttempts)
+	fmt.Fprintf(w, "\nA run is repeated (at most %d runs in all) when requests failed or more than 1 %% of them left over 1 s of trace time late: the shared machine stalled.\n\n", maxAttempts)
 }
 
 // writeTraceReadme prints the README section: what was run, where and
