@@ -115,6 +115,10 @@ type callResult struct {
 type clientConn struct {
 	c   net.Conn
 	wmu sync.Mutex
+	// iov and parts hold a frame's parts while they are written, under
+	// wmu: writing consumes iov, so it is made again from parts each time.
+	iov   net.Buffers
+	parts [3][]byte
 
 	mu      sync.Mutex
 	pending map[int64]chan callResult
@@ -322,8 +326,9 @@ func (cc *clientConn) write(timeout time.Duration, parts ...[]byte) error {
 		_, err := cc.c.Write(parts[0])
 		return err
 	}
-	bufs := net.Buffers(parts)
-	_, err := bufs.WriteTo(cc.c)
+	cc.iov = cc.parts[:copy(cc.parts[:], parts)]
+	_, err := cc.iov.WriteTo(cc.c)
+	cc.parts = [3][]byte{}
 	return err
 }
 

@@ -33,6 +33,17 @@ func startServer(t *testing.T, opts Options, ready bool) *httptest.Server {
 	return ts
 }
 
+// startPublicServer serves the public routes of a Server made from
+// opts, ready: the request path.
+func startPublicServer(t *testing.T, opts Options) *httptest.Server {
+	t.Helper()
+	s := New(opts)
+	s.SetReady(true)
+	ts := httptest.NewServer(s.Handler())
+	t.Cleanup(ts.Close)
+	return ts
+}
+
 type reqOpt func(*http.Request)
 
 func withHeader(k, v string) reqOpt { return func(r *http.Request) { r.Header.Set(k, v) } }

@@ -125,9 +125,12 @@ type Request struct {
 	// instance, "" when the prefill instance decodes too.
 	Prefill string
 	Decode  string
-	// Sent, when set, is called once Body, Prompt and TokenIDs are no
-	// longer needed: the request has been written to the engine, or
-	// failed before. The caller may then reuse their storage.
+	// Buffers, when set, are where the request is encoded; nil takes
+	// buffers of the dispatcher's own.
+	Buffers *Buffers
+	// Sent, when set, is called once Body, Prompt, TokenIDs and Buffers
+	// are no longer needed: the request has been written to the engine,
+	// or failed before. The caller may then reuse their storage.
 	Sent func()
 }
 
@@ -180,8 +183,13 @@ func (d *Dispatcher) Serve(ctx context.Context, req Request, w http.ResponseWrit
 	}
 	defer done()
 	id := d.prefix + strconv.FormatUint(d.seq.Add(1), 10)
-	enc := getEncoder()
-	defer putEncoder(enc)
+	enc := req.Buffers
+	if enc == nil {
+		enc = getEncoder()
+		defer putEncoder(enc)
+	} else {
+		enc.reset()
+	}
 	pr, err := d.build(req, id, enc)
 	if err != nil {
 		var bad *BadRequestError

@@ -52,26 +52,40 @@ const (
 	messageContentField     protowire.Number = 2
 )
 
-// encoder holds one request's encoding buffers, reused across requests.
-type encoder struct {
+// Buffers are the storage a request's xLLM message is encoded in. A
+// caller that keeps them from one request to the next (Request.Buffers)
+// spares the dispatcher allocating them for each, which for a long
+// prompt is the size of the prompt. The zero value is ready to use.
+type Buffers struct {
 	rest   []byte                // the body without its prompt
 	small  []byte                // the message without its prompt-sized fields
 	msg    []byte                // the whole message
 	extras []*xllmpb.ChatMessage // per message, its members besides role and content
 }
 
-// maxKeptEncoderBytes bounds the buffers an encoder keeps for the next
-// request, so that one huge prompt does not pin its memory.
-const maxKeptEncoderBytes = 1 << 20
+// Size is about the memory the buffers hold.
+func (e *Buffers) Size() int { return cap(e.rest) + cap(e.small) + cap(e.msg) + 8*cap(e.extras) }
 
-var encoders = sync.Pool{New: func() any { return new(encoder) }}
-
-func getEncoder() *encoder { return encoders.Get().(*encoder) }
-
-func putEncoder(e *encoder) {
+// reset forgets the last request's messages, keeping the storage.
+func (e *Buffers) reset() {
 	clear(e.extras)
 	e.extras = e.extras[:0]
-	if cap(e.rest)+cap(e.small)+cap(e.msg) > maxKeptEncoderBytes || cap(e.extras) > 1<<14 {
+}
+
+// encoder is the Buffers of one request being encoded.
+type encoder = Buffers
+
+// maxKeptEncoderBytes bounds the buffers the dispatcher keeps for the
+// next request, so that one huge prompt does not pin its memory.
+const maxKeptEncoderBytes = 1 << 20
+
+var encoders = sync.Pool{New: func() any { return new(Buffers) }}
+
+func getEncoder() *Buffers { return encoders.Get().(*Buffers) }
+
+func putEncoder(e *Buffers) {
+	e.reset()
+	if e.Size() > maxKeptEncoderBytes || cap(e.extras) > 1<<14 {
 		return
 	}
 	encoders.Put(e)
