@@ -249,6 +249,11 @@ func FuzzInferenceRequest(f *testing.F) {
 				t.Fatalf("%q: text %q, encoding/json %q, %v", body, in.text, text, err)
 			}
 		}
+		// The prompt's span is its value as encoding/json reads it, which
+		// the dispatcher cuts out of the body.
+		if v := body[in.promptStart:in.promptEnd]; !bytes.Equal(v, members["prompt"]) {
+			t.Fatalf("%q: prompt value %q, encoding/json %q", body, v, members["prompt"])
+		}
 		if in.routingStart >= 0 {
 			if !json.Valid(body[in.routingStart:in.routingEnd]) {
 				t.Fatalf("%q: routing value %q is not a JSON value", body, body[in.routingStart:in.routingEnd])
