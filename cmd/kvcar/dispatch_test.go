@@ -50,14 +50,7 @@ func (f *xllmFleet) engine(t *testing.T, typ enginesim.InstanceType, vllm bool, 
 	if mod != nil {
 		mod(&ec)
 	}
-	e, err := enginesim.New(ec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := e.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.Close() })
+	e := startEngine(t, ec)
 	waitUntil(t, "heartbeat accepted", 10*time.Second, func() bool { return e.LastHeartbeatStatus() == http.StatusOK })
 	if master := e.HeartbeatMaster(); !vllm && !strings.HasPrefix(master, "127.0.0.1:") {
 		t.Fatalf("engine %s heartbeats to %q", e.Name(), master)

@@ -43,15 +43,7 @@ func startCluster(t *testing.T, n int, mod func(*enginesim.Config), flags ...str
 		if mod != nil {
 			mod(&ec)
 		}
-		e, err := enginesim.New(ec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := e.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close() })
-		c.engines = append(c.engines, e)
+		c.engines = append(c.engines, startEngine(t, ec))
 	}
 	for _, e := range c.engines {
 		waitUntil(t, "heartbeat accepted", 10*time.Second, func() bool { return e.LastHeartbeatStatus() == http.StatusOK })
