@@ -119,6 +119,12 @@ type Request struct {
 	// token ids, or kvcar's tokenizer's ids of a text or chat prompt
 	// (chat template applied), sent as token_ids as xllm-service sends
 	// its own. Empty sends the text alone, which the engine tokenizes.
+	// A chat's ids are taken to be rendered from the messages' roles and
+	// contents alone, so they are not sent when the request has tools
+	// (unless tool_choice is "none"), chat_template_kwargs, or messages
+	// with tool calls, tool call ids or reasoning, which xllm-service
+	// renders and such ids leave out: the engine then renders and
+	// tokenizes the chat itself.
 	TokenIDs []uint32
 	// Prefill is the instance the request is sent to (its name,
 	// "ip:http_port", where it serves baidu_std); Decode the decode
@@ -277,6 +283,9 @@ func (d *Dispatcher) build(req Request, id string, enc *encoder) (*parsedRequest
 			}
 			enc.extras = append(enc.extras, extra)
 		}
+		if !renderedFromMessages(small, enc.extras) {
+			ids = nil
+		}
 		small.ServiceRequestId, small.Routing, small.SourceXserviceAddr = &id, routing, &self
 		return pr, enc.encodeChat(small, p.Messages, ids)
 	}
@@ -292,6 +301,21 @@ func (d *Dispatcher) build(req Request, id string, enc *encoder) (*parsedRequest
 	}
 	small.ServiceRequestId, small.Routing, small.SourceXserviceAddr = &id, routing, &self
 	return pr, enc.encodeCompletion(small, p.Text, ids)
+}
+
+// renderedFromMessages reports whether the chat's prompt is rendered from
+// its messages' roles and contents alone: no tools for the template, no
+// template arguments, no message members the template may render.
+func renderedFromMessages(small *xllmpb.ChatRequest, extras []*xllmpb.ChatMessage) bool {
+	if (len(small.GetTools()) > 0 && small.GetToolChoice() != "none") || small.GetChatTemplateKwargs() != nil {
+		return false
+	}
+	for _, e := range extras {
+		if e != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // watched is an instance a request depends on, in the incarnation it

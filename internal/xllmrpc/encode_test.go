@@ -79,8 +79,10 @@ func TestEncodeEqualsGeneratedCode(t *testing.T) {
 			`{"role":"tool","content":"42","tool_call_id":"c1","name":"f"}],` +
 			`"tools":[{"type":"function","function":{"name":"f","description":"d","parameters":{"type":"object","b":1,"a":[true]}}}],` +
 			`"tool_choice":"auto","chat_template_kwargs":{"enable_thinking":false,"z":"y"},"response_format":{"type":"json_object"}}`,
+			// kvcar's ids are rendered from roles and contents alone: with
+			// tools or tool calls the engine renders the chat itself.
 			ids: []uint32{1, 2, 3},
-			want: &xllmpb.ChatRequest{Model: "m", MaxTokens: p(3), TokenIds: []int32{1, 2, 3}, ToolChoice: s("auto"),
+			want: &xllmpb.ChatRequest{Model: "m", MaxTokens: p(3), ToolChoice: s("auto"),
 				ResponseFormat: &xllmpb.ResponseFormat{Type: s("json_object")},
 				Messages: []*xllmpb.ChatMessage{
 					{Role: s("system"), Content: s("be brief")},
@@ -89,6 +91,13 @@ func TestEncodeEqualsGeneratedCode(t *testing.T) {
 						Function: &xllmpb.FunctionCall{Name: "f", Arguments: "{}"}}}},
 					{Role: s("tool"), Content: s("42"), ToolCallId: s("c1")},
 				}}},
+		{name: "plain chat with kvcar's ids", chat: true, ids: []uint32{7, 8},
+			body: `{"messages":[{"role":"user","content":"hi"}],"stream":true,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"none"}`,
+			want: &xllmpb.ChatRequest{Stream: tr(true), TokenIds: []int32{7, 8}, ToolChoice: s("none"),
+				Messages: []*xllmpb.ChatMessage{{Role: s("user"), Content: s("hi")}}}},
+		{name: "chat with template arguments", chat: true, ids: []uint32{7, 8},
+			body: `{"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"enable_thinking":false}}`,
+			want: &xllmpb.ChatRequest{Messages: []*xllmpb.ChatMessage{{Role: s("user"), Content: s("hi")}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// The tools and kwargs come from the mapping shared by both
