@@ -30,8 +30,11 @@
 // choice may not deliver.
 //
 // Saved tokens are the engines' own device_hit_tokens + host_hit_tokens
-// from each answer's kvcar_engine object; emulated TTFT is (queue_ms +
-// prefill_ms) / time_scale. The routing decision time is kvcar's
+// for each request: from the answer's kvcar_engine object when the
+// engine's HTTP answer comes back as it is (ORACLE), else from the record
+// the engine keeps under the answer's id (kvcar sends requests to the
+// emulated xLLM engines over baidu_std and writes the answer from their
+// output); emulated TTFT is (queue_ms + prefill_ms) / time_scale. The routing decision time is kvcar's
 // X-Kvcar-Decision-Us header (the time inside its policy), and for the
 // oracle its own probe and pick; the client overhead is the round trip
 // minus the engine's queue, prefill and decode time. Before each request

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/devcluster"
 	"github.com/kvcar/kvcar/internal/enginesim"
 )
 
@@ -39,14 +40,19 @@ func completionBody(prompt []uint32, maxTokens int) []byte {
 
 // completionAnswer is the part of the answer the benchmark reads.
 type completionAnswer struct {
+	ID    string `json:"id"`
 	Usage struct {
 		PromptTokens int `json:"prompt_tokens"`
 	} `json:"usage"`
 	Engine *enginesim.EngineUsage `json:"kvcar_engine"`
 }
 
-// post sends one completion to url and fills rec from the answer.
-func post(ctx context.Context, hc *http.Client, url string, req *benchRequest, header http.Header, rec *record) error {
+// post sends one completion to url and fills rec from the answer and the
+// engine's report of the request: the answer's kvcar_engine object when
+// the engine's HTTP answer came back as it is, else, for a request kvcar
+// sent over baidu_std and answered from the engine's output, the record
+// the engine kept under the answer's id.
+func post(ctx context.Context, hc *http.Client, url string, req *benchRequest, header http.Header, engines devcluster.Engines, rec *record) error {
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(completionBody(req.Prompt, req.MaxTokens)))
 	if err != nil {
 		return fmt.Errorf("request %d: %w", req.Index, err)
@@ -79,8 +85,12 @@ func post(ctx context.Context, hc *http.Client, url string, req *benchRequest, h
 		return fmt.Errorf("request %d: answer: %w", req.Index, err)
 	}
 	eu := ans.Engine
+	if served, ok := engines.Served(ans.ID); eu == nil && ok {
+		eu = &served
+	}
 	if eu == nil {
-		return fmt.Errorf("request %d: the answer has no %s object", req.Index, enginesim.EngineUsageField)
+		return fmt.Errorf("request %d: neither a %s object in the answer nor an engine's record of %q", req.Index,
+			enginesim.EngineUsageField, ans.ID)
 	}
 	if ans.Usage.PromptTokens != len(req.Prompt) {
 		return fmt.Errorf("request %d: engine counted %d prompt tokens, sent %d", req.Index, ans.Usage.PromptTokens, len(req.Prompt))
@@ -116,7 +126,7 @@ func viaKvcar(hc *http.Client, base string, engines []*enginesim.Engine) sender 
 	return func(ctx context.Context, req *benchRequest) record {
 		rec := record{Index: req.Index, Session: req.Session, Turn: req.Turn, Prompt: len(req.Prompt)}
 		rec.Probe = probe(engines, req.Prompt)
-		rec.Err = post(ctx, hc, url, req, nil, &rec)
+		rec.Err = post(ctx, hc, url, req, nil, engines, &rec)
 		return rec
 	}
 }
@@ -180,7 +190,7 @@ func (o *oracle) sender(hc *http.Client) sender {
 		e := o.engines[o.pick(rec.Probe)]
 		rec.Decision, rec.HasDecision = time.Since(t0), true
 		h := http.Header{prefillNameHeader: {e.Name()}}
-		rec.Err = post(ctx, hc, "http://"+e.Name()+"/v1/completions", req, h, &rec)
+		rec.Err = post(ctx, hc, "http://"+e.Name()+"/v1/completions", req, h, nil, &rec)
 		return rec
 	}
 }

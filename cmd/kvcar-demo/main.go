@@ -136,11 +136,11 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	fmt.Fprintf(out, "\nkvcar is serving on %s with %d discovered streams from %d emulated engines\n", base, engines.Streams(), len(engines))
 	printTryIt(out, base, kv.InternalURL())
 
-	if err := load(ctx, out, base, blockSize, o); err != nil {
+	if err := load(ctx, out, base, engines, blockSize, o); err != nil {
 		return err
 	}
 	if tok != nil {
-		if err := chatLoad(ctx, base, tok, o); err != nil {
+		if err := chatLoad(ctx, base, engines, tok, o); err != nil {
 			return err
 		}
 	}
@@ -159,9 +159,10 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 }
 
 // load sends completions that share system prompts and grow as
-// multi-turn sessions to kvcar, which routes each (CAR) and relays the
-// engine's answer; it prints where each went and what the engine reused.
-func load(ctx context.Context, out io.Writer, base string, blockSize int, o options) error {
+// multi-turn sessions to kvcar, which routes each (CAR), sends it to the
+// engine over baidu_std and answers from the engine's output; it prints
+// where each went and what the engine reused.
+func load(ctx context.Context, out io.Writer, base string, engines devcluster.Engines, blockSize int, o options) error {
 	rng := rand.New(rand.NewPCG(o.seed, 0))
 	systems := make([][]uint32, 3)
 	for i := range systems {
@@ -177,7 +178,7 @@ func load(ctx context.Context, out io.Writer, base string, blockSize int, o opti
 		sessions[s] = append(sessions[s], randTokens(rng, (1+rng.IntN(3))*blockSize)...)
 		prompt := sessions[s]
 
-		res, err := complete(ctx, base, prompt)
+		res, err := complete(ctx, base, engines, prompt)
 		if err != nil {
 			return err
 		}
@@ -198,16 +199,26 @@ func load(ctx context.Context, out io.Writer, base string, blockSize int, o opti
 type completion struct {
 	prefill  string
 	hitRatio float64
-	Engine   enginesim.EngineUsage `json:"kvcar_engine"`
+	ID       string `json:"id"`
+	Usage    struct {
+		PromptTokensDetails struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+	// Engine is what the engine did for the request: its DP rank and the
+	// tokens it reused per tier.
+	Engine enginesim.EngineUsage
 }
 
-func complete(ctx context.Context, base string, prompt []uint32) (completion, error) {
-	return post(ctx, base+"/v1/completions", map[string]any{"model": "enginesim", "max_tokens": 4, "prompt": prompt})
+func complete(ctx context.Context, base string, engines devcluster.Engines, prompt []uint32) (completion, error) {
+	return post(ctx, base+"/v1/completions", engines, map[string]any{"model": "enginesim", "max_tokens": 4, "prompt": prompt})
 }
 
 // post sends one OpenAI request through kvcar and reads where it went and
-// what the engine reused.
-func post(ctx context.Context, url string, request map[string]any) (completion, error) {
+// what the engine reused: the answer's cached tokens, which the engine
+// reported in its output, and the engine's own record of the request,
+// kept under the answer's id, for the DP rank and the split per tier.
+func post(ctx context.Context, url string, engines devcluster.Engines, request map[string]any) (completion, error) {
 	body, _ := json.Marshal(request)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
@@ -232,6 +243,13 @@ func post(ctx context.Context, url string, request map[string]any) (completion, 
 	}
 	c.prefill = resp.Header.Get("X-Prefill-Name")
 	c.hitRatio, _ = strconv.ParseFloat(resp.Header.Get("X-Kvcar-Hit-Ratio"), 64)
+	var ok bool
+	if c.Engine, ok = engines.Served(c.ID); !ok {
+		return completion{}, fmt.Errorf("%s: no engine served %q over baidu_std", url, c.ID)
+	}
+	if reused := c.Engine.DeviceHitTokens + c.Engine.HostHitTokens; reused != c.Usage.PromptTokensDetails.CachedTokens {
+		return completion{}, fmt.Errorf("%s: the answer says %d cached tokens, the engine reused %d", url, c.Usage.PromptTokensDetails.CachedTokens, reused)
+	}
 	return c, nil
 }
 

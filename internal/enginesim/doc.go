@@ -143,7 +143,13 @@
 // UNAVAILABLE under SetFailRequests or when the decode instance cannot be
 // reached, INVALID_ARGUMENT for a request without tokens. A generation
 // the service refuses (Status{ok: false}) or cannot take stops the
-// request.
+// request. An xLLM engine accepts a request without prompt text when it
+// has token_ids; the real one refuses it ("Prompt is empty"). The
+// engine's request ids, which the output carries and the service's
+// answer shows as its id, are unique across engines
+// ("cmpl-<hash of the name>-<n>"), and what the prefill instance did for
+// a request (the EngineUsage an HTTP answer carries, which Generations
+// have no room for) is kept under that id for Served.
 //
 // # Ownership
 //

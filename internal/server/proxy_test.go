@@ -42,7 +42,7 @@ func recordingEngine(t *testing.T) (string, chan seen) {
 func routedServer(t *testing.T, opts Options, engines ...string) *httptest.Server {
 	t.Helper()
 	opts.Router = routerFor(t, engines...)
-	return startServer(t, opts, true)
+	return startPublicServer(t, opts)
 }
 
 // TestInferenceRelaysOriginalBytes covers issue 10 item 3 and issue 13:
@@ -92,7 +92,7 @@ func TestRoutingHeadersOptIn(t *testing.T) {
 	router := routerFor(t, engine)
 	names := []string{PrefillNameHeader, DecodeNameHeader, PolicyHeader, DecisionMicrosHeader, HitRatioHeader}
 	for _, expose := range []bool{false, true} {
-		ts := startServer(t, Options{Router: router, ExposeRoutingHeaders: expose}, true)
+		ts := startPublicServer(t, Options{Router: router, ExposeRoutingHeaders: expose})
 		resp, b := do(t, ts, http.MethodPost, CompletionsPath, strings.NewReader(`{"prompt":[1,2]}`))
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("%d %s", resp.StatusCode, b)
