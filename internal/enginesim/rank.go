@@ -287,7 +287,7 @@ func (r *rank) appendState(b *kvevent.Batch, blocks []*blockRec) {
 		}
 		r.cache.addStored(b, cur.hashes, cur.parent, cur.hasParent, cur.tokens, m)
 		if len(replicas) > 0 {
-			b.AddStored(replicas, 0, false, nil, 0, kvevent.Host)
+			b.AddStored(replicas, kvevent.EngineHash{}, false, nil, 0, kvevent.Host)
 		}
 		cur, replicas = run{}, nil
 	}

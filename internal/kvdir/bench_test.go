@@ -29,7 +29,7 @@ func storedBatch(tokens []uint32, hashBase uint64, blocksPerEvent int) *kvevent.
 	n := len(tokens) / benchBlockSize
 	hashes := make([]kvevent.EngineHash, n)
 	for i := range hashes {
-		hashes[i] = kvevent.EngineHash(hashBase + uint64(i))
+		hashes[i] = kvevent.IntHash(hashBase + uint64(i))
 	}
 	for i := 0; i < n; i += blocksPerEvent {
 		j := min(i+blocksPerEvent, n)
