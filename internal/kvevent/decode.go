@@ -931,6 +931,7 @@ func readTokens(p []byte, b *Batch) (dst []uint32, ctx bool, rest []byte, err er
 	}
 	return dst, ctx, p, nil
 }
+
 // readTokenSlow reads one token id in any integer encoding, range-checked,
 // and reports everything else. It serves the rare encodings (uint64 and
 // the signed forms) and the last few bytes of a message.

@@ -80,14 +80,14 @@ func ints(vs ...uint64) []EngineHash {
 func sampleBatch() *Batch {
 	b := &Batch{Timestamp: 1712345678.25, HasDPRank: true, DPRank: 1}
 	b.AddCleared()
-	b.AddStored(ints(math.MaxUint64, 1 << 63, 0), EngineHash{}, false,
+	b.AddStored(ints(math.MaxUint64, 1<<63, 0), EngineHash{}, false,
 		[]uint32{0, 1, 127, 128, 255, 256, 65535, 65536, 151935, math.MaxUint32, 7, 8}, 4, Device)
 	b.AddStored(ints(0x0123456789abcdef), IntHash(math.MaxUint64), true, []uint32{9, 10, 11, 12}, 4, Device)
-	b.AddStored(ints(math.MaxUint64, 1 << 63), EngineHash{}, false, nil, 0, Host)
+	b.AddStored(ints(math.MaxUint64, 1<<63), EngineHash{}, false, nil, 0, Host)
 	b.AddStored(ints(42), IntHash(7), true, []uint32{1, 2, 3, 4}, 4, Device)
 	b.Events[len(b.Events)-1].PlainText = false
 	b.AddRemoved(ints(0x0123456789abcdef, 5), Device)
-	b.AddRemoved(ints(1 << 63), Host)
+	b.AddRemoved(ints(1<<63), Host)
 	wide := EngineHash{Hi: 0xfedcba9876543210, Lo: 7}
 	b.AddStored([]EngineHash{wide}, IntHash(42), true, []uint32{5, 6, 7, 8}, 4, Host)
 	b.AddRemoved([]EngineHash{wide}, Device)
