@@ -34,12 +34,41 @@ type Config struct {
 	Streams []Stream
 }
 
+// SyncMode says how a stream learns its engine's state (see the README,
+// "vLLM and SGLang engines").
+type SyncMode string
+
+const (
+	// SyncSnapshot: the replay endpoint answers with the engine's full
+	// current state (the seed's xLLM engine). Views are complete.
+	SyncSnapshot SyncMode = "snapshot"
+	// SyncHistory: the replay endpoint answers with the batches the
+	// engine still buffers from the requested sequence on (vLLM and
+	// SGLang with a replay endpoint). A view is complete only when that
+	// history reaches back to the engine's sequence 0 or to an
+	// AllBlocksCleared; otherwise it is partial.
+	SyncHistory SyncMode = "history"
+	// SyncLive: no replay endpoint (vLLM's and SGLang's default). A view
+	// starts empty at the first message, partial unless that message is
+	// the engine's sequence 0.
+	SyncLive SyncMode = "live"
+)
+
+// syncModes lists the accepted values in documentation order.
+var syncModes = []string{string(SyncSnapshot), string(SyncHistory), string(SyncLive)}
+
 // Discovery holds the rules that derive stream endpoints from the
 // instances registered in the instance registry (R-DISC-2).
 type Discovery struct {
-	Enabled          bool
-	BlockSize        int
-	Topic            string
+	Enabled bool
+	// SyncMode applies to instances whose backend_type is "xllm", empty,
+	// or none of those below; VLLMSyncMode and SGLangSyncMode to
+	// backend_type "vllm" and "sglang".
+	SyncMode       SyncMode
+	VLLMSyncMode   SyncMode
+	SGLangSyncMode SyncMode
+	BlockSize      int
+	Topic          string
 	EventPortOffset  int
 	ReplayPortOffset int
 	RefreshInterval  time.Duration
@@ -57,6 +86,20 @@ type Stream struct {
 	ReplayEndpoint string
 	Topic          string
 	HashSeed       uint64
+	// SyncMode says what ReplayEndpoint answers; it is empty in SyncLive.
+	SyncMode SyncMode
+}
+
+// ModeFor returns the sync mode discovery uses for an instance of the
+// given backend_type.
+func (d *Discovery) ModeFor(backendType string) SyncMode {
+	switch backendType {
+	case "vllm":
+		return d.VLLMSyncMode
+	case "sglang":
+		return d.SGLangSyncMode
+	}
+	return d.SyncMode
 }
 
 // Default returns the configuration of an empty file: no discovery, no

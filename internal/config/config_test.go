@@ -282,9 +282,43 @@ func TestEndpointForms(t *testing.T) {
 	}
 	for ep, want := range bad {
 		for _, key := range []string{"endpoint", "replay_endpoint"} {
+			if ep == "" && key == "replay_endpoint" {
+				want = "is required when sync_mode is snapshot"
+			}
 			mustFail(t, wrap("streams[]."+key, strconv.Quote(ep)), "streams[0]."+key, want)
 		}
 	}
+}
+
+// Sync modes: one of three names; a live stream has no replay endpoint,
+// the others need one; discovery picks a mode per backend_type.
+func TestSyncModes(t *testing.T) {
+	c := mustParse(t, `{}`)
+	if d := c.Discovery; d.SyncMode != SyncSnapshot || d.VLLMSyncMode != SyncLive || d.SGLangSyncMode != SyncLive {
+		t.Fatalf("defaults %+v", d)
+	}
+	c = mustParse(t, `{"discovery":{"sync_mode":"history","vllm_sync_mode":"history","sglang_sync_mode":"snapshot"}}`)
+	for backend, want := range map[string]SyncMode{"": SyncHistory, "xllm": SyncHistory, "vllm": SyncHistory, "sglang": SyncSnapshot, "trtllm": SyncHistory} {
+		if got := c.Discovery.ModeFor(backend); got != want {
+			t.Errorf("ModeFor(%q) = %s, want %s", backend, got, want)
+		}
+	}
+	mustFail(t, `{"discovery":{"vllm_sync_mode":"Live"}}`, "discovery.vllm_sync_mode", "must be one of snapshot, history, live")
+	mustFail(t, `{"discovery":{"sync_mode":1}}`, "discovery.sync_mode", "must be a string")
+
+	live := `{"streams":[{"instance_name":"a","endpoint":"tcp://h:1","sync_mode":"live"}]}`
+	if c := mustParse(t, live); c.Streams[0].SyncMode != SyncLive || c.Streams[0].ReplayEndpoint != "" {
+		t.Fatalf("live stream %+v", c.Streams[0])
+	}
+	mustFail(t, `{"streams":[{"instance_name":"a","endpoint":"tcp://h:1","sync_mode":"live","replay_endpoint":"tcp://h:2"}]}`,
+		"streams[0].replay_endpoint", "must be absent when sync_mode is live")
+	mustFail(t, `{"streams":[{"instance_name":"a","endpoint":"tcp://h:1","sync_mode":"history"}]}`,
+		"streams[0].replay_endpoint", "is required when sync_mode is history")
+	if c := mustParse(t, `{"streams":[{"instance_name":"a","endpoint":"tcp://h:1","sync_mode":"history","replay_endpoint":"tcp://h:2"}]}`); c.Streams[0].SyncMode != SyncHistory {
+		t.Fatalf("history stream %+v", c.Streams[0])
+	}
+	// Two live streams have no replay endpoints to collide.
+	mustParse(t, `{"streams":[{"instance_name":"a","endpoint":"tcp://h:1","sync_mode":"live"},{"instance_name":"b","endpoint":"tcp://h:2","sync_mode":"live"}]}`)
 }
 
 func TestDuplicates(t *testing.T) {
@@ -393,7 +427,7 @@ func TestReferenceMatchesParser(t *testing.T) {
 		// Every documented key is accepted with its documented default.
 		value := d.Default
 		switch value {
-		case "(required)":
+		case "(required)", "(required unless live)":
 			continue // present in validStream, accepted by every test that parses it
 		case "{}", "[]":
 		}
@@ -465,8 +499,8 @@ func TestExampleFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Default()
-	want.Discovery = Discovery{Enabled: true, BlockSize: 128, Topic: "xllm-kv", EventPortOffset: 10000,
-		ReplayPortOffset: 30000, RefreshInterval: time.Second, HashSeed: 1024}
+	want.Discovery = Discovery{Enabled: true, SyncMode: SyncSnapshot, VLLMSyncMode: SyncLive, SGLangSyncMode: SyncLive,
+		BlockSize: 128, Topic: "xllm-kv", EventPortOffset: 10000, ReplayPortOffset: 30000, RefreshInterval: time.Second, HashSeed: 1024}
 	if !reflect.DeepEqual(*c, want) {
 		t.Fatalf("example = %+v, want %+v", *c, want)
 	}

@@ -3,6 +3,7 @@ package config
 import (
 	"math"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -25,6 +26,7 @@ const (
 	kindBool                      // JSON boolean -> bool
 	kindString                    // JSON string -> string
 	kindEndpoint                  // JSON string holding tcp://host:port -> string
+	kindEnum                      // JSON string, one of keySpec.values -> string or SyncMode
 	kindObject                    // JSON object (discovery)
 	kindArray                     // JSON array of objects (streams)
 )
@@ -35,7 +37,7 @@ func (k valueKind) jsonType() string {
 		return "an integer"
 	case kindBool:
 		return "a boolean"
-	case kindString, kindEndpoint:
+	case kindString, kindEndpoint, kindEnum:
 		return "a string"
 	case kindObject:
 		return "an object"
@@ -65,6 +67,11 @@ type keySpec struct {
 	max     int64
 	defInt  int64
 	defStr  string
+	// values lists the accepted strings of a kindEnum key.
+	values []string
+	// defDoc overrides the generated default text where the default
+	// depends on another key.
+	defDoc string
 	// rangeDoc overrides the generated range text where a cross-key rule
 	// applies.
 	rangeDoc string
@@ -118,6 +125,18 @@ var keyTable = []keySpec{
 	{scope: scopeDiscovery, name: "enabled", kind: kindBool,
 		desc:  "Subscribe to every eligible registered instance.",
 		field: func(t target) any { return &t.disc.Enabled }},
+	{scope: scopeDiscovery, name: "sync_mode", kind: kindEnum, values: syncModes, defStr: string(SyncSnapshot),
+		desc: "How streams of instances with backend_type xllm (or none, or one without a key below) learn the engine's state: " +
+			"snapshot (the replay endpoint sends the full current state), history (it sends the batches the engine still buffers; " +
+			"views may be partial) or live (no replay endpoint; a view starts empty at the first message).",
+		field: func(t target) any { return &t.disc.SyncMode }},
+	{scope: scopeDiscovery, name: "vllm_sync_mode", kind: kindEnum, values: syncModes, defStr: string(SyncLive),
+		desc: "Sync mode of instances with backend_type vllm (vLLM behind xllm-service's vllm_sidecar): live for vLLM's default " +
+			"--kv-events-config, history when it sets replay_endpoint at the replay port kvcar derives.",
+		field: func(t target) any { return &t.disc.VLLMSyncMode }},
+	{scope: scopeDiscovery, name: "sglang_sync_mode", kind: kindEnum, values: syncModes, defStr: string(SyncLive),
+		desc:  "Sync mode of instances with backend_type sglang, as for vllm_sync_mode.",
+		field: func(t target) any { return &t.disc.SGLangSyncMode }},
 	{scope: scopeDiscovery, name: "block_size", kind: kindInt, min: 1, max: 4096, defInt: 128,
 		desc:  "Tokens per block; must match the block_size of the engines' BlockStored events.",
 		field: func(t target) any { return &t.disc.BlockSize }},
@@ -151,9 +170,13 @@ var keyTable = []keySpec{
 	{scope: scopeStream, name: "endpoint", kind: kindEndpoint, required: true,
 		desc:  "Connectable live event address tcp://host:port; wildcard hosts (*, 0.0.0.0, ::) are rejected. Unique across all endpoints.",
 		field: func(t target) any { return &t.stream.Endpoint }},
-	{scope: scopeStream, name: "replay_endpoint", kind: kindEndpoint, required: true,
-		desc:  "Connectable snapshot replay address tcp://host:port. Unique across all endpoints.",
-		field: func(t target) any { return &t.stream.ReplayEndpoint }},
+	{scope: scopeStream, name: "sync_mode", kind: kindEnum, values: syncModes, defStr: string(SyncSnapshot),
+		desc:  "What the replay endpoint answers: snapshot (full state), history (buffered batches) or live (there is none).",
+		field: func(t target) any { return &t.stream.SyncMode }},
+	{scope: scopeStream, name: "replay_endpoint", kind: kindEndpoint, defStr: "", defDoc: "(required unless live)",
+		rangeDoc: "tcp://host:port, host connectable, port [1, 65535]; required unless sync_mode is live, absent when it is",
+		desc:     "Connectable replay address tcp://host:port. Unique across all endpoints.",
+		field:    func(t target) any { return &t.stream.ReplayEndpoint }},
 	{scope: scopeStream, name: "topic", kind: kindString, defStr: "",
 		desc:  "Topic the engine publishes; matched exactly.",
 		field: func(t target) any { return &t.stream.Topic }},
@@ -178,6 +201,8 @@ func (k *keySpec) setDefault(t target) {
 		*p = false
 	case *string:
 		*p = k.defStr
+	case *SyncMode:
+		*p = SyncMode(k.defStr)
 	}
 }
 
@@ -213,6 +238,8 @@ func (k *keySpec) rangeText() string {
 		return "true or false"
 	case kindEndpoint:
 		return "tcp://host:port, host connectable, port [1, 65535]"
+	case kindEnum:
+		return strings.Join(k.values, ", ")
 	case kindString:
 		if k.required {
 			return "non-empty string"
@@ -227,6 +254,8 @@ func (k *keySpec) rangeText() string {
 
 func (k *keySpec) defaultText() string {
 	switch {
+	case k.defDoc != "":
+		return k.defDoc
 	case k.required:
 		return "(required)"
 	case k.kind == kindObject:
@@ -235,7 +264,7 @@ func (k *keySpec) defaultText() string {
 		return "[]"
 	case k.kind == kindBool:
 		return "false"
-	case k.kind == kindString:
+	case k.kind == kindString, k.kind == kindEnum, k.kind == kindEndpoint:
 		return strconv.Quote(k.defStr)
 	default:
 		return strconv.FormatInt(k.defInt, 10)

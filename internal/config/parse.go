@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -291,7 +292,7 @@ func (k *keySpec) decode(raw json.RawMessage, t target, index int) error {
 			return typeErr()
 		}
 		*k.field(t).(*bool) = string(raw) == "true"
-	case kindString, kindEndpoint:
+	case kindString, kindEndpoint, kindEnum:
 		if got != "a string" {
 			return typeErr()
 		}
@@ -302,12 +303,22 @@ func (k *keySpec) decode(raw json.RawMessage, t target, index int) error {
 		if k.required && strings.TrimSpace(s) == "" {
 			return &Error{Key: path, Value: shown(raw), Reason: "must be a non-empty string"}
 		}
-		if k.kind == kindEndpoint {
+		// An optional endpoint written as "" is absent; validate decides
+		// whether it may be.
+		if k.kind == kindEndpoint && (k.required || s != "") {
 			if _, reason := canonicalEndpoint(s); reason != "" {
 				return &Error{Key: path, Value: shown(raw), Reason: reason}
 			}
 		}
-		*k.field(t).(*string) = s
+		if k.kind == kindEnum && !slices.Contains(k.values, s) {
+			return &Error{Key: path, Value: shown(raw), Reason: "must be one of " + strings.Join(k.values, ", ")}
+		}
+		switch p := k.field(t).(type) {
+		case *string:
+			*p = s
+		case *SyncMode:
+			*p = SyncMode(s)
+		}
 	}
 	return nil
 }
@@ -343,6 +354,17 @@ func validate(c *Config) error {
 		return &Error{Key: "streams", Value: fmt.Sprintf("%d elements", len(c.Streams)),
 			Reason: fmt.Sprintf("must have at most max_streams (%d) elements", c.MaxStreams)}
 	}
+	for i := range c.Streams {
+		s := &c.Streams[i]
+		switch {
+		case s.SyncMode == SyncLive && s.ReplayEndpoint != "":
+			return &Error{Key: fmt.Sprintf("streams[%d].replay_endpoint", i), Value: strconv.Quote(s.ReplayEndpoint),
+				Reason: "must be absent when sync_mode is live: a live stream has no replay endpoint"}
+		case s.SyncMode != SyncLive && s.ReplayEndpoint == "":
+			return &Error{Key: fmt.Sprintf("streams[%d].replay_endpoint", i),
+				Reason: fmt.Sprintf("is required when sync_mode is %s", s.SyncMode)}
+		}
+	}
 	type streamID struct {
 		name string
 		rank int
@@ -361,6 +383,9 @@ func validate(c *Config) error {
 			{fmt.Sprintf("streams[%d].endpoint", i), s.Endpoint},
 			{fmt.Sprintf("streams[%d].replay_endpoint", i), s.ReplayEndpoint},
 		} {
+			if ep.value == "" {
+				continue
+			}
 			canon, _ := canonicalEndpoint(ep.value)
 			if other, dup := endpoints[canon]; dup {
 				return &Error{Key: ep.key, Value: strconv.Quote(ep.value), Reason: "duplicates " + other}
