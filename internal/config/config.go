@@ -64,11 +64,11 @@ type Discovery struct {
 	// SyncMode applies to instances whose backend_type is "xllm", empty,
 	// or none of those below; VLLMSyncMode and SGLangSyncMode to
 	// backend_type "vllm" and "sglang".
-	SyncMode       SyncMode
-	VLLMSyncMode   SyncMode
-	SGLangSyncMode SyncMode
-	BlockSize      int
-	Topic          string
+	SyncMode         SyncMode
+	VLLMSyncMode     SyncMode
+	SGLangSyncMode   SyncMode
+	BlockSize        int
+	Topic            string
 	EventPortOffset  int
 	ReplayPortOffset int
 	RefreshInterval  time.Duration
