@@ -23,6 +23,10 @@ const (
 	DefaultSendHWM             = 1000
 	DefaultReplaySlowDelay     = 100 * time.Millisecond
 
+	// DefaultHistoryBatches is the history a ReplayHistory rank keeps,
+	// vLLM's buffer_steps default.
+	DefaultHistoryBatches = 10000
+
 	// DefaultEventPortOffset and DefaultReplayPortOffset are the discovery
 	// offsets from the business HTTP port (R-DISC-2).
 	DefaultEventPortOffset  = 10000
@@ -55,6 +59,19 @@ type Config struct {
 	ReplayEndpoints []string
 	// Shape selects which of the engines' wire shapes is sent.
 	Shape kvevent.Shape
+	// Replay selects what the replay endpoint answers: the full current
+	// state (ReplayState, the seed's xLLM engine), the buffered history
+	// of live messages (ReplayHistory, vLLM and SGLang with a replay
+	// endpoint) or nothing, with no endpoint bound (ReplayNone, their
+	// default).
+	Replay ReplayKind
+	// HistoryBatches bounds the live messages a ReplayHistory rank keeps
+	// for replay (DefaultHistoryBatches); older ones are forgotten.
+	HistoryBatches int
+	// ReplayTopicFrames sends replay replies as [empty, topic, seq,
+	// payload] and the end marker as [empty, empty, END, empty], as
+	// vLLM 0.26 and later do, instead of the 3-frame forms.
+	ReplayTopicFrames bool
 	// Logger receives the engine's own log lines (discarded when nil).
 	Logger *slog.Logger
 	// SendHWM is the send high-water mark of both sockets of every rank
@@ -175,6 +192,15 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.SnapshotBatchBlocks == 0 {
 		c.SnapshotBatchBlocks = DefaultSnapshotBatchBlocks
+	}
+	if c.HistoryBatches == 0 {
+		c.HistoryBatches = DefaultHistoryBatches
+	}
+	switch {
+	case c.HistoryBatches < 0:
+		return c, fmt.Errorf("enginesim: HistoryBatches %d is negative", c.HistoryBatches)
+	case c.Replay < ReplayState || c.Replay > ReplayNone:
+		return c, fmt.Errorf("enginesim: unknown Replay kind %d", c.Replay)
 	}
 	if c.SendHWM == 0 {
 		c.SendHWM = DefaultSendHWM

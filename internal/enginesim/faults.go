@@ -112,6 +112,17 @@ func (e *Engine) SetDropTail(dp int, on bool) error {
 	})
 }
 
+// SetDropLive makes rank dp publish into its history without sending on
+// the live channel: each message uses its sequence number and can be
+// replayed by a ReplayHistory rank, as when the publisher's queue drops
+// it for one subscriber.
+func (e *Engine) SetDropLive(dp int, on bool) error {
+	return e.do(dp, func(r *rank) error {
+		r.dropLive = on
+		return nil
+	})
+}
+
 // SetReplayMode selects how rank dp answers later snapshot requests.
 func (e *Engine) SetReplayMode(dp int, mode ReplayMode) error {
 	if mode < ReplayNormal || mode > ReplayIgnore {

@@ -58,7 +58,7 @@ func syncedStreams(tb testing.TB, n, shared, total int) []*stream {
 			}
 		}
 		s := newStream(StreamSpec{InstanceName: fmt.Sprintf("10.0.0.%d:8000", i), BlockSize: benchBlockSize, HashSeed: 1024})
-		s.publish(ix, 1, true)
+		s.publish(ix, 1, true, true)
 		streams[i] = s
 	}
 	return streams
@@ -183,7 +183,7 @@ func BenchmarkSnapshotApply262144(b *testing.B) {
 				}
 			}
 		}
-		s.publish(ix, 1, true)
+		s.publish(ix, 1, true, true)
 	}
 	b.StopTimer()
 	if d, _ := s.idx.Counts(); d != 262144 {

@@ -24,7 +24,10 @@ type stream struct {
 	// hasSeq is false while the view reflects no live message at all (an
 	// empty snapshot of an engine that has published nothing).
 	hasSeq bool
-	reason string
+	// complete is false while the view may lack blocks the engine stored
+	// before the view began (history and live modes).
+	complete bool
+	reason   string
 
 	counters streamCounters
 	obs      *streamObservers // nil without metrics; set before the goroutine starts
@@ -55,7 +58,14 @@ type streamCounters struct {
 	bufferedBatches atomic.Uint64
 	coveredBatches  atomic.Uint64
 	fullStateSyncs  atomic.Uint64
-	bufferedBytes   atomic.Int64
+	// partialStarts counts views (re)started without the engine's whole
+	// state: a history window that does not reach back far enough, a
+	// live stream joining late, a gap nothing could repair.
+	partialStarts atomic.Uint64
+	// tailRepairs counts batches a history calibration found that the
+	// live channel had not delivered.
+	tailRepairs   atomic.Uint64
+	bufferedBytes atomic.Int64
 	// lastSnapshot is how long the last successful snapshot took from
 	// request to publish, in nanoseconds.
 	lastSnapshot atomic.Int64
@@ -92,6 +102,7 @@ func (s *stream) match(keys []kvindex.Key, m *Match) {
 	*m = Match{InstanceName: s.spec.InstanceName, DPRank: s.spec.DPRank, Incarnation: s.spec.Incarnation}
 	s.mu.RLock()
 	m.Synchronized = s.synced
+	m.Complete = s.synced && s.complete
 	m.Sequence = s.seq
 	m.Error = s.reason
 	if s.synced && s.idx != nil {
@@ -108,10 +119,11 @@ func (s *stream) match(keys []kvindex.Key, m *Match) {
 }
 
 // publish makes idx the stream's view at sequence seq (R-REC-2: the whole
-// snapshot becomes visible at once).
-func (s *stream) publish(idx *kvindex.Index, seq uint64, hasSeq bool) {
+// snapshot becomes visible at once); complete says whether it may lack
+// blocks stored before it began.
+func (s *stream) publish(idx *kvindex.Index, seq uint64, hasSeq, complete bool) {
 	s.mu.Lock()
-	s.idx, s.synced, s.seq, s.hasSeq, s.reason = idx, true, seq, hasSeq, ""
+	s.idx, s.synced, s.seq, s.hasSeq, s.complete, s.reason = idx, true, seq, hasSeq, complete, ""
 	s.mu.Unlock()
 }
 

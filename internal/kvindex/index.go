@@ -42,11 +42,19 @@ const (
 	// Snapshot is a replayed full state, parent first: an unknown parent
 	// is a suffix orphaned by eviction and is skipped (R-IDX-5).
 	Snapshot
+	// History is a delta applied to a view that may lack blocks stored
+	// before it began (a history window or a live-only stream): an
+	// unknown parent is such a block, and its children are orphans,
+	// skipped and counted like a snapshot's, not a lost event.
+	History
 )
 
 func (m Mode) String() string {
-	if m == Snapshot {
+	switch m {
+	case Snapshot:
 		return "snapshot"
+	case History:
+		return "history"
 	}
 	return "delta"
 }
@@ -81,8 +89,8 @@ func (m Match) Blocks() int { return m.DeviceBlocks + m.HostOnlyBlocks }
 // without changing its state. Counters are cumulative over the index's
 // life, Clear included.
 type Stats struct {
-	// OrphanBlocks counts snapshot blocks skipped because their parent
-	// was unknown (R-IDX-5).
+	// OrphanBlocks counts snapshot and history blocks skipped because
+	// their parent was unknown (R-IDX-5).
 	OrphanBlocks uint64
 	// UnresolvedReplicas counts tokenless BlockStored hashes that the
 	// index did not know, so it could not attach the replica to a key.
@@ -333,7 +341,7 @@ func (ix *Index) applyStored(ev *kvevent.Event, mode Mode) error {
 	if ev.HasParent {
 		s, ok := ix.findEngine(ev.ParentHash)
 		if !ok {
-			if mode == Snapshot {
+			if mode != Delta {
 				ix.stats.OrphanBlocks += uint64(len(ev.BlockHashes))
 				return nil
 			}

@@ -557,3 +557,23 @@ func TestWideEngineHashes(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestHistoryModeOrphans: in History mode an unknown parent is a block
+// stored before the view began; its children are skipped as orphans, not
+// an error, and are never hits.
+func TestHistoryModeOrphans(t *testing.T) {
+	ix := newTestIndex(0)
+	a, b := seq(1, testBlockSize), seq(50, 2*testBlockSize)
+	mustApply(t, ix, storedEv(kvevent.Device, 77, b, 2, 3), History)
+	mustApply(t, ix, storedEv(kvevent.Device, 3, seq(90, testBlockSize), 4), History)
+	mustApply(t, ix, storedEv(kvevent.Device, -1, a, 1), History)
+	if st := ix.Stats(); st.OrphanBlocks != 3 || ix.Len() != 1 {
+		t.Fatalf("stats %+v, len %d", st, ix.Len())
+	}
+	if m := ix.Match(keysOf(cat(a, b))); m != (Match{DeviceBlocks: 1}) {
+		t.Fatalf("Match = %+v", m)
+	}
+	if err := ix.Apply(storedEv(kvevent.Device, 77, b, 2, 3), Delta); !errors.Is(err, ErrUnknownParent) {
+		t.Fatalf("Delta mode: %v, want ErrUnknownParent", err)
+	}
+}
