@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -64,11 +66,15 @@ type Discovery struct {
 	// SyncMode applies to instances whose backend_type is "xllm", empty,
 	// or none of those below; VLLMSyncMode and SGLangSyncMode to
 	// backend_type "vllm" and "sglang".
-	SyncMode         SyncMode
-	VLLMSyncMode     SyncMode
-	SGLangSyncMode   SyncMode
-	BlockSize        int
+	SyncMode       SyncMode
+	VLLMSyncMode   SyncMode
+	SGLangSyncMode SyncMode
+	BlockSize      int
+	// Topic, VLLMTopic and SGLangTopic are topic templates (see
+	// ExpandTopic) for the same backends as the sync modes.
 	Topic            string
+	VLLMTopic        string
+	SGLangTopic      string
 	EventPortOffset  int
 	ReplayPortOffset int
 	RefreshInterval  time.Duration
@@ -88,6 +94,54 @@ type Stream struct {
 	HashSeed       uint64
 	// SyncMode says what ReplayEndpoint answers; it is empty in SyncLive.
 	SyncMode SyncMode
+}
+
+// TopicFor returns the topic template discovery uses for an instance of
+// the given backend_type.
+func (d *Discovery) TopicFor(backendType string) string {
+	switch backendType {
+	case "vllm":
+		return d.VLLMTopic
+	case "sglang":
+		return d.SGLangTopic
+	}
+	return d.Topic
+}
+
+// ExpandTopic fills a topic template for one stream: {name} is the
+// instance name, {host} and {port} its two parts, {dp_rank} the stream's
+// DP rank. The empty template stays empty, which accepts every topic.
+// The template was checked by Parse (topicTemplateError).
+func ExpandTopic(template, name, host, port string, dpRank int) string {
+	if !strings.Contains(template, "{") {
+		return template
+	}
+	return strings.NewReplacer("{name}", name, "{host}", host, "{port}", port,
+		"{dp_rank}", strconv.Itoa(dpRank)).Replace(template)
+}
+
+// topicTemplateError returns why s is not a valid topic template, or "".
+func topicTemplateError(s string) string {
+	rest := s
+	for {
+		i := strings.IndexAny(rest, "{}")
+		if i < 0 {
+			return ""
+		}
+		if rest[i] == '}' {
+			return "has a } without a {"
+		}
+		j := strings.IndexByte(rest[i:], '}')
+		if j < 0 {
+			return "has a { without a }"
+		}
+		switch ph := rest[i : i+j+1]; ph {
+		case "{name}", "{host}", "{port}", "{dp_rank}":
+		default:
+			return "has the unknown placeholder " + ph + "; known are {name}, {host}, {port} and {dp_rank}"
+		}
+		rest = rest[i+j+1:]
+	}
 }
 
 // ModeFor returns the sync mode discovery uses for an instance of the

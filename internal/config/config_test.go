@@ -545,3 +545,21 @@ func TestMarshalRoundTrip(t *testing.T) {
 		t.Fatalf("values: %+v", c.Streams[0])
 	}
 }
+
+// Topic templates: placeholders are checked at start-up and expanded per
+// stream; the empty template stays empty (every topic).
+func TestTopicTemplates(t *testing.T) {
+	c := mustParse(t, `{"discovery":{"topic":"kv@{name}@{dp_rank}","vllm_topic":"kv@{host}:{port}","sglang_topic":""}}`)
+	d := c.Discovery
+	for backend, want := range map[string]string{"": "kv@10.0.0.5:8000@1", "xllm": "kv@10.0.0.5:8000@1", "vllm": "kv@10.0.0.5:8000", "sglang": ""} {
+		if got := ExpandTopic(d.TopicFor(backend), "10.0.0.5:8000", "10.0.0.5", "8000", 1); got != want {
+			t.Errorf("%q: topic %q, want %q", backend, got, want)
+		}
+	}
+	if d := mustParse(t, `{}`).Discovery; d.Topic != "xllm-kv" || d.VLLMTopic != "" || d.SGLangTopic != "" {
+		t.Fatalf("default topics %q %q %q", d.Topic, d.VLLMTopic, d.SGLangTopic)
+	}
+	mustFail(t, `{"discovery":{"topic":"kv@{pod}"}}`, "discovery.topic", "unknown placeholder {pod}")
+	mustFail(t, `{"discovery":{"vllm_topic":"kv@{name"}}`, "discovery.vllm_topic", "has a { without a }")
+	mustFail(t, `{"discovery":{"sglang_topic":"kv}"}}`, "discovery.sglang_topic", "has a } without a {")
+}

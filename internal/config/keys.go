@@ -26,6 +26,7 @@ const (
 	kindBool                      // JSON boolean -> bool
 	kindString                    // JSON string -> string
 	kindEndpoint                  // JSON string holding tcp://host:port -> string
+	kindTopic                     // JSON string holding a topic template -> string
 	kindEnum                      // JSON string, one of keySpec.values -> string or SyncMode
 	kindObject                    // JSON object (discovery)
 	kindArray                     // JSON array of objects (streams)
@@ -37,7 +38,7 @@ func (k valueKind) jsonType() string {
 		return "an integer"
 	case kindBool:
 		return "a boolean"
-	case kindString, kindEndpoint, kindEnum:
+	case kindString, kindEndpoint, kindEnum, kindTopic:
 		return "a string"
 	case kindObject:
 		return "an object"
@@ -140,9 +141,17 @@ var keyTable = []keySpec{
 	{scope: scopeDiscovery, name: "block_size", kind: kindInt, min: 1, max: 4096, defInt: 128,
 		desc:  "Tokens per block; must match the block_size of the engines' BlockStored events.",
 		field: func(t target) any { return &t.disc.BlockSize }},
-	{scope: scopeDiscovery, name: "topic", kind: kindString, defStr: "xllm-kv",
-		desc:  "Topic the engines publish; matched exactly.",
+	{scope: scopeDiscovery, name: "topic", kind: kindTopic, defStr: "xllm-kv",
+		desc: "Topic template of instances with backend_type xllm (or none, or one without a key below): {name}, {host}, {port} and " +
+			"{dp_rank} are replaced by the instance name, its host and port and the stream's DP rank; the result is matched exactly, " +
+			"and an empty template accepts every topic.",
 		field: func(t target) any { return &t.disc.Topic }},
+	{scope: scopeDiscovery, name: "vllm_topic", kind: kindTopic, defStr: "",
+		desc:  "Topic template of instances with backend_type vllm (vLLM's default topic is empty).",
+		field: func(t target) any { return &t.disc.VLLMTopic }},
+	{scope: scopeDiscovery, name: "sglang_topic", kind: kindTopic, defStr: "",
+		desc:  "Topic template of instances with backend_type sglang.",
+		field: func(t target) any { return &t.disc.SGLangTopic }},
 	{scope: scopeDiscovery, name: "event_port_offset", kind: kindInt, min: 1, max: 65535, defInt: 10000,
 		desc:  "Event port = registered HTTP port + event_port_offset + dp_rank. Must differ from replay_port_offset.",
 		field: func(t target) any { return &t.disc.EventPortOffset }},
@@ -178,7 +187,7 @@ var keyTable = []keySpec{
 		desc:     "Connectable replay address tcp://host:port. Unique across all endpoints.",
 		field:    func(t target) any { return &t.stream.ReplayEndpoint }},
 	{scope: scopeStream, name: "topic", kind: kindString, defStr: "",
-		desc:  "Topic the engine publishes; matched exactly.",
+		desc:  "Topic the engine publishes; matched exactly. Empty accepts every topic.",
 		field: func(t target) any { return &t.stream.Topic }},
 	{scope: scopeStream, name: "hash_seed", kind: kindUint64, min: 0, defInt: 1024,
 		desc:  "Seed of the directory's internal content keys; need not match engine hashes.",
@@ -240,6 +249,8 @@ func (k *keySpec) rangeText() string {
 		return "tcp://host:port, host connectable, port [1, 65535]"
 	case kindEnum:
 		return strings.Join(k.values, ", ")
+	case kindTopic:
+		return "any string; placeholders {name}, {host}, {port}, {dp_rank}"
 	case kindString:
 		if k.required {
 			return "non-empty string"
@@ -264,7 +275,7 @@ func (k *keySpec) defaultText() string {
 		return "[]"
 	case k.kind == kindBool:
 		return "false"
-	case k.kind == kindString, k.kind == kindEnum, k.kind == kindEndpoint:
+	case k.kind == kindString, k.kind == kindEnum, k.kind == kindEndpoint, k.kind == kindTopic:
 		return strconv.Quote(k.defStr)
 	default:
 		return strconv.FormatInt(k.defInt, 10)

@@ -292,7 +292,7 @@ func (k *keySpec) decode(raw json.RawMessage, t target, index int) error {
 			return typeErr()
 		}
 		*k.field(t).(*bool) = string(raw) == "true"
-	case kindString, kindEndpoint, kindEnum:
+	case kindString, kindEndpoint, kindEnum, kindTopic:
 		if got != "a string" {
 			return typeErr()
 		}
@@ -308,6 +308,11 @@ func (k *keySpec) decode(raw json.RawMessage, t target, index int) error {
 		if k.kind == kindEndpoint && (k.required || s != "") {
 			if _, reason := canonicalEndpoint(s); reason != "" {
 				return &Error{Key: path, Value: shown(raw), Reason: reason}
+			}
+		}
+		if k.kind == kindTopic {
+			if reason := topicTemplateError(s); reason != "" {
+				return &Error{Key: path, Value: shown(raw), Reason: "topic template " + reason}
 			}
 		}
 		if k.kind == kindEnum && !slices.Contains(k.values, s) {

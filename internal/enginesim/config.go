@@ -43,6 +43,10 @@ type Config struct {
 	Name string
 	// DPSize is the number of DP ranks, each with its own streams (1).
 	DPSize int
+	// DPRankBase is added to every rank's number in its batches: an
+	// engine that is rank r of vLLM's external data parallelism, its own
+	// HTTP server at port+r, tags its batches with r (0).
+	DPRankBase int
 	// BlockSize is the number of tokens per block (DefaultBlockSize).
 	BlockSize int
 	// DeviceBlocks is the Device capacity of each DP rank, in blocks
@@ -197,6 +201,8 @@ func (c Config) withDefaults() (Config, error) {
 		c.HistoryBatches = DefaultHistoryBatches
 	}
 	switch {
+	case c.DPRankBase < 0:
+		return c, fmt.Errorf("enginesim: DPRankBase %d is negative", c.DPRankBase)
 	case c.HistoryBatches < 0:
 		return c, fmt.Errorf("enginesim: HistoryBatches %d is negative", c.HistoryBatches)
 	case c.Replay < ReplayState || c.Replay > ReplayNone:

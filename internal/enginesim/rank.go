@@ -261,9 +261,9 @@ func (r *rank) startBatch() *kvevent.Batch {
 func (r *rank) stampBatch(b *kvevent.Batch) {
 	b.Timestamp = float64(r.cfg.Clock().UnixNano()) / 1e9
 	b.HasDPRank = true
-	b.DPRank = r.dp
+	b.DPRank = r.cfg.DPRankBase + r.dp
 	if r.wrongDP {
-		b.DPRank = r.dp + 1
+		b.DPRank++
 	}
 }
 

@@ -24,26 +24,43 @@ type InstanceSource interface {
 // Exclusion is an instance discovery will not subscribe to, and why.
 type Exclusion struct {
 	Instance string
-	// Kind is one of ExcludeBadName, ExcludePortOverflow,
-	// ExcludePortConflict, ExcludeMaxStreams: the metric label.
+	// Kind is one of the Exclude constants: the metric label.
 	Kind   string
 	Reason string
 }
 
-// Exclusion kinds.
+// Exclusion kinds. The first two are the rule (R-DISC-3/4) and are
+// logged at info level; the others are faults, logged as errors.
 const (
+	ExcludeNotPrefill   = "not_prefill"
+	ExcludeSuspect      = "suspect"
 	ExcludeBadName      = "bad_name"
 	ExcludePortOverflow = "port_overflow"
 	ExcludePortConflict = "port_conflict"
 	ExcludeMaxStreams   = "max_streams"
 )
 
+// exclusionKinds lists every kind, for the metric.
+var exclusionKinds = []string{ExcludeNotPrefill, ExcludeSuspect, ExcludeBadName, ExcludePortOverflow, ExcludePortConflict, ExcludeMaxStreams}
+
+// Fault reports whether the exclusion is a fault rather than the rule.
+func (e Exclusion) Fault() bool { return e.Kind != ExcludeNotPrefill && e.Kind != ExcludeSuspect }
+
 // Plan derives the streams discovery wants from a registry snapshot
-// (R-DISC-2..7): xLLM DEFAULT and PREFILL instances and MIX instances
-// acting as PREFILL, not SUSPECT, one stream per DP rank at the business
-// port plus the configured offsets. Instances whose ports overflow or
-// collide with another's are excluded whole, and so are instances that
-// no longer fit in maxStreams, taken in name order.
+// (R-DISC-2..7): DEFAULT and PREFILL instances and MIX instances acting
+// as PREFILL, not SUSPECT, whatever their backend_type (an xLLM engine
+// and a vLLM server behind xllm-service's vllm_sidecar publish the same
+// events), one stream per DP rank at the business port plus the
+// configured offsets, with the sync mode and topic template of their
+// backend_type. Every instance left out is returned with the reason:
+// DECODE and MIX acting as DECODE, SUSPECT, and instances whose ports
+// overflow or collide with another's, or that no longer fit in
+// maxStreams, taken in name order.
+//
+// An instance registered with one DP rank accepts batches tagged with any
+// rank: vLLM's external data parallelism runs each rank as its own HTTP
+// server, registered as its own instance, whose batches carry the rank
+// (item 7).
 func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]StreamSpec, []Exclusion) {
 	type candidate struct {
 		inst  *instance.Instance
@@ -57,7 +74,8 @@ func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]Stream
 	exclude := func(name, kind, reason string) { excluded = append(excluded, Exclusion{name, kind, reason}) }
 	for i := range snap.Instances {
 		inst := &snap.Instances[i]
-		if !subscribable(inst) {
+		if kind, why := leftOut(inst); kind != "" {
+			exclude(inst.Meta.Name, kind, why)
 			continue
 		}
 		host, portStr, err := net.SplitHostPort(inst.Meta.Name)
@@ -68,23 +86,33 @@ func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]Stream
 		}
 		c := candidate{inst: inst, host: host}
 		dp := max(inst.Meta.DPSize, 1)
+		mode := d.ModeFor(inst.Meta.BackendType)
+		topic := d.TopicFor(inst.Meta.BackendType)
 		for r := range dp {
 			ev, rp := port+d.EventPortOffset+r, port+d.ReplayPortOffset+r
+			if mode == config.SyncLive {
+				rp = 0 // no replay endpoint to derive or claim
+			}
 			if ev > 65535 || rp > 65535 {
 				exclude(inst.Meta.Name, ExcludePortOverflow, fmt.Sprintf("port overflow: dp %d needs event port %d and replay port %d", r, ev, rp))
 				c.specs = nil
 				break
 			}
-			c.specs = append(c.specs, StreamSpec{
-				InstanceName:   inst.Meta.Name,
-				DPRank:         r,
-				Endpoint:       "tcp://" + net.JoinHostPort(host, strconv.Itoa(ev)),
-				ReplayEndpoint: "tcp://" + net.JoinHostPort(host, strconv.Itoa(rp)),
-				Topic:          d.Topic,
-				BlockSize:      d.BlockSize,
-				HashSeed:       d.HashSeed,
-				Incarnation:    inst.Incarnation(),
-			})
+			spec := StreamSpec{
+				InstanceName: inst.Meta.Name,
+				DPRank:       r,
+				Endpoint:     "tcp://" + net.JoinHostPort(host, strconv.Itoa(ev)),
+				Topic:        config.ExpandTopic(topic, inst.Meta.Name, host, portStr, r),
+				Mode:         mode,
+				AnyRank:      dp == 1,
+				BlockSize:    d.BlockSize,
+				HashSeed:     d.HashSeed,
+				Incarnation:  inst.Incarnation(),
+			}
+			if rp != 0 {
+				spec.ReplayEndpoint = "tcp://" + net.JoinHostPort(host, strconv.Itoa(rp))
+			}
+			c.specs = append(c.specs, spec)
 		}
 		if c.specs != nil {
 			cands = append(cands, c)
@@ -101,6 +129,9 @@ func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]Stream
 	}
 	users := map[hostPort][]string{}
 	claim := func(host, endpoint, who string) {
+		if endpoint == "" {
+			return
+		}
 		_, p, _ := net.SplitHostPort(strings.TrimPrefix(endpoint, "tcp://"))
 		k := hostPort{host, p}
 		users[k] = append(users[k], who)
@@ -150,24 +181,24 @@ func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]Stream
 	return specs, excluded
 }
 
-// subscribable reports whether discovery indexes the instance (R-DISC-3,
-// R-DISC-4): xLLM DEFAULT/PREFILL, MIX currently acting as PREFILL, and
-// not SUSPECT (an instance whose lease is lost but still in its grace
-// period keeps its streams).
-func subscribable(inst *instance.Instance) bool {
-	if b := inst.Meta.BackendType; b != "" && b != "xllm" {
-		return false
-	}
+// leftOut says why discovery does not index the instance (R-DISC-3,
+// R-DISC-4), or returns "" when it does: DEFAULT, PREFILL and MIX
+// currently acting as PREFILL, of any backend, not SUSPECT (an instance
+// whose lease is lost but still in its grace period keeps its streams).
+func leftOut(inst *instance.Instance) (kind, reason string) {
 	if inst.State == instance.Suspect {
-		return false
+		return ExcludeSuspect, "SUSPECT: no heartbeat and no health; its streams are dropped"
 	}
 	switch inst.Type {
 	case instance.Default, instance.Prefill:
-		return true
+		return "", ""
 	case instance.Mix:
-		return inst.Role == instance.Prefill
+		if inst.Role == instance.Prefill {
+			return "", ""
+		}
+		return ExcludeNotPrefill, fmt.Sprintf("MIX instance acting as %v: only a prefill's cache saves prefill work", inst.Role)
 	}
-	return false
+	return ExcludeNotPrefill, fmt.Sprintf("%v instance: only a prefill's cache saves prefill work", inst.Type)
 }
 
 // RunDiscovery keeps the directory's streams equal to what Plan derives
@@ -189,8 +220,13 @@ func (dir *Directory) RunDiscovery(ctx context.Context, src InstanceSource, d co
 			now := map[Exclusion]bool{}
 			for _, e := range excl {
 				now[e] = true
-				if !lastExcl[e] {
-					dir.log.Error("discovery excludes instance", "instance", e.Instance, "reason", e.Reason)
+				if lastExcl[e] {
+					continue
+				}
+				if e.Fault() {
+					dir.log.Error("discovery excludes instance", "instance", e.Instance, "kind", e.Kind, "reason", e.Reason)
+				} else {
+					dir.log.Info("discovery leaves out instance", "instance", e.Instance, "kind", e.Kind, "reason", e.Reason)
 				}
 			}
 			lastExcl = now

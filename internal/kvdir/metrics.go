@@ -144,7 +144,7 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 	set := c.d.set.Load()
 	ch <- prometheus.MustNewConstMetric(descStreams, prometheus.GaugeValue, float64(len(set.streams)))
 	if ex := c.d.exclusions.Load(); ex != nil {
-		for _, kind := range []string{ExcludeBadName, ExcludePortOverflow, ExcludePortConflict, ExcludeMaxStreams} {
+		for _, kind := range exclusionKinds {
 			ch <- prometheus.MustNewConstMetric(descExclusions, prometheus.GaugeValue, float64((*ex)[kind]), kind)
 		}
 	}

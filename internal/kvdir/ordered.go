@@ -214,7 +214,7 @@ func (y *syncer) bufferOrdered(seq uint64, wireBytes int) bool {
 // knowing what it did: the view restarts empty after it.
 func (y *syncer) orderedApply(seq uint64, b *kvevent.Batch, fromReplay bool) {
 	h := &y.ord
-	err := checkRank(b, y.s.spec.DPRank)
+	err := checkRank(b, y.s.spec)
 	if err == nil {
 		err = y.applyOrdered(b)
 	}

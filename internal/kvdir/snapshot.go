@@ -179,7 +179,7 @@ func (y *syncer) onReplay(frames [][]byte) {
 		y.snapshotFailed(fmt.Sprintf("snapshot batch %d: decode: %v", sn.batches, err))
 		return
 	}
-	if err := checkRank(&y.batch, y.s.spec.DPRank); err != nil {
+	if err := checkRank(&y.batch, y.s.spec); err != nil {
 		y.snapshotFailed(fmt.Sprintf("snapshot batch %d: %v", sn.batches, err))
 		return
 	}

@@ -21,7 +21,11 @@ type StreamSpec struct {
 	Topic string
 	// Mode says what the replay endpoint answers; empty means
 	// config.SyncSnapshot.
-	Mode      config.SyncMode
+	Mode config.SyncMode
+	// AnyRank accepts batches tagged with any DP rank: the stream of an
+	// instance with one rank, which may be rank r of an engine whose
+	// ranks run as separate servers (vLLM's external data parallelism).
+	AnyRank   bool
 	BlockSize int
 	HashSeed  uint64
 	// Incarnation identifies the engine process when the registry knows

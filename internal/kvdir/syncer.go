@@ -424,12 +424,12 @@ func (y *syncer) decode(payload []byte) error {
 		y.s.counters.decodeErrors.Add(1)
 		return fmt.Errorf("decode: %w", err)
 	}
-	return checkRank(&y.batch, y.s.spec.DPRank)
+	return checkRank(&y.batch, y.s.spec)
 }
 
-func checkRank(b *kvevent.Batch, rank int) error {
-	if b.HasDPRank && b.DPRank != rank {
-		return fmt.Errorf("batch dp_rank %d on the stream of dp_rank %d", b.DPRank, rank)
+func checkRank(b *kvevent.Batch, spec StreamSpec) error {
+	if b.HasDPRank && b.DPRank != spec.DPRank && !spec.AnyRank {
+		return fmt.Errorf("batch dp_rank %d on the stream of dp_rank %d", b.DPRank, spec.DPRank)
 	}
 	return nil
 }
