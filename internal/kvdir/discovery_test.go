@@ -9,9 +9,12 @@ import (
 	"github.com/kvcar/kvcar/internal/instance"
 )
 
+// discoveryConfig is the configuration's discovery defaults, refreshed
+// every 50 ms.
 func discoveryConfig() config.Discovery {
-	return config.Discovery{Enabled: true, BlockSize: 128, Topic: "xllm-kv", EventPortOffset: 10000,
-		ReplayPortOffset: 30000, RefreshInterval: 50 * time.Millisecond, HashSeed: 1024}
+	d := config.Default().Discovery
+	d.Enabled, d.RefreshInterval = true, 50*time.Millisecond
+	return d
 }
 
 func inst(name string, typ instance.Type, dp int) instance.Instance {
