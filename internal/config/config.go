@@ -77,7 +77,12 @@ type Discovery struct {
 	SGLangTopic      string
 	EventPortOffset  int
 	ReplayPortOffset int
-	RefreshInterval  time.Duration
+	// SubscribeBind, when set, makes kvcar bind one subscriber there
+	// (and on the SubscribeBindPorts-1 ports after it) that every
+	// engine's publisher dials, instead of connecting to each engine.
+	SubscribeBind      string
+	SubscribeBindPorts int
+	RefreshInterval    time.Duration
 	// HashSeed seeds the directory's internal content keys of discovered
 	// streams; it need not match any engine-side hash.
 	HashSeed uint64
@@ -94,6 +99,10 @@ type Stream struct {
 	HashSeed       uint64
 	// SyncMode says what ReplayEndpoint answers; it is empty in SyncLive.
 	SyncMode SyncMode
+	// Bind makes Endpoint an address kvcar binds and the engine dials;
+	// streams with the same Endpoint share it, told apart by Topic and
+	// DPRank.
+	Bind bool
 }
 
 // TopicFor returns the topic template discovery uses for an instance of

@@ -500,7 +500,8 @@ func TestExampleFile(t *testing.T) {
 	}
 	want := Default()
 	want.Discovery = Discovery{Enabled: true, SyncMode: SyncSnapshot, VLLMSyncMode: SyncLive, SGLangSyncMode: SyncLive,
-		BlockSize: 128, Topic: "xllm-kv", EventPortOffset: 10000, ReplayPortOffset: 30000, RefreshInterval: time.Second, HashSeed: 1024}
+		BlockSize: 128, Topic: "xllm-kv", EventPortOffset: 10000, ReplayPortOffset: 30000, SubscribeBindPorts: 1,
+		RefreshInterval: time.Second, HashSeed: 1024}
 	if !reflect.DeepEqual(*c, want) {
 		t.Fatalf("example = %+v, want %+v", *c, want)
 	}
@@ -562,4 +563,34 @@ func TestTopicTemplates(t *testing.T) {
 	mustFail(t, `{"discovery":{"topic":"kv@{pod}"}}`, "discovery.topic", "unknown placeholder {pod}")
 	mustFail(t, `{"discovery":{"vllm_topic":"kv@{name"}}`, "discovery.vllm_topic", "has a { without a }")
 	mustFail(t, `{"discovery":{"sglang_topic":"kv}"}}`, "discovery.sglang_topic", "has a } without a {")
+}
+
+// Bound-subscriber mode (item 5): the bind address may use a wildcard;
+// every topic template must name the instance; bound static streams share
+// an endpoint told apart by topic and rank.
+func TestSubscribeBind(t *testing.T) {
+	c := mustParse(t, `{"discovery":{"subscribe_bind":"tcp://*:5557","subscribe_bind_ports":2,"topic":"kv@{name}","vllm_topic":"kv@{host}:{port}","sglang_topic":"x{name}"}}`)
+	if got := BindPorts(c.Discovery.SubscribeBind, c.Discovery.SubscribeBindPorts); strings.Join(got, " ") != "tcp://*:5557 tcp://*:5558" {
+		t.Fatalf("bind ports %v", got)
+	}
+	mustFail(t, `{"discovery":{"subscribe_bind":"tcp://*:5557","topic":"kv@{name}","sglang_topic":"x{name}"}}`,
+		"discovery.vllm_topic", "must contain {name}")
+	mustFail(t, `{"discovery":{"subscribe_bind":"tcp://*:65535","subscribe_bind_ports":2,"topic":"{name}","vllm_topic":"{name}","sglang_topic":"{name}"}}`,
+		"discovery.subscribe_bind_ports", "above 65535")
+	mustFail(t, `{"discovery":{"subscribe_bind":"udp://*:1"}}`, "discovery.subscribe_bind", "only the tcp transport")
+	mustFail(t, `{"discovery":{"subscribe_bind":"tcp://*:0"}}`, "discovery.subscribe_bind", "port must be")
+
+	ok := `{"streams":[
+		{"instance_name":"a","endpoint":"tcp://0.0.0.0:5557","bind":true,"topic":"kv@a","sync_mode":"live"},
+		{"instance_name":"b","endpoint":"tcp://0.0.0.0:5557","bind":true,"topic":"kv@b","sync_mode":"live"},
+		{"instance_name":"b","dp_rank":1,"endpoint":"tcp://0.0.0.0:5557","bind":true,"topic":"kv@b","sync_mode":"live"}]}`
+	if c := mustParse(t, ok); !c.Streams[0].Bind || c.Streams[2].Endpoint != "tcp://0.0.0.0:5557" {
+		t.Fatalf("bound streams %+v", c.Streams)
+	}
+	mustFail(t, `{"streams":[{"instance_name":"a","endpoint":"tcp://0.0.0.0:5557","sync_mode":"live"}]}`, "streams[0].endpoint", "unspecified")
+	mustFail(t, `{"streams":[{"instance_name":"a","endpoint":"tcp://*:5557","bind":true,"sync_mode":"live"}]}`, "streams[0].topic", "must not be empty")
+	mustFail(t, `{"streams":[{"instance_name":"a","endpoint":"tcp://*:5557","bind":true,"topic":"t","sync_mode":"live"},
+		{"instance_name":"b","endpoint":"tcp://*:5557","bind":true,"topic":"t","sync_mode":"live"}]}`, "streams[1].topic", "duplicates streams[0]")
+	mustFail(t, `{"streams":[{"instance_name":"a","endpoint":"tcp://h:5557","bind":true,"topic":"t","sync_mode":"live"},
+		{"instance_name":"b","endpoint":"tcp://h:5557","sync_mode":"live"}]}`, "streams[1].endpoint", "is bound by another stream")
 }

@@ -27,6 +27,7 @@ const (
 	kindString                    // JSON string -> string
 	kindEndpoint                  // JSON string holding tcp://host:port -> string
 	kindTopic                     // JSON string holding a topic template -> string
+	kindBind                      // JSON string holding a bindable tcp://host:port, or empty -> string
 	kindEnum                      // JSON string, one of keySpec.values -> string or SyncMode
 	kindObject                    // JSON object (discovery)
 	kindArray                     // JSON array of objects (streams)
@@ -38,7 +39,7 @@ func (k valueKind) jsonType() string {
 		return "an integer"
 	case kindBool:
 		return "a boolean"
-	case kindString, kindEndpoint, kindEnum, kindTopic:
+	case kindString, kindEndpoint, kindEnum, kindTopic, kindBind:
 		return "a string"
 	case kindObject:
 		return "an object"
@@ -158,6 +159,15 @@ var keyTable = []keySpec{
 	{scope: scopeDiscovery, name: "replay_port_offset", kind: kindInt, min: 1, max: 65535, defInt: 30000,
 		desc:  "Replay port = registered HTTP port + replay_port_offset + dp_rank. Must differ from event_port_offset.",
 		field: func(t target) any { return &t.disc.ReplayPortOffset }},
+	{scope: scopeDiscovery, name: "subscribe_bind", kind: kindBind, defStr: "",
+		desc: "Bound-subscriber mode: kvcar binds one subscriber at this address (and the subscribe_bind_ports-1 ports after it, " +
+			"for DP rank r dialing port+r as vLLM does) and every engine's publisher dials it; streams are told apart by topic, " +
+			"so every topic template must name the instance ({name}, or {host} and {port}). Empty: kvcar connects to each " +
+			"engine's event port.",
+		field: func(t target) any { return &t.disc.SubscribeBind }},
+	{scope: scopeDiscovery, name: "subscribe_bind_ports", kind: kindInt, min: 1, max: 1024, defInt: 1,
+		desc:  "Consecutive ports bound from subscribe_bind's port on; at least the largest DP size of the engines.",
+		field: func(t target) any { return &t.disc.SubscribeBindPorts }},
 	{scope: scopeDiscovery, name: "refresh_interval_ms", kind: kindMillis, min: 50, max: 60000, defInt: 1000,
 		desc:  "Interval between reconciliations with the local instance registry snapshot.",
 		field: func(t target) any { return &t.disc.RefreshInterval }},
@@ -177,8 +187,13 @@ var keyTable = []keySpec{
 		desc:  "Tokens per block; must match the stream's BlockStored events.",
 		field: func(t target) any { return &t.stream.BlockSize }},
 	{scope: scopeStream, name: "endpoint", kind: kindEndpoint, required: true,
-		desc:  "Connectable live event address tcp://host:port; wildcard hosts (*, 0.0.0.0, ::) are rejected. Unique across all endpoints.",
+		rangeDoc: "tcp://host:port, host connectable (bindable when bind is true), port [1, 65535]",
+		desc: "Live event address tcp://host:port that kvcar connects to; wildcard hosts (*, 0.0.0.0, ::) are rejected. " +
+			"Unique across all endpoints, except that streams with bind true share theirs.",
 		field: func(t target) any { return &t.stream.Endpoint }},
+	{scope: scopeStream, name: "bind", kind: kindBool,
+		desc:  "kvcar binds endpoint and the engine dials it (wildcard hosts allowed); streams binding one endpoint share it and need distinct non-empty topics or DP ranks.",
+		field: func(t target) any { return &t.stream.Bind }},
 	{scope: scopeStream, name: "sync_mode", kind: kindEnum, values: syncModes, defStr: string(SyncSnapshot),
 		desc:  "What the replay endpoint answers: snapshot (full state), history (buffered batches) or live (there is none).",
 		field: func(t target) any { return &t.stream.SyncMode }},
@@ -251,6 +266,8 @@ func (k *keySpec) rangeText() string {
 		return strings.Join(k.values, ", ")
 	case kindTopic:
 		return "any string; placeholders {name}, {host}, {port}, {dp_rank}"
+	case kindBind:
+		return "empty, or tcp://host:port with host bindable (*, 0.0.0.0, an address or a name)"
 	case kindString:
 		if k.required {
 			return "non-empty string"
@@ -275,7 +292,7 @@ func (k *keySpec) defaultText() string {
 		return "[]"
 	case k.kind == kindBool:
 		return "false"
-	case k.kind == kindString, k.kind == kindEnum, k.kind == kindEndpoint, k.kind == kindTopic:
+	case k.kind == kindString, k.kind == kindEnum, k.kind == kindEndpoint, k.kind == kindTopic, k.kind == kindBind:
 		return strconv.Quote(k.defStr)
 	default:
 		return strconv.FormatInt(k.defInt, 10)

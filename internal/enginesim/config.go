@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvcar/kvcar/internal/kvevent"
@@ -61,6 +62,12 @@ type Config struct {
 	// rank; empty means AnyPort for every rank. See DiscoveryEndpoints.
 	EventEndpoints  []string
 	ReplayEndpoints []string
+	// DialEvents, when set, makes each rank's publisher dial a bound
+	// subscriber at this tcp://host:port address's port + rank instead
+	// of binding an event endpoint: vLLM with a non-wildcard endpoint,
+	// and llm-d's convention of one subscriber every pod dials. The
+	// replay endpoints are still bound.
+	DialEvents string
 	// Shape selects which of the engines' wire shapes is sent.
 	Shape kvevent.Shape
 	// Replay selects what the replay endpoint answers: the full current
@@ -241,6 +248,11 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("enginesim: ReplaySendHWM %d is negative", c.ReplaySendHWM)
 	}
 	var err error
+	if c.DialEvents != "" {
+		if c.EventEndpoints, err = dialEndpoints(c.DialEvents, c.DPSize); err != nil {
+			return c, err
+		}
+	}
 	if c.EventEndpoints, err = endpointsFor("EventEndpoints", c.EventEndpoints, c.DPSize); err != nil {
 		return c, err
 	}
@@ -293,6 +305,9 @@ func (c *Config) resolveHTTP() error {
 	if c.DiscoveryOffsets != nil {
 		if len(c.EventEndpoints) > 0 || len(c.ReplayEndpoints) > 0 {
 			return errors.New("enginesim: DiscoveryOffsets derives the endpoints; EventEndpoints and ReplayEndpoints must be empty")
+		}
+		if c.DialEvents != "" {
+			defer func() { c.EventEndpoints = nil }() // dialEndpoints fills them
 		}
 		if c.HTTPAddr == "" {
 			c.HTTPAddr = "127.0.0.1:0"
@@ -388,4 +403,20 @@ func DiscoveryEndpoints(httpAddr string, dpSize, eventOffset, replayOffset int) 
 		replay = append(replay, rp)
 	}
 	return events, replay, nil
+}
+
+// dialEndpoints gives rank r the address base's port + r, as vLLM offsets
+// its endpoint by the DP rank.
+func dialEndpoints(base string, dpSize int) ([]string, error) {
+	rest, ok := strings.CutPrefix(base, "tcp://")
+	host, portStr, err := net.SplitHostPort(rest)
+	port, perr := strconv.Atoi(portStr)
+	if !ok || err != nil || perr != nil || port <= 0 || port+dpSize-1 > 65535 {
+		return nil, fmt.Errorf("enginesim: DialEvents %q is not tcp://host:port with room for %d ranks", base, dpSize)
+	}
+	out := make([]string, dpSize)
+	for r := range out {
+		out[r] = "tcp://" + net.JoinHostPort(host, strconv.Itoa(port+r))
+	}
+	return out, nil
 }

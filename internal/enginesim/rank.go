@@ -202,7 +202,13 @@ func (r *rank) bind(deadline time.Time) error {
 }
 
 func (r *rank) bindOnce() error {
-	pub, err := r.tctx.BindPublisher(r.eventEP, kvtransport.PublisherOptions{SendHWM: r.cfg.SendHWM})
+	var pub *kvtransport.Publisher
+	var err error
+	if r.cfg.DialEvents != "" {
+		pub, err = r.tctx.DialPublisher(r.eventEP, kvtransport.PublisherOptions{SendHWM: r.cfg.SendHWM})
+	} else {
+		pub, err = r.tctx.BindPublisher(r.eventEP, kvtransport.PublisherOptions{SendHWM: r.cfg.SendHWM})
+	}
 	if err != nil {
 		return err
 	}

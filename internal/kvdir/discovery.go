@@ -38,10 +38,17 @@ const (
 	ExcludePortOverflow = "port_overflow"
 	ExcludePortConflict = "port_conflict"
 	ExcludeMaxStreams   = "max_streams"
+	// ExcludeTopicConflict: on a bound subscriber, two instances whose
+	// topics are equal could not be told apart.
+	ExcludeTopicConflict = "topic_conflict"
+	// ExcludeBindPorts: on a bound subscriber, a DP rank dials a port
+	// past subscribe_bind_ports.
+	ExcludeBindPorts = "bind_ports"
 )
 
 // exclusionKinds lists every kind, for the metric.
-var exclusionKinds = []string{ExcludeNotPrefill, ExcludeSuspect, ExcludeBadName, ExcludePortOverflow, ExcludePortConflict, ExcludeMaxStreams}
+var exclusionKinds = []string{ExcludeNotPrefill, ExcludeSuspect, ExcludeBadName, ExcludePortOverflow, ExcludePortConflict,
+	ExcludeMaxStreams, ExcludeTopicConflict, ExcludeBindPorts}
 
 // Fault reports whether the exclusion is a fault rather than the rule.
 func (e Exclusion) Fault() bool { return e.Kind != ExcludeNotPrefill && e.Kind != ExcludeSuspect }
@@ -86,6 +93,14 @@ func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]Stream
 		}
 		c := candidate{inst: inst, host: host}
 		dp := max(inst.Meta.DPSize, 1)
+		var bindPorts []string
+		if d.SubscribeBind != "" {
+			bindPorts = config.BindPorts(d.SubscribeBind, d.SubscribeBindPorts)
+			if dp > len(bindPorts) {
+				exclude(inst.Meta.Name, ExcludeBindPorts, fmt.Sprintf("%d DP ranks dial %d bound ports: raise discovery.subscribe_bind_ports", dp, len(bindPorts)))
+				continue
+			}
+		}
 		mode := d.ModeFor(inst.Meta.BackendType)
 		topic := d.TopicFor(inst.Meta.BackendType)
 		for r := range dp {
@@ -111,6 +126,11 @@ func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]Stream
 			}
 			if rp != 0 {
 				spec.ReplayEndpoint = "tcp://" + net.JoinHostPort(host, strconv.Itoa(rp))
+			}
+			if bindPorts != nil {
+				// Rank r dials the bound port + r (vLLM offsets its
+				// endpoint by the rank), shown as the stream's endpoint.
+				spec.Bind, spec.BindPorts, spec.Endpoint = d.SubscribeBind, d.SubscribeBindPorts, bindPorts[r]
 			}
 			c.specs = append(c.specs, spec)
 		}
@@ -140,8 +160,29 @@ func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]Stream
 		_, httpPort, _ := net.SplitHostPort(c.inst.Meta.Name)
 		users[hostPort{c.host, httpPort}] = append(users[hostPort{c.host, httpPort}], c.inst.Meta.Name)
 		for _, s := range c.specs {
-			claim(c.host, s.Endpoint, s.InstanceName)
+			if s.Bind == "" {
+				claim(c.host, s.Endpoint, s.InstanceName)
+			}
 			claim(c.host, s.ReplayEndpoint, s.InstanceName)
+		}
+	}
+	// On a bound subscriber the topic is all that tells engines apart.
+	topics := map[string][]string{}
+	for _, c := range cands {
+		for _, s := range c.specs {
+			if s.Bind != "" && !slices.Contains(topics[s.Topic], s.InstanceName) {
+				topics[s.Topic] = append(topics[s.Topic], s.InstanceName)
+			}
+		}
+	}
+	topicConflict := map[string]string{}
+	for topic, who := range topics {
+		if len(who) < 2 {
+			continue
+		}
+		slices.Sort(who)
+		for _, name := range who {
+			topicConflict[name] = fmt.Sprintf("topic %q on the bound subscriber is also %s's", topic, strings.Join(who, ", "))
 		}
 	}
 	conflicted := map[string]string{}
@@ -168,6 +209,10 @@ func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]Stream
 	for _, c := range cands {
 		if reason, bad := conflicted[c.inst.Meta.Name]; bad {
 			exclude(c.inst.Meta.Name, ExcludePortConflict, reason)
+			continue
+		}
+		if reason, bad := topicConflict[c.inst.Meta.Name]; bad {
+			exclude(c.inst.Meta.Name, ExcludeTopicConflict, reason)
 			continue
 		}
 		// R-DISC-7: whole instances only, in name order.

@@ -25,7 +25,13 @@ type StreamSpec struct {
 	// AnyRank accepts batches tagged with any DP rank: the stream of an
 	// instance with one rank, which may be rank r of an engine whose
 	// ranks run as separate servers (vLLM's external data parallelism).
-	AnyRank   bool
+	AnyRank bool
+	// Bind, when set, is the address of a subscriber kvcar binds (with
+	// BindPorts consecutive ports) and the engine dials, shared by every
+	// stream with the same Bind and told apart by Topic and DPRank;
+	// Endpoint is then informational.
+	Bind      string
+	BindPorts int
 	BlockSize int
 	HashSeed  uint64
 	// Incarnation identifies the engine process when the registry knows
@@ -113,8 +119,19 @@ func StaticSpecs(c *config.Config) []StreamSpec {
 			Topic:          st.Topic,
 			Mode:           st.SyncMode,
 			BlockSize:      st.BlockSize,
+			Bind:           bindOf(st),
+			BindPorts:      1,
 			HashSeed:       st.HashSeed,
 		})
 	}
 	return specs
 }
+
+func bindOf(st config.Stream) string {
+	if st.Bind {
+		return st.Endpoint
+	}
+	return ""
+}
+
+func (s StreamSpec) hubKey() hubKey { return hubKey{bind: s.Bind, ports: max(s.BindPorts, 1)} }

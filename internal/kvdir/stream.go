@@ -14,6 +14,9 @@ import (
 // progress lives in its syncer, owned by the stream goroutine.
 type stream struct {
 	spec StreamSpec
+	// relay is the loopback endpoint of the hub of a bound stream, set
+	// before the goroutine starts.
+	relay string
 
 	mu sync.RWMutex
 	// idx is nil whenever the stream is not synchronised, so a stale view
@@ -52,7 +55,9 @@ type streamCounters struct {
 	snapshotsOK      atomic.Uint64
 	snapshotsFailed  atomic.Uint64
 	topicMismatches  atomic.Uint64
-	duplicates       atomic.Uint64
+	// otherRank counts a bound stream's batches of another DP rank.
+	otherRank  atomic.Uint64
+	duplicates atomic.Uint64
 	// bufferedBatches counts live deltas queued during snapshots and
 	// coveredBatches those of them the snapshot already reflected.
 	bufferedBatches atomic.Uint64

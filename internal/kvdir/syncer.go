@@ -130,8 +130,14 @@ func (y *syncer) subscribe() error {
 		y.sub = nil
 	}
 	// Every topic is received and filtered here, so that a publisher
-	// sending another topic is noticed rather than silently unheard.
-	sub, err := y.tctx.Subscribe(y.s.spec.Endpoint, "", kvtransport.SubscriberOptions{
+	// sending another topic is noticed rather than silently unheard. A
+	// bound stream shares its hub with other engines and takes only its
+	// own topic.
+	endpoint, filter := y.s.spec.Endpoint, ""
+	if y.s.relay != "" {
+		endpoint, filter = y.s.relay, y.s.spec.Topic
+	}
+	sub, err := y.tctx.Subscribe(endpoint, filter, kvtransport.SubscriberOptions{
 		MaxMessageBytes: int64(y.lim.MaxMessageBytes),
 		ReceiveHWM:      y.lim.receiveHWM(),
 		Waker:           y.s.waker,
@@ -301,7 +307,7 @@ func (y *syncer) onLive(frames [][]byte) {
 			y.log.Warn("ignoring messages of another topic", "stream", y.s.spec.String(),
 				"topic", string(topic), "want", want)
 		}
-		if !y.topicSeen {
+		if !y.topicSeen && y.s.spec.Bind == "" {
 			y.beDeaf(topic)
 		}
 		return
@@ -321,11 +327,16 @@ func (y *syncer) onLive(frames [][]byte) {
 			}
 			return
 		}
+		if y.otherRank(&y.batch) {
+			return
+		}
 		y.orderedLive(seq, len(payload))
 		return
 	}
 	synced, _, _ := y.s.status()
-	if err := y.decode(payload); err != nil {
+	if err := y.decode(payload); errors.Is(err, errOtherRank) {
+		return
+	} else if err != nil {
 		if synced || y.snap != nil {
 			// During a snapshot the message is not buffered: if the
 			// snapshot does not cover seq, the merge finds the hole.
@@ -419,12 +430,37 @@ func seqFault(expected, got uint64) string {
 }
 
 // decode parses payload into y.batch and checks it belongs to this DP.
+// A bound stream's batch of another rank is errOtherRank.
 func (y *syncer) decode(payload []byte) error {
 	if err := y.dec.DecodeBatch(payload, &y.batch); err != nil {
 		y.s.counters.decodeErrors.Add(1)
 		return fmt.Errorf("decode: %w", err)
 	}
+	if y.otherRank(&y.batch) {
+		return errOtherRank
+	}
 	return checkRank(&y.batch, y.s.spec)
+}
+
+// errOtherRank marks a batch of another DP rank of the same engine on a
+// bound subscriber: not this stream's, not a fault.
+var errOtherRank = errors.New("batch of another DP rank")
+
+// otherRank reports a bound stream's batch that belongs to another DP
+// rank: the ranks of one engine dialing one subscriber share a topic
+// unless its template has {dp_rank}, and are told apart by the rank each
+// batch carries. A batch without a rank is taken when the instance has
+// one rank.
+func (y *syncer) otherRank(b *kvevent.Batch) bool {
+	sp := &y.s.spec
+	if sp.Bind == "" || sp.AnyRank {
+		return false
+	}
+	if !b.HasDPRank || b.DPRank != sp.DPRank {
+		y.s.counters.otherRank.Add(1)
+		return true
+	}
+	return false
 }
 
 func checkRank(b *kvevent.Batch, spec StreamSpec) error {
