@@ -474,3 +474,34 @@ func TestMetricsPartialStarts(t *testing.T) {
 		t.Fatalf("synchronized %v, want 1", v)
 	}
 }
+
+// SGLang's encodings over TCP: signed int64 hashes, CPU_PINNED Host
+// copies announced by hash, tagged maps, and the older arrays with the
+// positional metadata map and a 0 for a root's parent; followed exactly
+// in history mode.
+func TestSGLangDialects(t *testing.T) {
+	shapes := map[string]kvevent.Shape{
+		"maps":   {Hashes: kvevent.HashInt64, UpperMedium: true, PinnedHost: true},
+		"legacy": {EventsAsArrays: true, Hashes: kvevent.HashInt64, UpperMedium: true, PinnedHost: true, SGLangMeta: true, ZeroRootParent: true},
+	}
+	for name, shape := range shapes {
+		t.Run(name, func(t *testing.T) {
+			e := startEngine(t, enginesim.Config{DeviceBlocks: 6, HostBlocks: 6, Shape: shape, Replay: enginesim.ReplayHistory})
+			d := newDirectory(t, testLimits(), specMode(e, 0, config.SyncHistory))
+			var prompts [][]uint32
+			for i := range 6 {
+				p := seqTokens(1_000_000_000+1000*i, 2*testBlock) // ids above 2^29, as large vocabularies
+				prompts = append(prompts, p)
+				prefill(t, e, p)
+			}
+			m := waitCaughtUp(t, d, e, 0)
+			if !m.Complete || m.HostBlocks == 0 {
+				t.Fatalf("%s: %s complete=%v (want Host copies)", name, describe(m), m.Complete)
+			}
+			assertMatchesEngine(t, d, e, 0)
+			for _, p := range prompts {
+				assertQueryMatchesOracle(t, d, e, 0, p)
+			}
+		})
+	}
+}
