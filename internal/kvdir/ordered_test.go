@@ -1,6 +1,7 @@
 package kvdir
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -503,5 +504,28 @@ func TestSGLangDialects(t *testing.T) {
 				assertQueryMatchesOracle(t, d, e, 0, p)
 			}
 		})
+	}
+}
+
+// A stream whose engine is not there waits on its sockets instead of
+// polling in a loop, in every mode.
+func TestStreamWithoutEngineIdles(t *testing.T) {
+	port := freePorts(t, 2)
+	ep := func(p int) string { return fmt.Sprintf("tcp://127.0.0.1:%d", p) }
+	specs := []StreamSpec{
+		{InstanceName: "snap", Endpoint: ep(port), ReplayEndpoint: ep(port + 1), Topic: "t", BlockSize: testBlock},
+		{InstanceName: "hist", Endpoint: ep(port), ReplayEndpoint: ep(port + 1), Topic: "t", Mode: config.SyncHistory, BlockSize: testBlock},
+		{InstanceName: "live", Endpoint: ep(port), Topic: "t", Mode: config.SyncLive, BlockSize: testBlock},
+	}
+	d := newDirectory(t, testLimits(), specs...)
+	time.Sleep(500 * time.Millisecond)
+	for _, s := range specs {
+		st := d.streamOf(s.Key())
+		if n := st.counters.waits.Load(); n > 50 {
+			t.Errorf("%s: %d waits in 0.5 s without an engine: the stream spins", s.InstanceName, n)
+		}
+		if m := matchOf(t, d, s.Key(), nil); m.Synchronized {
+			t.Errorf("%s: synchronised without an engine", s.InstanceName)
+		}
 	}
 }

@@ -56,7 +56,10 @@ type streamCounters struct {
 	snapshotsFailed  atomic.Uint64
 	topicMismatches  atomic.Uint64
 	// otherRank counts a bound stream's batches of another DP rank.
-	otherRank  atomic.Uint64
+	otherRank atomic.Uint64
+	// waits counts the stream goroutine's waits on its sockets, so that
+	// a test can tell an idle stream from a spinning one.
+	waits      atomic.Uint64
 	duplicates atomic.Uint64
 	// bufferedBatches counts live deltas queued during snapshots and
 	// coveredBatches those of them the snapshot already reflected.

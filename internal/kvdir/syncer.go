@@ -100,6 +100,7 @@ func (y *syncer) run() {
 			continue
 		}
 		y.onTimers(now)
+		y.s.counters.waits.Add(1)
 		rd, err := y.sub.Wait(y.replayer(), y.waitFor(now))
 		if err != nil {
 			y.fail(fmt.Sprintf("poll: %v", err))
@@ -184,7 +185,14 @@ func (y *syncer) waitFor(now time.Time) time.Duration {
 		// request goes out as soon as it is.
 		d = requestRetryInterval
 	}
-	for _, t := range []time.Time{y.retryAt, y.nextResync, y.snapDeadline(), y.orderedSnapDeadline()} {
+	// A retry can only start once the link is up and the stream hears its
+	// topic; until then the link monitor or a message wakes the wait, and
+	// a due retry time must not turn the wait into a spin.
+	retry := y.retryAt
+	if !y.linkUp || y.deaf || (y.s.spec.ordered() && (!y.isHistory() || y.ord.serving || y.ord.cu != nil)) {
+		retry = time.Time{}
+	}
+	for _, t := range []time.Time{retry, y.nextResync, y.snapDeadline(), y.orderedSnapDeadline()} {
 		if !t.IsZero() {
 			if until := t.Sub(now); until < d {
 				d = max(until, 0)
