@@ -462,12 +462,9 @@ func (y *syncer) orderedReplay(frames [][]byte) {
 			"needed", h.expected, "history_from", seq)
 		y.orderedFresh(seq, false)
 	}
+	// A calibration that finds a lost batch applies it to the view it
+	// keeps serving.
 	y.orderedApply(seq, &y.batch, true)
-	if h.serving && cu.tail {
-		// A calibration that found a lost batch keeps serving; the view
-		// is as current as the engine's history.
-		return
-	}
 }
 
 // finishCatchUp completes a replay at its end marker: the live messages
