@@ -529,3 +529,19 @@ func TestStreamWithoutEngineIdles(t *testing.T) {
 		}
 	}
 }
+
+// Item 12 in snapshot mode: replies and the end marker with a topic
+// frame ([empty, topic, seq, payload], [empty, empty, END, empty]) make
+// the same snapshot as without.
+func TestSnapshotWithTopicFrames(t *testing.T) {
+	e := startEngine(t, enginesim.Config{DeviceBlocks: 64, HostBlocks: 8, ReplayTopicFrames: true})
+	p := seqTokens(1, 3*testBlock)
+	prefill(t, e, p)
+	d := newDirectory(t, testLimits(), specOf(e, 0))
+	m := waitCaughtUp(t, d, e, 0)
+	if !m.Complete || d.streamOf(StreamKey{e.Name(), 0}).counters.snapshotsOK.Load() == 0 {
+		t.Fatalf("%s complete=%v", describe(m), m.Complete)
+	}
+	assertMatchesEngine(t, d, e, 0)
+	assertQueryMatchesOracle(t, d, e, 0, p)
+}
