@@ -45,7 +45,7 @@ func (e *Engine) SendOversize(dp int, n int) error {
 			hashes[i] = phantomHash(r, uint64(i))
 		}
 		b := r.startBatch()
-		r.cache.addStored(b, hashes, 0, false, tokens, kvevent.Device)
+		r.cache.addStored(b, hashes, kvevent.EngineHash{}, false, tokens, kvevent.Device)
 		r.buf = kvevent.AppendBatch(r.buf[:0], b, r.cfg.Shape)
 		return r.sendLive(r.buf)
 	})
@@ -76,7 +76,7 @@ func phantomHash(r *rank, i uint64) kvevent.EngineHash {
 	binary.BigEndian.PutUint64(buf[:8], r.next)
 	binary.BigEndian.PutUint64(buf[8:], i)
 	for salt := r.cfg.HashSeed ^ 0x9e3779b97f4a7c15; ; salt++ {
-		h := kvevent.EngineHash(xxh3.HashSeed(buf[:], salt))
+		h := kvevent.IntHash(xxh3.HashSeed(buf[:], salt))
 		if _, taken := r.cache.blocks[h]; !taken {
 			return h
 		}
@@ -108,6 +108,17 @@ func (e *Engine) SetWrongBlockSize(dp int, on bool) error {
 func (e *Engine) SetDropTail(dp int, on bool) error {
 	return e.do(dp, func(r *rank) error {
 		r.dropTail = on
+		return nil
+	})
+}
+
+// SetDropLive makes rank dp publish into its history without sending on
+// the live channel: each message uses its sequence number and can be
+// replayed by a ReplayHistory rank, as when the publisher's queue drops
+// it for one subscriber.
+func (e *Engine) SetDropLive(dp int, on bool) error {
+	return e.do(dp, func(r *rank) error {
+		r.dropLive = on
 		return nil
 	})
 }
