@@ -188,7 +188,7 @@ func (r *report) print(w io.Writer, o options) {
 	fmt.Fprintf(w, "| answers of unsynchronised streams checked for zero hits | %d |\n", r.unsyncAnswers)
 	fmt.Fprintf(w, "| caught-up streams compared with their quiesced engine | %d |\n", r.checks)
 	fmt.Fprintf(w, "| loss probes (gap noticed, no hit meanwhile, exact after) / undecided (next message not received in %v) | %d / %d |\n", gapWait, r.probes, r.probesUndecided)
-	fmt.Fprintf(w, "| checks skipped (stream not caught up in %v) | %d |\n", caughtUpWait, r.checksSkipped)
+	fmt.Fprintf(w, "| checks skipped (stream not caught up in %v, or left the synchronised state) | %d |\n", caughtUpWait, r.checksSkipped)
 	for k := range failKinds {
 		fmt.Fprintf(w, "| failed: %v | %d |\n", k, r.failures[k])
 	}
@@ -593,13 +593,10 @@ func (c *checker) cycle(en *engine) {
 	if en.setReplay(enginesim.ReplayNormal) != nil {
 		return
 	}
-	if !c.caughtUp(en) {
+	if !c.caughtUp(en) || !c.exact(en) {
 		if c.ctx.Err() == nil {
 			atomic.AddInt64(&c.r.checksSkipped, 1)
 		}
-		return
-	}
-	if !c.exact(en) {
 		return
 	}
 	atomic.AddInt64(&c.r.checks, 1)
@@ -663,9 +660,8 @@ func (c *checker) serve(en *engine, p []uint32) error {
 
 // exact compares the caught-up stream with its quiesced engine: every
 // recent prompt's hit tier by tier, and the resident block counts (see
-// residentCounts). It
-// returns false, failing nothing, when the stream left the synchronised
-// state meanwhile.
+// residentCounts). It returns false, failing nothing, when the stream
+// left the synchronised state meanwhile.
 func (c *checker) exact(en *engine) bool {
 	name := en.e.Name()
 	rooted, all := residentCounts(en.e.State(0))
@@ -707,19 +703,21 @@ func residentCounts(blocks []enginesim.BlockState) (rooted, all tierCounts) {
 	for _, b := range blocks { // parent first
 		r := !b.HasParent || keyed[b.Parent]
 		keyed[b.Hash] = r
-		for _, c := range []*tierCounts{&all, &rooted} {
-			if c == &rooted && !r {
-				continue
-			}
-			if b.Device {
-				c.dev++
-			}
-			if b.Host {
-				c.host++
-			}
+		all.add(b)
+		if r {
+			rooted.add(b)
 		}
 	}
 	return rooted, all
+}
+
+func (c *tierCounts) add(b enginesim.BlockState) {
+	if b.Device {
+		c.dev++
+	}
+	if b.Host {
+		c.host++
+	}
 }
 
 func (c *checker) matchOf(name string, p []uint32) kvdir.Match {
@@ -789,9 +787,7 @@ func (c *checker) probe(en *engine) {
 	if en.setReplay(enginesim.ReplayNormal) != nil {
 		return
 	}
-	if c.caughtUp(en) {
-		c.exact(en)
-	} else if c.ctx.Err() == nil {
+	if (!c.caughtUp(en) || !c.exact(en)) && c.ctx.Err() == nil {
 		atomic.AddInt64(&c.r.checksSkipped, 1)
 	}
 }
