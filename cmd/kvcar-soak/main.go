@@ -50,6 +50,10 @@ type options struct {
 	queries   int
 	blockSize int
 	seed      uint64
+	// minProbes, set by tests, extends the run past duration, up to
+	// four times it, until the checker has made that many loss probes:
+	// on a busy machine a short run may otherwise end before one.
+	minProbes int64
 }
 
 func main() {
@@ -348,9 +352,27 @@ func soakWith(ctx context.Context, o options, pl plant) (*report, error) {
 	}
 
 	r := &report{}
-	runCtx, cancel := context.WithTimeout(ctx, o.duration)
+	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer cancel()
+		end := time.Now().Add(4 * o.duration)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for start := time.Now(); ; {
+			select {
+			case <-runCtx.Done():
+				return
+			case now := <-tick.C:
+				if now.Sub(start) >= o.duration && (atomic.LoadInt64(&r.probes) >= o.minProbes || now.After(end)) {
+					return
+				}
+			}
+		}
+	}()
 	for i, en := range engines {
 		wg.Add(1)
 		go func() { defer wg.Done(); work(runCtx, en, o, uint64(i)) }()

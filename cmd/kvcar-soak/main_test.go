@@ -17,6 +17,7 @@ func TestShortSoak(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	o.minProbes = 2
 	r, err := soak(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
@@ -47,6 +48,7 @@ func TestPlantedBugs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	o.minProbes = 2
 	table := []string{"| planted bug | failed checks | by kind | exact checks / loss probes / unsynchronised answers checked |", "|---|---:|---|---|"}
 	for _, c := range []struct {
 		name   string
