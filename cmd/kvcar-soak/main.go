@@ -9,9 +9,9 @@
 // reports no hit (R-REC-1). Regularly it quiesces one engine, waits until
 // its stream has caught up, and requires the stream's answer for every
 // recent prompt to equal what the engine would reuse, tier by tier, and
-// its resident block counts to equal the engine's: a hit the engine does
-// not hold (a stale hit) fails, and so does one it holds but the
-// directory does not report. Then it loses a message at the publisher:
+// its resident block counts to lie within what the engine holds (see
+// residentCounts): a hit the engine does not hold (a stale hit) fails,
+// and so does one it holds but the directory does not report. Then it loses a message at the publisher:
 // the stream must notice the gap, report nothing while it recovers, and
 // be exact again afterwards (R-REC-3).
 //
