@@ -144,3 +144,22 @@ func (e *Engine) SetReplayDelay(dp int, d time.Duration) error {
 		return nil
 	})
 }
+
+// PrefillLost serves a prompt like Prefill, but its live message is lost
+// on the way, as a publisher past its send HWM loses it: the cache
+// changes, the sequence number is used and counted as sent (a later
+// snapshot's watermark covers it), and nothing is delivered. A subscriber
+// sees the loss only as a gap at the next message (R-REC-3). Nothing is
+// lost when the prompt changes nothing.
+func (e *Engine) PrefillLost(dp int, tokens []uint32) (deviceHitTokens, hostHitTokens int, err error) {
+	err = e.do(dp, func(r *rank) error {
+		b := r.startBatch()
+		deviceHitTokens, hostHitTokens = r.cache.prefill(tokens, b)
+		if len(b.Events) > 0 && !r.dropTail {
+			r.sent, r.last = true, r.next
+			r.next++
+		}
+		return nil
+	})
+	return deviceHitTokens, hostHitTokens, err
+}
