@@ -45,8 +45,8 @@ func newFreshPrefill(tb testing.TB, blocksPerEvent int, withRemovals bool) *fres
 	hashes := make([]kvevent.EngineHash, freshBlocks)
 	gone := make([]kvevent.EngineHash, freshBlocks)
 	for j := range hashes {
-		hashes[j] = storedMark + kvevent.EngineHash(j)
-		gone[j] = removedMark + kvevent.EngineHash(j)
+		hashes[j] = kvevent.IntHash(storedMark + uint64(j))
+		gone[j] = kvevent.IntHash(removedMark + uint64(j))
 	}
 	b := &kvevent.Batch{Timestamp: 1.7e9, HasDPRank: true}
 	if withRemovals {
@@ -82,9 +82,9 @@ func newFreshPrefill(tb testing.TB, blocksPerEvent int, withRemovals bool) *fres
 		if j%blocksPerEvent == blocksPerEvent-1 && j < freshBlocks-1 {
 			want = 2
 		}
-		f.stored = append(f.stored, find(u64(uint64(hashes[j])), want))
+		f.stored = append(f.stored, find(u64(hashes[j].Lo), want))
 		if withRemovals {
-			f.removed = append(f.removed, find(u64(uint64(gone[j])), 1))
+			f.removed = append(f.removed, find(u64(gone[j].Lo), 1))
 		}
 	}
 	for k := range f.first {
