@@ -24,6 +24,10 @@ func DiscoveryConfig(blockSize int, refresh time.Duration) config.Config {
 	// The index uses discovery.block_size, so it must be the engines'.
 	c.Discovery.BlockSize = blockSize
 	c.Discovery.Topic = Topic
+	// A VLLMSidecar engine with vLLM's default --kv-events-config: no
+	// replay endpoint, topic "".
+	c.Discovery.VLLMSyncMode = config.SyncLive
+	c.Discovery.VLLMTopic = ""
 	c.Discovery.EventPortOffset = enginesim.DefaultEventPortOffset
 	c.Discovery.ReplayPortOffset = enginesim.DefaultReplayPortOffset
 	c.Discovery.RefreshInterval = refresh
