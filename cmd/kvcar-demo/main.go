@@ -1,6 +1,7 @@
 // Command kvcar-demo runs a small local deployment: an embedded etcd,
-// emulated xLLM engines that register in it, heartbeat and publish KV
-// events over TCP, the kvcar binary discovering and indexing them, and a
+// emulated xLLM engines and one vLLM server (registered as xllm-service's
+// vllm_sidecar registers it, followed live) that register in it,
+// heartbeat and publish KV events over TCP, the kvcar binary discovering and indexing them, and a
 // load generator that asks kvcar where each prompt's prefix is cached,
 // sends it there, and prints what kvcar predicted next to what the engine
 // actually reused. With --tokenizer_path (make run fetches Qwen3's
