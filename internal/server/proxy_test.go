@@ -446,11 +446,15 @@ func TestAnswerDoesNotHoldBudget(t *testing.T) {
 	var streams atomic.Int32
 	engine := startEngine(t, func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
+		streaming := bytes.Contains(b, []byte(`"stream":true`))
+		if streaming {
+			// Counted before the first chunk, which the test waits for.
+			streams.Add(1)
+		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		_, _ = io.WriteString(w, "data: {}\n\n")
 		_ = http.NewResponseController(w).Flush()
-		if bytes.Contains(b, []byte(`"stream":true`)) {
-			streams.Add(1)
+		if streaming {
 			select {
 			case <-hold:
 			case <-r.Context().Done():
