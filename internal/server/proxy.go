@@ -595,10 +595,14 @@ func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, p
 		return
 	}
 	defer resp.Body.Close()
-	// Once the engine has the whole body it is not needed any more, and
-	// a long answer should not hold it.
-	if a.wrote.Load() && out.done() {
-		release()
+	// Once the engine answers, the body is not needed any more, and a
+	// long answer should not hold it. The transport may report the write
+	// (and close the body) just after the answer's headers arrive, so the
+	// budget goes back now and the storage, for reuse, when forward
+	// returns.
+	if b != nil {
+		p.budget.give(b.held)
+		b.held = 0
 	}
 	for _, k := range []string{"Content-Type", "Cache-Control"} {
 		if v := resp.Header.Get(k); v != "" {
