@@ -107,9 +107,10 @@ func startKvcar(c clusterConfig, a kvcarArgs) (*devcluster.KVCar, string, error)
 	}
 	// kvcar writes to its own descriptor of the file.
 	defer logFile.Close()
-	// The decision time is read from kvcar's X-Kvcar-Decision-Us header.
-	args := append([]string{"--host=127.0.0.1", "--load_balance_policy=" + a.Policy, "--log_level=warn",
-		"--expose_routing_headers"}, a.Extra...)
+	// The decision time is read from kvcar's X-Kvcar-Decision-Us header,
+	// which binaries that have --expose_routing_headers send only with it
+	// (bench adds it to Extra then).
+	args := append([]string{"--host=127.0.0.1", "--load_balance_policy=" + a.Policy, "--log_level=warn"}, a.Extra...)
 	kv, err := devcluster.StartKVCar(devcluster.KVCarOptions{
 		Binary: a.Binary, Port: a.Port, Etcd: a.Etcd, Namespace: a.Namespace, ConfigFile: cfgPath,
 		Args: args, Stdout: logFile, Stderr: logFile,

@@ -1,46 +1,76 @@
-// Command kvcar-bench measures routing quality: how many prefill tokens
-// the engines avoid recomputing when kvcar routes a prefix-sharing
-// workload with RR or CAR, next to an oracle that reads the engines'
-// caches directly.
+// Command kvcar-bench measures routing quality: what kvcar's policies
+// do to the prefill work and the time to first token of a workload,
+// next to bounds and other policies. It has two modes.
 //
-// The workload (seeded, every knob a flag) has S shared system prompts
-// and M multi-turn sessions. A session picks a system prompt, then each
-// turn sends the whole history (system prompt, earlier user turns and
-// answers) plus a new user part; the answer's tokens (max_tokens of the
-// request, random ids from the seed, since the emulated engine's output
-// is filler) join the history, so each prompt extends the previous one.
-// A turn that would pass --max_prompt_tokens starts a new conversation.
-// Sessions are interleaved at random; a session sends its next turn only
-// once the previous one is answered. Load is closed-loop with
-// --concurrency clients, or open-loop Poisson arrivals at --rate.
-// Prompts go as token-id arrays.
+// # Trace replay (--trace)
+//
+// kvcar-bench --trace=FILE replays a Mooncake JSONL trace (timestamp,
+// input_length, output_length and hash_ids per 512-token prefix block):
+// each hash id becomes deterministic token ids derived from the id alone,
+// and each request is sent when the trace's clock, divided by --speedup,
+// says, to the real kvcar binary (or, for the benchmark's own policies,
+// straight to the engine they pick) in front of emulated engines with a
+// finite LRU KV capacity and a prefill cost model (enginesim.CostModel),
+// each DP rank a FIFO server of prefills. Policies: RANDOM, RR,
+// LEAST_QUEUE (kvcar's CAR with λ = 0), CAR@λ, and re-implementations of
+// llm-d's precise-prefix scorer (LLMD) and Dynamo's KV router cost
+// (DYNAMO), fed by kvcar's query API and registry. Next to them: the
+// most any router could save (one unbounded cache shared by all, seeing
+// every request) and a pooled-capacity reference (one LRU cache of every
+// engine's capacity, seeing every request). TTFT is computed in trace
+// time from the engines' reported ranks and hits with the same cost
+// model, so wall-clock delays (the routing decision's HTTP round trips
+// among them) count in no policy's TTFT; the engines' own wall-clock
+// measure is reported beside it as a check. Every policy runs --seeds
+// times; a seed sets the engines' order, the arrivals' jitter within the
+// trace's millisecond and the random choices. --readme prints the README
+// section.
+//
+// # Synthetic workload
+//
+// Without --trace, the workload (seeded, every knob a flag) has S shared
+// system prompts and M multi-turn sessions. A session picks a system
+// prompt, then each turn sends the whole history (system prompt, earlier
+// user turns and answers) plus a new user part; the answer's tokens
+// (max_tokens of the request, random ids from the seed, since the
+// emulated engine's output is filler) join the history, so each prompt
+// extends the previous one. A turn that would pass --max_prompt_tokens
+// starts a new conversation. Sessions are interleaved at random; a
+// session sends its next turn only once the previous one is answered.
+// Load is closed-loop with --concurrency clients, or open-loop Poisson
+// arrivals at --rate. Prompts go as token-id arrays.
 //
 // Every policy runs on a fresh set of emulated engines (enginesim: empty
 // caches, a queueing cost model scaled by --time_scale) with the same
 // workload. RR and CAR run kvcar as a child process, discovering the
 // engines through an embedded etcd (one namespace per run), with
 // --load_balance_policy set; requests go to kvcar's /v1/completions.
-// ORACLE routes by itself, straight to the engines: per request the
-// engine whose cache holds the longest reusable prefix (Device +
+// LONGEST_PREFIX routes by itself, straight to the engines: per request
+// the engine whose cache holds the longest reusable prefix (Device +
 // Host-only tokens) at that moment, fewest waiting then fewest running
-// requests breaking ties. The engine, not the router, picks the DP rank
-// of a multi-DP instance (its least loaded), so ORACLE values such an
-// instance by its worst rank, the reuse it gets whatever the engine
-// picks; ORACLE_MAX values it by its best rank, which the engine's
-// choice may not deliver.
+// requests breaking ties. It is a greedy policy with perfect knowledge
+// of the caches, not a bound: it ignores load and what its choice does
+// to later requests, and CAR can beat it. The engine, not the router,
+// picks the DP rank of a multi-DP instance (its least loaded), so
+// LONGEST_PREFIX values such an instance by its worst rank, the reuse it
+// gets whatever the engine picks; LONGEST_PREFIX_MAX values it by its
+// best rank, which the engine's choice may not deliver. The bound is the
+// reuse of one unbounded cache serving every request in order.
 //
 // Saved tokens are the engines' own device_hit_tokens + host_hit_tokens
 // for each request: from the answer's kvcar_engine object when the
-// engine's HTTP answer comes back as it is (ORACLE), else from the record
-// the engine keeps under the answer's id (kvcar sends requests to the
-// emulated xLLM engines over baidu_std and writes the answer from their
-// output); emulated TTFT is (queue_ms + prefill_ms) / time_scale. The routing decision time is kvcar's
-// X-Kvcar-Decision-Us header (the time inside its policy), and for the
-// oracle its own probe and pick; the client overhead is the round trip
-// minus the engine's queue, prefill and decode time. Before each request
-// the benchmark also reads every rank's reusable prefix from the
-// engines, so the report can say how much of what was available each
-// policy got and where the rest went.
+// engine's HTTP answer comes back as it is (LONGEST_PREFIX, peers that
+// route by themselves), else from the record the engine keeps under the
+// answer's id (kvcar sends requests to the emulated xLLM engines over
+// baidu_std and writes the answer from their output); emulated TTFT is
+// (queue_ms + prefill_ms) / time_scale. The routing decision time is
+// kvcar's X-Kvcar-Decision-Us header (the time inside its policy; kvcar
+// gets --expose_routing_headers when it has that flag), and for
+// LONGEST_PREFIX its own probe and pick; the client overhead is the
+// round trip minus the engine's queue, prefill and decode time. Before
+// each request the benchmark also reads every rank's reusable prefix
+// from the engines, so the report can say how much of what was available
+// each policy got and where the rest went.
 package main
 
 import (
@@ -59,6 +89,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/devcluster"
 	"github.com/kvcar/kvcar/internal/etcdembed"
 )
 
@@ -71,12 +102,12 @@ func main() {
 	}
 }
 
-// Policy names: kvcar's, and the benchmark's own oracles.
+// Policy names: kvcar's, and the benchmark's own greedy ones.
 const (
-	policyRR        = "RR"
-	policyCAR       = "CAR"
-	policyOracle    = "ORACLE"
-	policyOracleMax = "ORACLE_MAX"
+	policyRR         = "RR"
+	policyCAR        = "CAR"
+	policyLongest    = "LONGEST_PREFIX"
+	policyLongestMax = "LONGEST_PREFIX_MAX"
 )
 
 type options struct {
@@ -91,7 +122,7 @@ type options struct {
 	runTimeout   time.Duration
 	readyTimeout time.Duration
 	maxErrors    int
-	trace        string
+	recordsCSV   string
 	// kvcarExtra are kvcar flags passed through when set.
 	kvcarExtra []string
 	command    string
@@ -136,7 +167,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	self, _ := os.Executable()
 	fs.StringVar(&o.kvcar, "kvcar", filepath.Join(filepath.Dir(self), "kvcar"), "path of the kvcar binary (RR and CAR)")
 	fs.IntVar(&o.port, "port", 0, "HTTP port for kvcar (0: a free one per run)")
-	policies := fs.String("policies", "RR,CAR,ORACLE", "policies to measure, in order: RR, CAR, SLO_AWARE (through kvcar), ORACLE, ORACLE_MAX")
+	policies := fs.String("policies", "RR,CAR,LONGEST_PREFIX", "policies to measure, in order: RR, CAR, SLO_AWARE (through kvcar), LONGEST_PREFIX, LONGEST_PREFIX_MAX")
 	fs.BoolVar(&o.jsonOut, "json", false, "print the results as JSON instead of Markdown")
 	fs.Uint64Var(&o.workload.Seed, "seed", 1, "workload seed: prompts, session order, arrivals")
 
@@ -166,7 +197,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.runTimeout, "run_timeout", 3*time.Minute, "bound on each policy's request phase")
 	fs.DurationVar(&o.readyTimeout, "ready_timeout", 30*time.Second, "bound on kvcar's start-up until every stream is synchronised")
 	fs.IntVar(&o.maxErrors, "max_errors", 10, "failed requests that end a policy's run")
-	fs.StringVar(&o.trace, "trace", "", "write every request's record as CSV to this file (all policies)")
+	fs.StringVar(&o.recordsCSV, "records_csv", "", "write every request's record as CSV to this file (all policies)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -176,8 +207,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var errs []error
 	for _, p := range strings.Split(*policies, ",") {
 		switch p = strings.TrimSpace(p); p {
-		case policyRR, policyCAR, "SLO_AWARE", policyOracle, policyOracleMax:
+		case policyRR, policyCAR, "SLO_AWARE", policyLongest, policyLongestMax:
 			o.policies = append(o.policies, p)
+		case "ORACLE", "ORACLE_MAX":
+			errs = append(errs, fmt.Errorf("--policies: %s is now %s: it routes greedily by the engines' true caches and is not an upper bound",
+				p, strings.Replace(p, "ORACLE", policyLongest, 1)))
 		case "":
 		default:
 			errs = append(errs, fmt.Errorf("--policies: unknown policy %q", p))
@@ -235,6 +269,9 @@ func shellQuote(s string) string {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if isTraceMode(args) {
+		return runTrace(ctx, args, stdout, stderr)
+	}
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -280,8 +317,16 @@ func bench(ctx context.Context, o options, wl *workload, progress io.Writer) (*r
 
 	var etcd *etcdembed.Server
 	for _, p := range o.policies {
-		if !isOracle(p) && etcd == nil {
-			var err error
+		if !isGreedy(p) && etcd == nil {
+			// kvcar's decision-time header is opt-in where the flag
+			// exists.
+			headers, err := devcluster.HasFlag(ctx, o.kvcar, exposeHeadersFlag)
+			if err != nil {
+				return nil, fmt.Errorf("%w (build it with make build, or pass --kvcar)", err)
+			}
+			if headers {
+				o.kvcarExtra = append(o.kvcarExtra, "--"+exposeHeadersFlag)
+			}
 			if etcd, err = etcdembed.Start(ctx, etcdembed.Options{}); err != nil {
 				return nil, fmt.Errorf("embedded etcd: %w", err)
 			}
@@ -291,9 +336,9 @@ func bench(ctx context.Context, o options, wl *workload, progress io.Writer) (*r
 	hc := newHTTPClient(o)
 	defer hc.CloseIdleConnections()
 	var trace *traceWriter
-	if o.trace != "" {
+	if o.recordsCSV != "" {
 		var err error
-		if trace, err = newTraceWriter(o.trace); err != nil {
+		if trace, err = newTraceWriter(o.recordsCSV); err != nil {
 			return nil, err
 		}
 		defer trace.close()
@@ -313,14 +358,15 @@ func bench(ctx context.Context, o options, wl *workload, progress io.Writer) (*r
 	}
 	rep.Ratios = computeRatios(rep.Results)
 	rep.DecisionNote = "Routing decision: kvcar's " + decisionMicrosHeader + " header (the time inside its policy) for the policies kvcar runs; " +
-		"for ORACLE its own read of every rank's cache (in parallel; each read waits for the emulated rank's 2 ms socket poll) plus the pick. " +
+		"for LONGEST_PREFIX its own read of every rank's cache (in parallel, each through the rank's goroutine) plus the pick. " +
 		"Client overhead: HTTP round trip minus the engine's reported queue, prefill and decode time; it includes JSON, the emulator's own " +
 		"cache operation and, through kvcar, the extra hop. Emulated TTFT is (queue_ms + prefill_ms) / time_scale. " +
-		"ORACLE values a multi-DP instance by its worst rank (the engine picks the rank), ORACLE_MAX by its best."
+		"LONGEST_PREFIX values a multi-DP instance by its worst rank (the engine picks the rank), LONGEST_PREFIX_MAX by its best; " +
+		"both are greedy policies that read the true caches, not bounds."
 	return rep, nil
 }
 
-func isOracle(p string) bool { return p == policyOracle || p == policyOracleMax }
+func isGreedy(p string) bool { return p == policyLongest || p == policyLongestMax }
 
 func newHTTPClient(o options) *http.Client {
 	conns := max(o.concurrency, o.workload.Sessions) + 4
@@ -337,7 +383,7 @@ func newHTTPClient(o options) *http.Client {
 func runPolicy(ctx context.Context, o options, wl *workload, etcd *etcdembed.Server, hc *http.Client, i int, policy string, progress io.Writer) (result, []record, []string, error) {
 	var endpoints []string
 	namespace := fmt.Sprintf("kvcar-bench-%d-%s", i, strings.ToLower(policy))
-	if !isOracle(policy) {
+	if !isGreedy(policy) {
 		endpoints = etcd.Endpoints()
 	}
 	engines, err := startEngines(o.cluster, endpoints, namespace)
@@ -351,12 +397,12 @@ func runPolicy(ctx context.Context, o options, wl *workload, etcd *etcdembed.Ser
 	defer engines.Close()
 
 	var send sender
-	if isOracle(policy) {
-		or := &oracle{engines: engines, rule: oracleMin}
-		if policy == policyOracleMax {
-			or.rule = oracleMax
+	if isGreedy(policy) {
+		lp := &longestPrefix{engines: engines, rule: rankMin}
+		if policy == policyLongestMax {
+			lp.rule = rankMax
 		}
-		send = or.sender(hc)
+		send = lp.sender(hc)
 	} else {
 		dir, err := os.MkdirTemp("", "kvcar-bench-")
 		if err != nil {

@@ -147,11 +147,11 @@ func TestDriveOrderAndConcurrency(t *testing.T) {
 	}
 }
 
-// TestOracleEndToEnd runs the ORACLE policies on two tiny engines over
+// TestLongestPrefixEndToEnd runs the LONGEST_PREFIX policies on two tiny engines over
 // HTTP, no kvcar needed, and checks the report's consistency.
-func TestOracleEndToEnd(t *testing.T) {
+func TestLongestPrefixEndToEnd(t *testing.T) {
 	o, err := parseFlags([]string{
-		"--policies=ORACLE,ORACLE_MAX", "--seed=5", "--engines=1,2", "--device_blocks=48", "--host_blocks=32",
+		"--policies=LONGEST_PREFIX,LONGEST_PREFIX_MAX", "--seed=5", "--engines=1,2", "--device_blocks=48", "--host_blocks=32",
 		"--systems=2", "--system_tokens=64-96", "--sessions=4", "--user_tokens=16-48", "--answer_tokens=4-8",
 		"--requests=24", "--max_prompt_tokens=320", "--concurrency=2", "--time_scale=0.01", "--run_timeout=20s",
 	}, io.Discard)
@@ -188,7 +188,7 @@ func TestOracleEndToEnd(t *testing.T) {
 		if r.TTFTP50Ms <= 0 || r.TTFTP50Ms > r.TTFTP99Ms || r.RPSWall <= 0 || r.RPSEmulated >= r.RPSWall {
 			t.Fatalf("%s: TTFT %v/%v ms, %v req/s wall, %v emulated", r.Policy, r.TTFTP50Ms, r.TTFTP99Ms, r.RPSWall, r.RPSEmulated)
 		}
-		if r.DecisionSource != decisionFromOracle || r.DecisionP50Us <= 0 || r.DecisionP50Us > r.DecisionP99Us {
+		if r.DecisionSource != decisionFromGreedy || r.DecisionP50Us <= 0 || r.DecisionP50Us > r.DecisionP99Us {
 			t.Fatalf("%s: decision %q %v/%v µs", r.Policy, r.DecisionSource, r.DecisionP50Us, r.DecisionP99Us)
 		}
 		lost := r.LostOtherInstance + r.LostDPRank + r.LostInFlight
@@ -208,7 +208,7 @@ func TestOracleEndToEnd(t *testing.T) {
 
 	var md bytes.Buffer
 	writeMarkdown(&md, rep)
-	for _, want := range []string{"| ORACLE | 24 |", "| ORACLE_MAX | 24 |", "--policies=ORACLE,ORACLE_MAX", "--seed=5", "reproduce: bin/kvcar-bench "} {
+	for _, want := range []string{"| LONGEST_PREFIX | 24 |", "| LONGEST_PREFIX_MAX | 24 |", "--policies=LONGEST_PREFIX,LONGEST_PREFIX_MAX", "(bound) | 24 |", "--seed=5", "reproduce: bin/kvcar-bench "} {
 		if !strings.Contains(md.String(), want) {
 			t.Fatalf("Markdown lacks %q:\n%s", want, md.String())
 		}

@@ -47,15 +47,27 @@ type completionAnswer struct {
 	Engine *enginesim.EngineUsage `json:"kvcar_engine"`
 }
 
-// post sends one completion to url and fills rec from the answer and the
-// engine's report of the request: the answer's kvcar_engine object when
-// the engine's HTTP answer came back as it is, else, for a request kvcar
-// sent over baidu_std and answered from the engine's output, the record
-// the engine kept under the answer's id.
-func post(ctx context.Context, hc *http.Client, url string, req *benchRequest, header http.Header, engines devcluster.Engines, rec *record) error {
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(completionBody(req.Prompt, req.MaxTokens)))
+// completionResult is what one answered completion told.
+type completionResult struct {
+	Engine       enginesim.EngineUsage
+	PromptTokens int
+	// Decision is kvcar's decision time, when it sent the header.
+	Decision    time.Duration
+	HasDecision bool
+	// Latency is the client-observed HTTP round trip.
+	Latency time.Duration
+}
+
+// sendCompletion posts one completion body to url with the extra header
+// and reads the engine's report of the request: the answer's kvcar_engine
+// object when the engine's HTTP answer came back as it is, else, for a
+// request kvcar sent over baidu_std and answered from the engine's
+// output, the record the engine kept under the answer's id.
+func sendCompletion(ctx context.Context, hc *http.Client, url string, body []byte, header http.Header, engines devcluster.Engines) (completionResult, error) {
+	var res completionResult
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
-		return fmt.Errorf("request %d: %w", req.Index, err)
+		return res, err
 	}
 	hr.Header.Set("Content-Type", "application/json")
 	for k, v := range header {
@@ -64,37 +76,52 @@ func post(ctx context.Context, hc *http.Client, url string, req *benchRequest, h
 	t0 := time.Now()
 	resp, err := hc.Do(hr)
 	if err != nil {
-		return fmt.Errorf("request %d: %w", req.Index, err)
+		return res, err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	rec.Latency = time.Since(t0)
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	res.Latency = time.Since(t0)
 	if err != nil {
-		return fmt.Errorf("request %d: reading answer: %w", req.Index, err)
+		return res, fmt.Errorf("reading answer: %w", err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("request %d: %s: %s", req.Index, resp.Status, bytes.TrimSpace(body))
+		return res, fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(b))
 	}
 	if v := resp.Header.Get(decisionMicrosHeader); v != "" {
 		if us, err := strconv.ParseFloat(v, 64); err == nil {
-			rec.Decision, rec.HasDecision = time.Duration(us*float64(time.Microsecond)), true
+			res.Decision, res.HasDecision = time.Duration(us*float64(time.Microsecond)), true
 		}
 	}
 	var ans completionAnswer
-	if err := json.Unmarshal(body, &ans); err != nil {
-		return fmt.Errorf("request %d: answer: %w", req.Index, err)
+	if err := json.Unmarshal(b, &ans); err != nil {
+		return res, fmt.Errorf("answer: %w", err)
 	}
 	eu := ans.Engine
 	if served, ok := engines.Served(ans.ID); eu == nil && ok {
 		eu = &served
 	}
 	if eu == nil {
-		return fmt.Errorf("request %d: neither a %s object in the answer nor an engine's record of %q", req.Index,
-			enginesim.EngineUsageField, ans.ID)
+		return res, fmt.Errorf("neither a %s object in the answer nor an engine's record of %q", enginesim.EngineUsageField, ans.ID)
 	}
-	if ans.Usage.PromptTokens != len(req.Prompt) {
-		return fmt.Errorf("request %d: engine counted %d prompt tokens, sent %d", req.Index, ans.Usage.PromptTokens, len(req.Prompt))
+	res.Engine, res.PromptTokens = *eu, ans.Usage.PromptTokens
+	return res, nil
+}
+
+// post sends one completion to url and fills rec from the answer and the
+// engine's report of the request (see sendCompletion).
+func post(ctx context.Context, hc *http.Client, url string, req *benchRequest, header http.Header, engines devcluster.Engines, rec *record) error {
+	res, err := sendCompletion(ctx, hc, url, completionBody(req.Prompt, req.MaxTokens), header, engines)
+	rec.Latency = res.Latency
+	if err != nil {
+		return fmt.Errorf("request %d: %w", req.Index, err)
 	}
+	if res.HasDecision {
+		rec.Decision, rec.HasDecision = res.Decision, true
+	}
+	if res.PromptTokens != len(req.Prompt) {
+		return fmt.Errorf("request %d: engine counted %d prompt tokens, sent %d", req.Index, res.PromptTokens, len(req.Prompt))
+	}
+	eu := &res.Engine
 	rec.Instance, rec.DPRank = eu.Instance, eu.DPRank
 	rec.DeviceHit, rec.HostHit = eu.DeviceHitTokens, eu.HostHitTokens
 	rec.QueueMs, rec.PrefillMs, rec.DecodeMs, rec.TimeScale = eu.QueueMs, eu.PrefillMs, eu.DecodeMs, eu.TimeScale
@@ -102,8 +129,8 @@ func post(ctx context.Context, hc *http.Client, url string, req *benchRequest, h
 }
 
 // probe reads every rank's reusable prefix for tokens from the engines'
-// own caches, all ranks at once: each read waits for its rank's
-// goroutine, which polls its sockets between commands.
+// own caches, all ranks at once: each read is a command to its rank's
+// goroutine, which owns the cache.
 func probe(engines []*enginesim.Engine, tokens []uint32) [][]int {
 	out := make([][]int, len(engines))
 	var wg sync.WaitGroup
@@ -131,33 +158,35 @@ func viaKvcar(hc *http.Client, base string, engines []*enginesim.Engine) sender 
 	}
 }
 
-// oracleDP says how the oracle values an instance with several DP ranks:
-// the engine, not the router, picks the rank (the least loaded one), so
-// a prefix held by one rank only is reused only when the engine happens
-// to pick that rank.
-type oracleDP int
+// dpRule says how LONGEST_PREFIX values an instance with several DP
+// ranks: the engine, not the router, picks the rank (the least loaded
+// one), so a prefix held by one rank only is reused only when the engine
+// happens to pick that rank.
+type dpRule int
 
 const (
-	// oracleMin values an instance by its worst rank: the reuse it gets
+	// rankMin values an instance by its worst rank: the reuse it gets
 	// whichever rank the engine picks (the rule CAR also applies).
-	oracleMin oracleDP = iota
-	// oracleMax values it by its best rank: an upper bound the engine's
-	// own rank choice may not deliver.
-	oracleMax
+	rankMin dpRule = iota
+	// rankMax values it by its best rank, which the engine's own rank
+	// choice may not deliver.
+	rankMax
 )
 
-// oracle routes each request itself, straight to the engine whose cache
-// holds the longest reusable prefix right now (Device + Host-only
-// tokens, as the engine reuses both), the fewest waiting requests
-// breaking ties, then the fewest running, then a rotating turn.
-type oracle struct {
+// longestPrefix routes each request itself, straight to the engine
+// whose cache holds the longest reusable prefix right now (Device +
+// Host-only tokens, as the engine reuses both), the fewest waiting
+// requests breaking ties, then the fewest running, then a rotating turn.
+// It is greedy: perfect knowledge of the caches, no thought for load or
+// for what its choice does to later requests.
+type longestPrefix struct {
 	engines []*enginesim.Engine
-	rule    oracleDP
+	rule    dpRule
 	turn    atomic.Uint64
 }
 
 // pick chooses an engine from the probe of every rank.
-func (o *oracle) pick(p [][]int) int {
+func (o *longestPrefix) pick(p [][]int) int {
 	n := len(o.engines)
 	start := int(o.turn.Add(1) % uint64(n))
 	best := -1
@@ -166,7 +195,7 @@ func (o *oracle) pick(p [][]int) int {
 		i := (start + k) % n
 		hit := p[i][0]
 		for _, h := range p[i][1:] {
-			if o.rule == oracleMin {
+			if o.rule == rankMin {
 				hit = min(hit, h)
 			} else {
 				hit = max(hit, h)
@@ -182,7 +211,7 @@ func (o *oracle) pick(p [][]int) int {
 	return best
 }
 
-func (o *oracle) sender(hc *http.Client) sender {
+func (o *longestPrefix) sender(hc *http.Client) sender {
 	return func(ctx context.Context, req *benchRequest) record {
 		rec := record{Index: req.Index, Session: req.Session, Turn: req.Turn, Prompt: len(req.Prompt)}
 		t0 := time.Now()

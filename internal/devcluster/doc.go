@@ -20,7 +20,11 @@
 // (internal/etcdembed). The package holds no state outside these values.
 //
 // Memory and CPUTime read a process's use from /proc; what to make of it
-// is the caller's. The package must not hold workloads, measurements or
+// is the caller's. Query and Instances read kvcar's query API and
+// registry view on its internal listener, for programs whose own routing
+// policies must see what kvcar's see; HasFlag tells from --help whether a
+// kvcar binary knows a flag, so a program can run with older and newer
+// binaries alike. The package must not hold workloads, measurements or
 // reports (those are the programs'), and must not import cmd packages.
 // It sees kvcar only as an operator does, through its flags, its config
 // file and its HTTP API: it uses internal/config for the file's format

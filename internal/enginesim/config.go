@@ -143,6 +143,10 @@ type Config struct {
 	// Device (PrefillPerToken/5 when 0): cheaper than computing it, not
 	// free.
 	HostLoadPerToken time.Duration
+	// PrefillAttentionPer1KContext is the attention time of one computed
+	// token per 1,024 tokens of context before it; 0 leaves attention
+	// out, so prefill is linear in the uncached tokens (see CostModel).
+	PrefillAttentionPer1KContext time.Duration
 	// DecodePerToken is the time of one decode step, one output token
 	// after the first (DefaultDecodePerToken).
 	DecodePerToken time.Duration
@@ -267,9 +271,9 @@ func (c *Config) servingDefaults() error {
 	switch {
 	case math.IsNaN(c.TimeScale) || math.IsInf(c.TimeScale, 0) || c.TimeScale < 0:
 		return fmt.Errorf("enginesim: TimeScale %v is not a finite non-negative number", c.TimeScale)
-	case c.PrefillPerToken < 0 || c.HostLoadPerToken < 0 || c.DecodePerToken < 0:
-		return fmt.Errorf("enginesim: negative per-token cost (prefill %v, host load %v, decode %v)",
-			c.PrefillPerToken, c.HostLoadPerToken, c.DecodePerToken)
+	case c.PrefillPerToken < 0 || c.HostLoadPerToken < 0 || c.DecodePerToken < 0 || c.PrefillAttentionPer1KContext < 0:
+		return fmt.Errorf("enginesim: negative per-token cost (prefill %v, host load %v, decode %v, attention per 1K context %v)",
+			c.PrefillPerToken, c.HostLoadPerToken, c.DecodePerToken, c.PrefillAttentionPer1KContext)
 	case c.BatchSlots < 0:
 		return fmt.Errorf("enginesim: BatchSlots %d is negative", c.BatchSlots)
 	case c.MaxQueue < 0:

@@ -131,9 +131,13 @@
 // ties taking turns, and waits in that rank's FIFO queue for one of its
 // BatchSlots. It then prefills on the rank's cache through the same path
 // as Prefill, so hits are the engine's truth and its events go out, and
-// sleeps for the cost model, all scaled by TimeScale: PrefillPerToken per
-// uncached token plus HostLoadPerToken per Host-hit token, giving the
-// first token, then DecodePerToken for each further one. Output tokens
+// sleeps for the cost model (CostModel), all scaled by TimeScale:
+// PrefillPerToken per uncached token, their attention over the context
+// before them (PrefillAttentionPer1KContext) and HostLoadPerToken per
+// Host-hit token, giving the first token, then DecodePerToken for each
+// further one. A rank with one BatchSlot prefills one prompt at a time,
+// a single FIFO server; each further slot serves another request at full
+// speed alongside, so it adds a rank's worth of compute. Output tokens
 // are not cached. waiting_requests_num is the number of requests waiting
 // for a slot plus SetWaiting's value. A client that goes away frees its
 // place at once; past MaxQueue waiting requests the answer is 503, a

@@ -521,8 +521,7 @@ func (e *Engine) prefillOn(t *ticket, tokens []uint32, queued time.Duration) (de
 		// failed; a real engine does not fail the request for that.
 		e.cfg.Logger.Warn("publishing prefill events failed", "engine", e.Name(), "dp", t.dp, "err", err)
 	}
-	prefill = e.scaled(time.Duration(len(tokens)-dev-host)*e.cfg.PrefillPerToken +
-		time.Duration(host)*e.cfg.HostLoadPerToken)
+	prefill = e.scaled(e.CostModel().Prefill(len(tokens), dev, host))
 	e.serve.count(func(st *EngineStats) {
 		st.Requests++
 		st.PromptTokens += uint64(len(tokens))
