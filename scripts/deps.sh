@@ -7,6 +7,8 @@
 #                          found through pkg-config). make build/run.
 #   scripts/deps.sh test   that, and the test tools: Debian's python3-zmq,
 #                          the reference libzmq peer of the interop tests,
+#                          python3-msgpack, an independent vLLM-format
+#                          encoder,
 #                          and chromium, which renders the status page for
 #                          its screenshot test (hundreds of MB). make test.
 #
@@ -26,6 +28,7 @@ need=()
 pkg-config --exists libzmq 2>/dev/null || need+=(libzmq3-dev pkg-config)
 if [ "$what" = test ]; then
 	/usr/bin/python3 -c 'import zmq' 2>/dev/null || need+=(python3-zmq)
+	/usr/bin/python3 -c 'import msgpack' 2>/dev/null || need+=(python3-msgpack)
 	command -v chromium >/dev/null || need+=(chromium)
 fi
 if [ ${#need[@]} -eq 0 ]; then

@@ -10,14 +10,12 @@ import (
 	"github.com/kvcar/kvcar/internal/enginesim"
 )
 
-// sharedTraces is where the Mooncake traces and their README live,
-// ../shared from the repository root.
+// sharedTrace loads one of the Mooncake traces kept in testdata/traces.
 func sharedTrace(t *testing.T, name string) []traceRequest {
 	t.Helper()
-	path := filepath.Join("..", "..", "..", "shared", "traces", name)
-	reqs, err := loadTrace(path)
+	reqs, err := loadTrace(filepath.Join("testdata", "traces", name))
 	if err != nil {
-		t.Skipf("trace not available: %v", err)
+		t.Fatal(err)
 	}
 	return reqs
 }

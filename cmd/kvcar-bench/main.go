@@ -58,10 +58,14 @@
 // reuse of one unbounded cache serving every request in order.
 //
 // Saved tokens are the engines' own device_hit_tokens + host_hit_tokens
-// from each answer's kvcar_engine object; emulated TTFT is (queue_ms +
-// prefill_ms) / time_scale. The routing decision time is kvcar's
-// X-Kvcar-Decision-Us header (the time inside its policy; kvcar gets
-// --expose_routing_headers when it has that flag), and for
+// for each request: from the answer's kvcar_engine object when the
+// engine's HTTP answer comes back as it is (LONGEST_PREFIX, peers that
+// route by themselves), else from the record the engine keeps under the
+// answer's id (kvcar sends requests to the emulated xLLM engines over
+// baidu_std and writes the answer from their output); emulated TTFT is
+// (queue_ms + prefill_ms) / time_scale. The routing decision time is
+// kvcar's X-Kvcar-Decision-Us header (the time inside its policy; kvcar
+// gets --expose_routing_headers when it has that flag), and for
 // LONGEST_PREFIX its own probe and pick; the client overhead is the
 // round trip minus the engine's queue, prefill and decode time. Before
 // each request the benchmark also reads every rank's reusable prefix

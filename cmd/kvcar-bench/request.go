@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/devcluster"
 	"github.com/kvcar/kvcar/internal/enginesim"
 )
 
@@ -39,6 +40,7 @@ func completionBody(prompt []uint32, maxTokens int) []byte {
 
 // completionAnswer is the part of the answer the benchmark reads.
 type completionAnswer struct {
+	ID    string `json:"id"`
 	Usage struct {
 		PromptTokens int `json:"prompt_tokens"`
 	} `json:"usage"`
@@ -57,8 +59,11 @@ type completionResult struct {
 }
 
 // sendCompletion posts one completion body to url with the extra header
-// and reads the engine's report from the answer.
-func sendCompletion(ctx context.Context, hc *http.Client, url string, body []byte, header http.Header) (completionResult, error) {
+// and reads the engine's report of the request: the answer's kvcar_engine
+// object when the engine's HTTP answer came back as it is, else, for a
+// request kvcar sent over baidu_std and answered from the engine's
+// output, the record the engine kept under the answer's id.
+func sendCompletion(ctx context.Context, hc *http.Client, url string, body []byte, header http.Header, engines devcluster.Engines) (completionResult, error) {
 	var res completionResult
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
@@ -91,16 +96,21 @@ func sendCompletion(ctx context.Context, hc *http.Client, url string, body []byt
 	if err := json.Unmarshal(b, &ans); err != nil {
 		return res, fmt.Errorf("answer: %w", err)
 	}
-	if ans.Engine == nil {
-		return res, fmt.Errorf("the answer has no %s object", enginesim.EngineUsageField)
+	eu := ans.Engine
+	if served, ok := engines.Served(ans.ID); eu == nil && ok {
+		eu = &served
 	}
-	res.Engine, res.PromptTokens = *ans.Engine, ans.Usage.PromptTokens
+	if eu == nil {
+		return res, fmt.Errorf("neither a %s object in the answer nor an engine's record of %q", enginesim.EngineUsageField, ans.ID)
+	}
+	res.Engine, res.PromptTokens = *eu, ans.Usage.PromptTokens
 	return res, nil
 }
 
-// post sends one completion to url and fills rec from the answer.
-func post(ctx context.Context, hc *http.Client, url string, req *benchRequest, header http.Header, rec *record) error {
-	res, err := sendCompletion(ctx, hc, url, completionBody(req.Prompt, req.MaxTokens), header)
+// post sends one completion to url and fills rec from the answer and the
+// engine's report of the request (see sendCompletion).
+func post(ctx context.Context, hc *http.Client, url string, req *benchRequest, header http.Header, engines devcluster.Engines, rec *record) error {
+	res, err := sendCompletion(ctx, hc, url, completionBody(req.Prompt, req.MaxTokens), header, engines)
 	rec.Latency = res.Latency
 	if err != nil {
 		return fmt.Errorf("request %d: %w", req.Index, err)
@@ -143,7 +153,7 @@ func viaKvcar(hc *http.Client, base string, engines []*enginesim.Engine) sender 
 	return func(ctx context.Context, req *benchRequest) record {
 		rec := record{Index: req.Index, Session: req.Session, Turn: req.Turn, Prompt: len(req.Prompt)}
 		rec.Probe = probe(engines, req.Prompt)
-		rec.Err = post(ctx, hc, url, req, nil, &rec)
+		rec.Err = post(ctx, hc, url, req, nil, engines, &rec)
 		return rec
 	}
 }
@@ -209,7 +219,7 @@ func (o *longestPrefix) sender(hc *http.Client) sender {
 		e := o.engines[o.pick(rec.Probe)]
 		rec.Decision, rec.HasDecision = time.Since(t0), true
 		h := http.Header{prefillNameHeader: {e.Name()}}
-		rec.Err = post(ctx, hc, "http://"+e.Name()+"/v1/completions", req, h, &rec)
+		rec.Err = post(ctx, hc, "http://"+e.Name()+"/v1/completions", req, h, nil, &rec)
 		return rec
 	}
 }

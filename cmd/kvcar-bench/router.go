@@ -85,7 +85,7 @@ func serveOne(ctx context.Context, a replayRequest, rt router, f *fleet, hc *htt
 		url = "http://" + f.names[e] + server.CompletionsPath
 		header = http.Header{prefillNameHeader: {f.names[e]}}
 	}
-	res, err := sendCompletion(ctx, hc, url, body, header)
+	res, err := sendCompletion(ctx, hc, url, body, header, f.engines)
 	if err != nil {
 		rec.Err = fmt.Errorf("line %d: %w", a.req.Line, err)
 		return rec

@@ -188,7 +188,7 @@ func parseTraceFlags(args []string, stderr io.Writer) (traceOptions, error) {
 	o := traceOptions{}
 	self, _ := os.Executable()
 	fs.StringVar(&o.kvcar, "kvcar", filepath.Join(filepath.Dir(self), "kvcar"), "path of the kvcar binary")
-	fs.StringVar(&o.Trace, "trace", "", "Mooncake JSONL trace to replay (../shared/traces/…)")
+	fs.StringVar(&o.Trace, "trace", "", "Mooncake JSONL trace to replay (cmd/kvcar-bench/testdata/traces/…)")
 	fs.DurationVar(&o.Start, "trace_start", 0, "replay the trace's requests from this time of the trace on")
 	fs.DurationVar(&o.Window, "trace_window", 10*time.Minute, "length of trace time replayed from --trace_start; 0: to the end")
 	fs.Float64Var(&o.Speedup, "speedup", 10, "time compression: the replay runs this many times faster than the trace's clock")

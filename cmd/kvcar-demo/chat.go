@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/devcluster"
 	"github.com/kvcar/kvcar/internal/tokenizer"
 )
 
@@ -37,7 +38,7 @@ const demoDocument = "Release notes, version 2.4:\n\n1. The router now tokenizes
 // text completions that share a document, as chat and text (no token ids):
 // kvcar tokenizes them with the model's tokenizer and chat template and
 // routes them cache-aware; each line shows what the engine reused.
-func chatLoad(ctx context.Context, base string, tok *tokenizer.Tokenizer, o options) error {
+func chatLoad(ctx context.Context, base string, engines devcluster.Engines, tok *tokenizer.Tokenizer, o options) error {
 	fmt.Fprintf(o.out, "\nchat and text requests, tokenized by kvcar with %s:\n", o.tokenizer)
 	var reused, total, requests int
 	report := func(what string, tokens int, res completion) {
@@ -68,7 +69,7 @@ func chatLoad(ctx context.Context, base string, tok *tokenizer.Tokenizer, o opti
 			for i, m := range histories[c] {
 				msgs[i] = map[string]string{"role": m.Role, "content": m.Content}
 			}
-			res, err := post(ctx, base+"/v1/chat/completions", map[string]any{"model": "enginesim", "max_tokens": 4, "messages": msgs})
+			res, err := post(ctx, base+"/v1/chat/completions", engines, map[string]any{"model": "enginesim", "max_tokens": 4, "messages": msgs})
 			if err != nil {
 				return err
 			}
@@ -82,7 +83,7 @@ func chatLoad(ctx context.Context, base string, tok *tokenizer.Tokenizer, o opti
 		if err != nil {
 			return err
 		}
-		res, err := post(ctx, base+"/v1/completions", map[string]any{"model": "enginesim", "max_tokens": 4, "prompt": prompt})
+		res, err := post(ctx, base+"/v1/completions", engines, map[string]any{"model": "enginesim", "max_tokens": 4, "prompt": prompt})
 		if err != nil {
 			return err
 		}

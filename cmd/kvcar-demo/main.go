@@ -1,6 +1,7 @@
 // Command kvcar-demo runs a small local deployment: an embedded etcd,
-// emulated xLLM engines that register in it, heartbeat and publish KV
-// events over TCP, the kvcar binary discovering and indexing them, and a
+// emulated xLLM engines and one vLLM server (registered as xllm-service's
+// vllm_sidecar registers it, followed live) that register in it,
+// heartbeat and publish KV events over TCP, the kvcar binary discovering and indexing them, and a
 // load generator that asks kvcar where each prompt's prefix is cached,
 // sends it there, and prints what kvcar predicted next to what the engine
 // actually reused. With --tokenizer_path (make run fetches Qwen3's
@@ -130,19 +131,50 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	if err := kv.WaitSynced(ctx, engines.Streams(), 30*time.Second); err != nil {
 		return err
 	}
+	// A vLLM server beside the xLLM engines, registered as xllm-service's
+	// vllm_sidecar registers it and with vLLM's default
+	// --kv-events-config: no replay endpoint, so kvcar follows it live.
+	// Its heartbeats go to kvcar's internal listener, known only now.
+	vllm, err := devcluster.StartEngines([]enginesim.Config{devcluster.VLLMSidecar(
+		enginesim.Config{BlockSize: blockSize, DeviceBlocks: 256, HostBlocks: 512, Tokenizer: tok, Replay: enginesim.ReplayNone},
+		etcd.Endpoints(), "", 0, kv.InternalURL())})
+	if err != nil {
+		return fmt.Errorf("vLLM engine: %w", err)
+	}
+	defer vllm.Close()
+	vl := vllm[0]
+	engines = append(engines, vl)
+	fmt.Fprintf(out, "engine %s: vLLM (backend_type vllm, registered as the vllm_sidecar does, HTTP heartbeats to %s), live sync, KV events on %s, no replay endpoint\n",
+		vl.Name(), kv.InternalURL(), vl.EventEndpoint(0))
+	st, err := kv.WaitStream(ctx, vl.Name(), 30*time.Second)
+	if err != nil {
+		return err
+	}
+	// A live stream is synchronised by its first message, which only
+	// counts once kvcar's subscription has reached the engine.
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err = vl.WaitSubscribed(sctx, 0, 1)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("vLLM engine %s: kvcar did not subscribe: %w", vl.Name(), err)
+	}
 	if err := engines.WaitHeartbeats(ctx, 30*time.Second); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "\nkvcar is serving on %s with %d discovered streams from %d emulated engines\n", base, engines.Streams(), len(engines))
+	fmt.Fprintf(out, "\nkvcar is serving on %s with %d discovered streams from %d emulated engines (vLLM engine %s in %s mode, synchronised by its first KV event)\n",
+		base, engines.Streams(), len(engines), vl.Name(), st.SyncMode)
 	printTryIt(out, base, kv.InternalURL())
 
-	if err := load(ctx, out, base, blockSize, o); err != nil {
+	if err := load(ctx, out, base, engines, vl, blockSize, o); err != nil {
 		return err
 	}
 	if tok != nil {
-		if err := chatLoad(ctx, base, tok, o); err != nil {
+		if err := chatLoad(ctx, base, engines, tok, o); err != nil {
 			return err
 		}
+	}
+	if err := printStreams(ctx, out, kv); err != nil {
+		return err
 	}
 	fmt.Fprintf(out, "\nkvcar keeps serving on %s; ", base)
 	if o.duration > 0 {
@@ -159,14 +191,24 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 }
 
 // load sends completions that share system prompts and grow as
-// multi-turn sessions to kvcar, which routes each (CAR) and relays the
-// engine's answer; it prints where each went and what the engine reused.
-func load(ctx context.Context, out io.Writer, base string, blockSize int, o options) error {
+// multi-turn sessions to kvcar, which routes each (CAR), sends it to the
+// engine over baidu_std and answers from the engine's output; it prints
+// where each went and what the engine reused.
+func load(ctx context.Context, out io.Writer, base string, engines devcluster.Engines, vllm *enginesim.Engine, blockSize int, o options) error {
 	rng := rand.New(rand.NewPCG(o.seed, 0))
 	systems := make([][]uint32, 3)
 	for i := range systems {
 		systems[i] = randTokens(rng, 8*blockSize)
 	}
+	// The first system prompt goes straight to the vLLM engine, as a
+	// client of that server would send it: its KV events synchronise
+	// kvcar's live stream, and CAR then finds the prefix there.
+	warm, err := complete(ctx, "http://"+vllm.Name(), engines, systems[0])
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "warm-up: %d tokens (system prompt 1) sent straight to the vLLM engine %s, which cached %d of them\n",
+		len(systems[0]), vllm.Name(), len(systems[0])/blockSize*blockSize-warm.Engine.DeviceHitTokens)
 	sessions := make([][]uint32, 8)
 	var reused, total int
 	for i := range o.requests {
@@ -177,15 +219,19 @@ func load(ctx context.Context, out io.Writer, base string, blockSize int, o opti
 		sessions[s] = append(sessions[s], randTokens(rng, (1+rng.IntN(3))*blockSize)...)
 		prompt := sessions[s]
 
-		res, err := complete(ctx, base, prompt)
+		res, err := complete(ctx, base, engines, prompt)
 		if err != nil {
 			return err
 		}
 		reused += res.Engine.DeviceHitTokens + res.Engine.HostHitTokens
 		total += len(prompt)
-		fmt.Fprintf(out, "request %3d: %5d tokens -> %s dp%d  kvcar hit ratio %.2f, engine reused %5d (device %d, host %d)\n",
+		via := ""
+		if res.Relayed != nil {
+			via = "  (vLLM, HTTP relay)"
+		}
+		fmt.Fprintf(out, "request %3d: %5d tokens -> %s dp%d  kvcar hit ratio %.2f, engine reused %5d (device %d, host %d)%s\n",
 			i+1, len(prompt), res.prefill, res.Engine.DPRank, res.hitRatio,
-			res.Engine.DeviceHitTokens+res.Engine.HostHitTokens, res.Engine.DeviceHitTokens, res.Engine.HostHitTokens)
+			res.Engine.DeviceHitTokens+res.Engine.HostHitTokens, res.Engine.DeviceHitTokens, res.Engine.HostHitTokens, via)
 		// Give the events of this prefill time to reach kvcar, as the
 		// next turn of a session follows its answer.
 		time.Sleep(20 * time.Millisecond)
@@ -198,16 +244,29 @@ func load(ctx context.Context, out io.Writer, base string, blockSize int, o opti
 type completion struct {
 	prefill  string
 	hitRatio float64
-	Engine   enginesim.EngineUsage `json:"kvcar_engine"`
+	ID       string `json:"id"`
+	Usage    struct {
+		PromptTokensDetails struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+	// Engine is what the engine did for the request: its DP rank and the
+	// tokens it reused per tier.
+	Engine enginesim.EngineUsage
+	// Relayed is the report an emulated engine adds to the answers it
+	// sends through kvcar's HTTP relay.
+	Relayed *enginesim.EngineUsage `json:"kvcar_engine"`
 }
 
-func complete(ctx context.Context, base string, prompt []uint32) (completion, error) {
-	return post(ctx, base+"/v1/completions", map[string]any{"model": "enginesim", "max_tokens": 4, "prompt": prompt})
+func complete(ctx context.Context, base string, engines devcluster.Engines, prompt []uint32) (completion, error) {
+	return post(ctx, base+"/v1/completions", engines, map[string]any{"model": "enginesim", "max_tokens": 4, "prompt": prompt})
 }
 
 // post sends one OpenAI request through kvcar and reads where it went and
-// what the engine reused.
-func post(ctx context.Context, url string, request map[string]any) (completion, error) {
+// what the engine reused: the answer's cached tokens, which the engine
+// reported in its output, and the engine's own record of the request,
+// kept under the answer's id, for the DP rank and the split per tier.
+func post(ctx context.Context, url string, engines devcluster.Engines, request map[string]any) (completion, error) {
 	body, _ := json.Marshal(request)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
@@ -232,6 +291,20 @@ func post(ctx context.Context, url string, request map[string]any) (completion, 
 	}
 	c.prefill = resp.Header.Get("X-Prefill-Name")
 	c.hitRatio, _ = strconv.ParseFloat(resp.Header.Get("X-Kvcar-Hit-Ratio"), 64)
+	if c.Relayed != nil {
+		// A vLLM engine, reached over the HTTP relay: its own answer
+		// says what it did, and its usage has no cached tokens (vLLM
+		// reports them only with --enable-prompt-tokens-details).
+		c.Engine = *c.Relayed
+		return c, nil
+	}
+	var ok bool
+	if c.Engine, ok = engines.Served(c.ID); !ok {
+		return completion{}, fmt.Errorf("%s: no engine served %q over baidu_std", url, c.ID)
+	}
+	if reused := c.Engine.DeviceHitTokens + c.Engine.HostHitTokens; reused != c.Usage.PromptTokensDetails.CachedTokens {
+		return completion{}, fmt.Errorf("%s: the answer says %d cached tokens, the engine reused %d", url, c.Usage.PromptTokensDetails.CachedTokens, reused)
+	}
 	return c, nil
 }
 
@@ -253,4 +326,19 @@ func printTryIt(out io.Writer, public, internal string) {
 	fmt.Fprintf(out, "query endpoint: curl -sS %s/v1/internal/kv-cache/query -H 'Content-Type: application/json' -d '{\"token_ids\":[]}'\n", internal)
 	fmt.Fprintf(out, "metrics:        curl -sS %s/metrics\n", internal)
 	fmt.Fprintf(out, "status page:    %s/debug/kvcar (open it in a browser)\n\n", internal)
+}
+
+// printStreams prints every stream kvcar follows: its instance, sync
+// mode and whether its view is synchronised and complete.
+func printStreams(ctx context.Context, out io.Writer, kv *devcluster.KVCar) error {
+	states, err := kv.StreamStates(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "\nkvcar's streams:")
+	for _, s := range states {
+		fmt.Fprintf(out, "  %s dp%d: %s mode, synchronized %v, complete %v, %d device and %d host blocks\n",
+			s.Instance, s.DPRank, s.SyncMode, s.Synchronized, s.Complete, s.DeviceBlocks, s.HostBlocks)
+	}
+	return nil
 }

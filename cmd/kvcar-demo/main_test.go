@@ -77,6 +77,17 @@ func TestPrintedCommandsWork(t *testing.T) {
 			t.Fatal("demo not serving within 2 minutes")
 		}
 	}
+	// Issue 11: a vLLM engine registered as xllm-service's sidecar
+	// registers it runs beside the xLLM engines, and kvcar follows its
+	// stream live, synchronised by the warm-up request's KV events.
+	vllmLine := regexp.MustCompile(`engine (127\.0\.0\.1:\d+): vLLM \(backend_type vllm, registered as the vllm_sidecar does, HTTP heartbeats`)
+	m := vllmLine.FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatal("no vLLM engine in the demo's output")
+	}
+	if want := "  " + m[1] + " dp0: live mode, synchronized true"; !strings.Contains(out.String(), want) {
+		t.Fatalf("the streams summary lacks %q", want)
+	}
 
 	_, curlErr := exec.LookPath("curl")
 	var commands, pages int

@@ -3,7 +3,8 @@
 // register, heartbeat and publish KV events at a steady rate, runs the
 // kvcar binary with discovery, and reports the time until every stream is
 // synchronised, kvcar's CPU use and memory under the load, event
-// throughput, and query latency over HTTP.
+// throughput, and the latency of HTTP queries sent during the load with
+// prompts the engines hold, with how many of them hit.
 package main
 
 import (
@@ -43,7 +44,8 @@ type options struct {
 	duration     time.Duration
 	blockSize    int
 	promptBlocks int
-	queries      int
+	queryRate    float64
+	queryTokens  int
 	seed         uint64
 	adversarial  bool
 	maxBlocks    int
@@ -53,39 +55,106 @@ type options struct {
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Args[1:]); err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, flag.ErrHelp) {
+	o, err := parse(os.Args[1:])
+	if err == nil {
+		var r *result
+		if r, err = measure(ctx, o, os.Stdout); err == nil {
+			r.print(os.Stdout, o)
+		}
+	}
+	if err != nil && !errors.Is(err, context.Canceled) && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "kvcar-scale:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, args []string) (err error) {
+func parse(args []string) (options, error) {
 	fs := flag.NewFlagSet("kvcar-scale", flag.ContinueOnError)
 	o := options{}
 	self, _ := os.Executable()
 	fs.StringVar(&o.kvcar, "kvcar", filepath.Join(filepath.Dir(self), "kvcar"), "path of the kvcar binary")
-	fs.IntVar(&o.port, "port", 18888, "HTTP port for kvcar")
-	fs.IntVar(&o.internalPort, "internal_port", 18890, "port of kvcar's internal listener on loopback: the timed queries, /debug/pprof")
+	fs.IntVar(&o.port, "port", 18888, "HTTP port for kvcar (0: a free one)")
+	fs.IntVar(&o.internalPort, "internal_port", 18890, "port of kvcar's internal listener on loopback: the timed queries, /debug/pprof (0: a free one)")
 	fs.IntVar(&o.streams, "streams", 128, "emulated engines (one DP rank, so one stream, each)")
 	fs.Float64Var(&o.rate, "rate", 5, "prefills per second per engine")
 	fs.DurationVar(&o.duration, "duration", 20*time.Second, "length of the measured load window")
 	fs.IntVar(&o.blockSize, "block_size", 128, "tokens per block")
 	fs.IntVar(&o.promptBlocks, "prompt_blocks", 8, "new blocks per prefill")
-	fs.IntVar(&o.queries, "queries", 200, "HTTP queries timed at the end (8k-token prompts)")
+	fs.Float64Var(&o.queryRate, "query_rate", 50, "HTTP queries per second during the load window (0: none)")
+	fs.IntVar(&o.queryTokens, "query_tokens", 8192, "tokens per query: an engine's recent prompt extended with new tokens")
 	fs.Uint64Var(&o.seed, "seed", 1, "workload seed")
 	fs.BoolVar(&o.adversarial, "adversarial", false, "engines publish to exhaust kvcar's limits: messages at and over max_message_bytes, chains past max_blocks_per_stream, repeated AllBlocksCleared")
 	fs.IntVar(&o.maxBlocks, "max_blocks_per_stream", 262144, "kvcar's max_blocks_per_stream")
 	fs.IntVar(&o.maxMessage, "max_message_bytes", 8<<20, "kvcar's max_message_bytes")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return o, err
 	}
 	if o.streams < 1 || o.streams > 128 {
-		return fmt.Errorf("--streams = %d: must be in [1, 128]", o.streams)
+		return o, fmt.Errorf("--streams = %d: must be in [1, 128]", o.streams)
 	}
+	if o.queryRate < 0 || o.queryRate > 10000 {
+		return o, fmt.Errorf("--query_rate = %g: must be in [0, 10000]", o.queryRate)
+	}
+	if o.queryTokens < 1 || o.queryTokens > 65536 {
+		return o, fmt.Errorf("--query_tokens = %d: must be in [1, 65536]", o.queryTokens)
+	}
+	if o.rate <= 0 || o.duration <= 0 || o.blockSize < 1 || o.promptBlocks < 1 {
+		return o, errors.New("--rate, --duration, --block_size and --prompt_blocks must be positive")
+	}
+	return o, nil
+}
 
+// result is what one run measured.
+type result struct {
+	syncTook        time.Duration
+	wall            time.Duration
+	blocks          int64
+	kvcarCPU        time.Duration
+	selfCPU         time.Duration
+	rss, peak       int64
+	bound           int64
+	synced          int
+	resident        int
+	queries         queryStats
+	systemTokens    int
+	promptTokensMax int
+}
+
+func (r *result) print(w io.Writer, o options) {
+	fmt.Fprintf(w, "\nkvcar-scale: %d streams, %.1f prefills/s each of %d new %d-token blocks, %v window\n",
+		o.streams, o.rate, o.promptBlocks, o.blockSize, r.wall.Round(time.Millisecond))
+	fmt.Fprintf(w, "| measure | value |\n|---|---|\n")
+	fmt.Fprintf(w, "| kvcar start to all %d streams synchronised | %v |\n", o.streams, r.syncTook.Round(time.Millisecond))
+	what := "blocks stored by the engines during the window"
+	if o.adversarial {
+		what = "blocks sent in at-limit messages and over-long chains (over-limit messages not counted)"
+	}
+	fmt.Fprintf(w, "| %s | %d (%.0f blocks/s) |\n", what, r.blocks, float64(r.blocks)/r.wall.Seconds())
+	fmt.Fprintf(w, "| kvcar CPU during the window (the queries included) | %.1f%% of one core |\n", 100*r.kvcarCPU.Seconds()/r.wall.Seconds())
+	fmt.Fprintf(w, "| this driver's CPU (etcd, emulated engines, query client) in the window, on the same cores | %.1f%% of one core |\n", 100*r.selfCPU.Seconds()/r.wall.Seconds())
+	fmt.Fprintf(w, "| kvcar resident memory (now / peak) | %.1f MiB / %.1f MiB |\n", float64(r.rss)/(1<<20), float64(r.peak)/(1<<20))
+	fmt.Fprintf(w, "| memory the config allows above kvcar's own (kvdir.MemoryBound for %d streams) | %.1f MiB |\n", o.streams, float64(r.bound)/(1<<20))
+	fmt.Fprintf(w, "| streams synchronised after the window | %d of %d |\n", r.synced, o.streams)
+	fmt.Fprintf(w, "| resident Device blocks kvcar reports | %d |\n", r.resident)
+	q := &r.queries
+	fmt.Fprintf(w, "| HTTP queries during the window (%g/s, %d tokens each) answered / failed | %d / %d |\n", o.queryRate, o.queryTokens, len(q.server), q.failed)
+	if !o.adversarial {
+		fmt.Fprintf(w, "| queries on a prompt an engine served ≥ %v before: that engine reported the whole prompt (%d tokens) held / every other synchronised one the %d-token system prompt | %d / %d of %d |\n",
+			settle, r.promptTokensMax, r.systemTokens, q.hits, q.sharedHits, q.withPrompt)
+	}
+	if len(q.server) > 0 {
+		fmt.Fprintf(w, "| query during the window, kvcar's own time (Server-Timing): p50 / p99 | %v / %v |\n", q.server.at(0.5), q.server.at(0.99))
+		fmt.Fprintf(w, "| same, seen by this driver's client (includes its own CPU contention): p50 / p99 | %v / %v |\n",
+			q.client.at(0.5).Round(time.Microsecond), q.client.at(0.99).Round(time.Microsecond))
+	}
+}
+
+// measure runs the load and the queries and reads what they cost kvcar.
+// kvcar's own output goes to out.
+func measure(ctx context.Context, o options, out io.Writer) (r *result, err error) {
 	etcd, err := etcdembed.Start(ctx, etcdembed.Options{})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer etcd.Close()
 
@@ -95,98 +164,97 @@ func run(ctx context.Context, args []string) (err error) {
 	}
 	engines, err := devcluster.StartEngines(cfgs)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer engines.Close()
 
 	dir, err := os.MkdirTemp("", "kvcar-scale-")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer os.RemoveAll(dir)
 	cfg := devcluster.DiscoveryConfig(o.blockSize, 200*time.Millisecond)
 	cfg.MaxStreams, cfg.MaxBlocksPerStream, cfg.MaxMessageBytes, cfg.MaxBufferedBytes = 128, o.maxBlocks, o.maxMessage, 2*o.maxMessage
 	cfgPath, err := devcluster.WriteConfig(dir, cfg)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	began := time.Now()
 	kv, err := devcluster.StartKVCar(devcluster.KVCarOptions{
 		Binary: o.kvcar, Port: o.port, InternalPort: o.internalPort, Etcd: etcd.Endpoints(), ConfigFile: cfgPath,
-		Args: []string{"--log_level=warn"}, Stdout: os.Stdout, Stderr: os.Stderr,
+		Args: []string{"--log_level=warn"}, Stdout: out, Stderr: out,
 	})
 	if err != nil {
-		return fmt.Errorf("%w (run make build first)", err)
+		return nil, fmt.Errorf("%w (run make build first)", err)
 	}
 	defer func() { err = errors.Join(err, kv.Stop()) }()
 	// Queries and profiles are on the internal listener.
 	base := kv.InternalURL()
 	if err := kv.WaitSynced(ctx, o.streams, 60*time.Second); err != nil {
-		return err
+		return nil, err
 	}
-	syncTook := time.Since(began)
+	r = &result{syncTook: time.Since(began), systemTokens: systemBlocks * o.blockSize,
+		promptTokensMax: min((systemBlocks+o.promptBlocks)*o.blockSize, o.queryTokens/o.blockSize*o.blockSize)}
 
 	cpu0, err := devcluster.CPUTime(kv.Pid())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	self0, err := devcluster.CPUTime(os.Getpid())
 	if err != nil {
-		return err
+		return nil, err
 	}
+	window, cancel := context.WithTimeout(ctx, o.duration)
+	defer cancel()
+	recent := newRecentPrompts(len(engines))
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.queries = queryDuring(window, base, engines, recent, o)
+	}()
 	t0 := time.Now()
-	var blocks int64
 	if o.adversarial {
-		blocks = attack(ctx, engines, o)
+		r.blocks = attack(window, engines, o)
 	} else {
-		blocks = drive(ctx, engines, o)
+		r.blocks = drive(window, engines, o, recent)
 	}
-	wall := time.Since(t0)
+	wg.Wait()
+	r.wall = time.Since(t0)
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
 	cpu1, err := devcluster.CPUTime(kv.Pid())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	self1, err := devcluster.CPUTime(os.Getpid())
 	if err != nil {
-		return err
+		return nil, err
 	}
-	rss, hwm, err := devcluster.Memory(kv.Pid())
+	r.kvcarCPU, r.selfCPU = cpu1-cpu0, self1-self0
+	if r.rss, r.peak, err = devcluster.Memory(kv.Pid()); err != nil {
+		return nil, err
+	}
+	r.bound = kvdir.LimitsFromConfig(&cfg).MemoryBound().Process(o.streams)
+	ms, _, err := queryTimed(ctx, base, []uint32{})
 	if err != nil {
-		return err
+		return nil, err
 	}
-	lat, srv, synced, resident, err := timeQueries(ctx, base, o)
-	if err != nil {
-		return err
+	for _, m := range ms {
+		if m.Synchronized {
+			r.synced++
+		}
+		r.resident += m.DeviceBlocks
 	}
-
-	fmt.Printf("\nkvcar-scale: %d streams, %.1f prefills/s each of %d new %d-token blocks, %v window\n",
-		o.streams, o.rate, o.promptBlocks, o.blockSize, wall.Round(time.Millisecond))
-	fmt.Printf("| measure | value |\n|---|---|\n")
-	fmt.Printf("| kvcar start to all %d streams synchronised | %v |\n", o.streams, syncTook.Round(time.Millisecond))
-	what := "blocks stored by the engines during the window"
-	if o.adversarial {
-		what = "blocks sent in at-limit messages and over-long chains (over-limit messages not counted)"
-	}
-	fmt.Printf("| %s | %d (%.0f blocks/s) |\n", what, blocks, float64(blocks)/wall.Seconds())
-	fmt.Printf("| kvcar CPU during the window | %.1f%% of one core |\n", 100*(cpu1-cpu0).Seconds()/wall.Seconds())
-	fmt.Printf("| this driver's CPU (etcd + emulated engines) in the window, on the same 2 cores | %.1f%% of one core |\n", 100*(self1-self0).Seconds()/wall.Seconds())
-	fmt.Printf("| kvcar resident memory (now / peak) | %.1f MiB / %.1f MiB |\n", float64(rss)/(1<<20), float64(hwm)/(1<<20))
-	bound := kvdir.LimitsFromConfig(&cfg).MemoryBound().Process(o.streams)
-	fmt.Printf("| memory the config allows above kvcar's own (kvdir.MemoryBound for %d streams) | %.1f MiB |\n", o.streams, float64(bound)/(1<<20))
-	fmt.Printf("| streams synchronised after the window | %d of %d |\n", synced, o.streams)
-	fmt.Printf("| resident Device blocks kvcar reports | %d |\n", resident)
-	fmt.Printf("| HTTP query, 8k tokens over all streams, kvcar's own time (Server-Timing): p50 / p99 | %v / %v |\n", srv[len(srv)/2], srv[len(srv)*99/100])
-	fmt.Printf("| same, seen by this driver's client (includes its own CPU contention): p50 / p99 | %v / %v |\n", lat[len(lat)/2], lat[len(lat)*99/100])
-	return nil
+	return r, nil
 }
 
 // attack makes every engine publish what costs a subscriber the most:
 // messages just under and just over max_message_bytes, chains longer
 // than max_blocks_per_stream, and AllBlocksCleared, in turn, as fast as
-// it can for o.duration.
+// it can until ctx ends.
 func attack(ctx context.Context, engines []*enginesim.Engine, o options) int64 {
-	ctx, cancel := context.WithTimeout(ctx, o.duration)
-	defer cancel()
 	var (
 		wg    sync.WaitGroup
 		total atomic.Int64
@@ -223,17 +291,19 @@ func attack(ctx context.Context, engines []*enginesim.Engine, o options) int64 {
 	return total.Load()
 }
 
-// drive makes every engine prefill at o.rate for o.duration: a shared
-// system prompt plus fresh blocks, so the engines store and evict.
-func drive(ctx context.Context, engines []*enginesim.Engine, o options) int64 {
-	ctx, cancel := context.WithTimeout(ctx, o.duration)
-	defer cancel()
+// systemBlocks is the length of the system prompt every prefill starts
+// with.
+const systemBlocks = 4
+
+// drive makes every engine prefill at o.rate until ctx ends: the shared
+// system prompt plus fresh blocks, so the engines store and evict. Each
+// prompt served goes to recent.
+func drive(ctx context.Context, engines []*enginesim.Engine, o options, recent *recentPrompts) int64 {
 	var (
 		wg    sync.WaitGroup
-		mu    sync.Mutex
-		total int64
+		total atomic.Int64
 	)
-	system := tokens(rand.New(rand.NewPCG(o.seed, 0)), 4*o.blockSize)
+	system := tokens(rand.New(rand.NewPCG(o.seed, 0)), systemBlocks*o.blockSize)
 	for i, e := range engines {
 		wg.Add(1)
 		go func() {
@@ -241,25 +311,22 @@ func drive(ctx context.Context, engines []*enginesim.Engine, o options) int64 {
 			rng := rand.New(rand.NewPCG(o.seed, uint64(i+1)))
 			tick := time.NewTicker(time.Duration(float64(time.Second) / o.rate))
 			defer tick.Stop()
-			var n int64
 			for {
 				select {
 				case <-ctx.Done():
-					mu.Lock()
-					total += n
-					mu.Unlock()
 					return
 				case <-tick.C:
 				}
 				prompt := append(slices.Clip(system), tokens(rng, o.promptBlocks*o.blockSize)...)
 				if _, _, err := e.Prefill(0, prompt); err == nil {
-					n += int64(o.promptBlocks)
+					total.Add(int64(o.promptBlocks))
+					recent.put(i, prompt)
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	return total
+	return total.Load()
 }
 
 func tokens(rng *rand.Rand, n int) []uint32 {
@@ -270,24 +337,158 @@ func tokens(rng *rand.Rand, n int) []uint32 {
 	return t
 }
 
+// recentPrompts keeps the last prompts each engine served, with when.
+type recentPrompts struct {
+	mu       sync.Mutex
+	byEngine [][]servedPrompt // oldest first
+}
+
+type servedPrompt struct {
+	tokens []uint32
+	at     time.Time
+}
+
+const keptPrompts = 4
+
+func newRecentPrompts(engines int) *recentPrompts {
+	return &recentPrompts{byEngine: make([][]servedPrompt, engines)}
+}
+
+func (r *recentPrompts) put(engine int, p []uint32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ps := append(r.byEngine[engine], servedPrompt{p, time.Now()})
+	r.byEngine[engine] = ps[max(0, len(ps)-keptPrompts):]
+}
+
+// servedBefore returns the newest prompt engine served before t.
+func (r *recentPrompts) servedBefore(engine int, t time.Time) ([]uint32, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ps := r.byEngine[engine]
+	for i := len(ps) - 1; i >= 0; i-- {
+		if ps[i].at.Before(t) {
+			return ps[i].tokens, true
+		}
+	}
+	return nil, false
+}
+
+// settle is how long before a query its prompt was served: kvcar sees a
+// prefill's blocks only once the engine's event reaches it.
+const settle = 200 * time.Millisecond
+
+// durations is a sorted sample.
+type durations []time.Duration
+
+func (d durations) at(q float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	return d[min(len(d)-1, int(q*float64(len(d))))]
+}
+
+// queryStats is what the queries sent during the window saw.
+type queryStats struct {
+	client, server durations
+	failed         int
+	// withPrompt counts queries built on a prompt an engine had served;
+	// hits those in whose answer that engine held it all, sharedHits
+	// those in which every other synchronised engine held the system
+	// prompt.
+	withPrompt, hits, sharedHits int
+}
+
+// queryDuring sends a query at o.queryRate until ctx ends: a prompt a
+// random engine served at least settle ago, extended with new tokens to
+// o.queryTokens (new tokens only while no prompt has settled, and in the
+// adversarial run). It counts the queries in which the engine's stream
+// reports the whole served prompt held on Device, and those in which
+// every other synchronised stream reports the system prompt.
+func queryDuring(ctx context.Context, base string, engines []*enginesim.Engine, recent *recentPrompts, o options) queryStats {
+	var st queryStats
+	if o.queryRate == 0 {
+		return st
+	}
+	rng := rand.New(rand.NewPCG(o.seed, 999))
+	tick := time.NewTicker(time.Duration(float64(time.Second) / o.queryRate))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			slices.Sort(st.client)
+			slices.Sort(st.server)
+			return st
+		case <-tick.C:
+		}
+		i := rng.IntN(len(engines))
+		served, ok := recent.servedBefore(i, time.Now().Add(-settle))
+		prompt := tokens(rng, o.queryTokens)
+		held := 0
+		if ok {
+			held = min(len(served), o.queryTokens) / o.blockSize * o.blockSize
+			copy(prompt, served)
+		}
+		t := time.Now()
+		ms, srv, err := queryTimed(ctx, base, prompt)
+		if err != nil {
+			if ctx.Err() == nil {
+				st.failed++
+			}
+			continue
+		}
+		st.client = append(st.client, time.Since(t))
+		st.server = append(st.server, srv)
+		if ok {
+			st.withPrompt++
+			own, others := hitAll(ms, engines[i].Name(), held, min(held, systemBlocks*o.blockSize))
+			if own {
+				st.hits++
+			}
+			if others {
+				st.sharedHits++
+			}
+		}
+	}
+}
+
+// hitAll reports whether the stream of instance holds want tokens of the
+// prompt on Device, and whether every other synchronised stream holds at
+// least shared.
+func hitAll(ms []match, instance string, want, shared int) (own, others bool) {
+	others = true
+	for _, m := range ms {
+		switch {
+		case m.InstanceName == instance:
+			own = m.Synchronized && m.DeviceHitTokens >= want
+		case m.Synchronized && m.DeviceHitTokens < shared:
+			others = false
+		}
+	}
+	return own, others
+}
+
 type match struct {
-	Synchronized bool `json:"synchronized"`
-	DeviceBlocks int  `json:"device_blocks"`
+	InstanceName    string `json:"instance_name"`
+	Synchronized    bool   `json:"synchronized"`
+	DeviceHitTokens int    `json:"device_hit_tokens"`
+	DeviceBlocks    int    `json:"device_blocks"`
 }
 
-func queryKV(ctx context.Context, base string, ids []uint32) ([]match, error) {
-	ms, _, err := queryTimed(ctx, base, ids)
-	return ms, err
-}
+// queryTimeout bounds one query.
+const queryTimeout = 5 * time.Second
 
-// queryTimed also returns kvcar's own time for the query, from its
-// Server-Timing header.
+// queryTimed queries kvcar and also returns its own time for the query,
+// from its Server-Timing header.
 func queryTimed(ctx context.Context, base string, ids []uint32) ([]match, time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
 	body, _ := json.Marshal(map[string][]uint32{"token_ids": ids})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/internal/kv-cache/query", bytes.NewReader(body))
 	if err != nil {
 		return nil, 0, err
 	}
+	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return nil, 0, err
@@ -310,31 +511,4 @@ func queryTimed(ctx context.Context, base string, ids []uint32) ([]match, time.D
 		}
 	}
 	return out.Matches, server, nil
-}
-
-func timeQueries(ctx context.Context, base string, o options) (client, server []time.Duration, synced, resident int, err error) {
-	rng := rand.New(rand.NewPCG(o.seed, 999))
-	prompt := tokens(rng, 8192)
-	for range o.queries {
-		t := time.Now()
-		_, st, err := queryTimed(ctx, base, prompt)
-		if err != nil {
-			return nil, nil, 0, 0, err
-		}
-		client = append(client, time.Since(t))
-		server = append(server, st)
-	}
-	slices.Sort(client)
-	slices.Sort(server)
-	ms, err := queryKV(ctx, base, []uint32{})
-	if err != nil {
-		return nil, nil, 0, 0, err
-	}
-	for _, m := range ms {
-		if m.Synchronized {
-			synced++
-		}
-		resident += m.DeviceBlocks
-	}
-	return client, server, synced, resident, nil
 }

@@ -1,12 +1,23 @@
 // Command kvcar-soak runs the KV directory for a bounded time against
 // emulated engines that change their caches continuously while faults
 // are injected (sequence gaps, corrupt and oversize messages, restarts,
-// silently dropped events, snapshots that hang or lose a batch), with
-// concurrent queries. It regularly quiesces one engine, waits until its
-// stream has caught up, and checks that no query reports a prefix the
-// engine does not hold (a stale hit). It reports events applied, recoveries, checks performed and
-// failed, and the heap high-water mark; it exits non-zero on any failed
-// check.
+// silently dropped tails, snapshots that hang or lose a batch, messages
+// lost at the publisher, and link stalls that make the publisher drop
+// past its send HWM), with concurrent queries.
+//
+// It checks three things. Every answer of an unsynchronised stream
+// reports no hit (R-REC-1). Regularly it quiesces one engine, waits until
+// its stream has caught up, and requires the stream's answer for every
+// recent prompt to equal what the engine would reuse, tier by tier, and
+// its resident block counts to lie within what the engine holds (see
+// residentCounts): a hit the engine does not hold (a stale hit) fails,
+// and so does one it holds but the directory does not report. Then it loses a message at the publisher:
+// the stream must notice the gap, report nothing while it recovers, and
+// be exact again afterwards (R-REC-3).
+//
+// It reports events applied, recoveries, faults, checks performed and
+// failed by kind, and the heap high-water mark; it exits non-zero on any
+// failed check.
 package main
 
 import (
@@ -14,11 +25,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -26,6 +39,7 @@ import (
 
 	"github.com/kvcar/kvcar/internal/enginesim"
 	"github.com/kvcar/kvcar/internal/kvdir"
+	"github.com/kvcar/kvcar/internal/kvevent"
 )
 
 type options struct {
@@ -36,6 +50,10 @@ type options struct {
 	queries   int
 	blockSize int
 	seed      uint64
+	// minProbes, set by tests, extends the run past duration, up to
+	// four times it, until the checker has made that many loss probes:
+	// on a busy machine a short run may otherwise end before one.
+	minProbes int64
 }
 
 func main() {
@@ -52,7 +70,7 @@ func main() {
 		os.Exit(1)
 	}
 	r.print(os.Stdout, o)
-	if r.checksFailed > 0 {
+	if r.failed() > 0 {
 		os.Exit(1)
 	}
 }
@@ -79,52 +97,219 @@ func parse(args []string) (options, error) {
 	return o, nil
 }
 
-type report struct {
-	eventsApplied, snapshotsOK, gaps, decodeErrors uint64
-	faults, queries, checks, checksFailed          int64
-	checksSkipped                                  int64
-	heapHighWater                                  uint64
-	failures                                       []string
+// Soak-wide constants of the emulated engines and the directory.
+const (
+	deviceBlocks = 128
+	hostBlocks   = 128
+	// liveSendHWM is the engines' live send HWM, small so that a link
+	// stall of a few hundred kilobytes makes them drop.
+	liveSendHWM = 8
+	// stallBurst prefills of stallBlocks new blocks each go out during a
+	// link stall: about 2 MB, more than the stalled sockets buffer.
+	stallBurst  = 200
+	stallBlocks = 120
+	// replayTimeout is the directory's replay_timeout_ms. A snapshot
+	// requested before a silent change completes within it or fails, so
+	// one that completes later than settle after the change reflects it.
+	replayTimeout = 500 * time.Millisecond
+	settle        = replayTimeout + 250*time.Millisecond
+	// caughtUpWait bounds how long the checker waits for a stream to
+	// reflect everything its quiesced engine published.
+	caughtUpWait = 3 * time.Second
+	// gapWait bounds how long a stream may take to notice a gap once the
+	// message after it has been published.
+	gapWait = 2 * time.Second
+)
+
+// failure kinds, in report order.
+type failKind int
+
+const (
+	failStale     failKind = iota // a hit the engine does not hold
+	failUnder                     // a hit the engine holds, not reported by a caught-up stream
+	failCounts                    // resident block counts outside the engine's
+	failUnsyncHit                 // an unsynchronised stream reported a hit
+	failGapMissed                 // a message lost at the publisher went unnoticed
+	failKinds
+)
+
+func (k failKind) String() string {
+	switch k {
+	case failStale:
+		return "stale hit (over-report)"
+	case failUnder:
+		return "missed hit (under-report)"
+	case failCounts:
+		return "resident counts wrong"
+	case failUnsyncHit:
+		return "hit while unsynchronised"
+	case failGapMissed:
+		return "lost message not noticed"
+	}
+	return fmt.Sprintf("failKind(%d)", int(k))
 }
 
-func (r *report) print(w *os.File, o options) {
+type report struct {
+	eventsApplied, snapshotsOK, gaps, decodeErrors, disconnects uint64
+
+	faults, lostMessages, stalls, lossyStalls int64
+	queries, unsyncAnswers                    int64
+	checks, probes, probesUndecided           int64
+	checksSkipped                             int64
+	// hostCopiesUnknown counts exact checks in which the directory held
+	// fewer Host copies than the engine's rooted blocks have, and
+	// hostCopiesMissed is the largest such shortfall (see residentCounts).
+	hostCopiesUnknown, hostCopiesMissed int64
+	failures                            [failKinds]int64
+	heapHighWater                       atomic.Uint64
+
+	mu       sync.Mutex
+	examples []string // the first failures, for the log
+}
+
+func (r *report) failed() int64 {
+	var n int64
+	for k := range r.failures {
+		n += atomic.LoadInt64(&r.failures[k])
+	}
+	return n
+}
+
+func (r *report) fail(k failKind, format string, args ...any) {
+	atomic.AddInt64(&r.failures[k], 1)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.examples) < 20 {
+		r.examples = append(r.examples, k.String()+": "+fmt.Sprintf(format, args...))
+	}
+}
+
+func (r *report) print(w io.Writer, o options) {
 	fmt.Fprintf(w, "kvcar-soak: %d streams for %v, %.0f ops/s each, %.1f faults/s\n", o.streams, o.duration, o.rate, o.faultRate)
 	fmt.Fprintf(w, "| measure | value |\n|---|---|\n")
 	fmt.Fprintf(w, "| events applied | %d |\n| snapshots succeeded (recoveries and calibrations) | %d |\n", r.eventsApplied, r.snapshotsOK)
-	fmt.Fprintf(w, "| gaps detected | %d |\n| decode errors | %d |\n| faults injected | %d |\n", r.gaps, r.decodeErrors, r.faults)
-	fmt.Fprintf(w, "| queries | %d |\n| stale-hit checks performed | %d |\n| checks failed | %d |\n", r.queries, r.checks, r.checksFailed)
-	fmt.Fprintf(w, "| checks skipped (stream not caught up in time) | %d |\n", r.checksSkipped)
-	fmt.Fprintf(w, "| Go heap high-water | %.1f MiB |\n", float64(r.heapHighWater)/(1<<20))
-	for _, f := range r.failures {
+	fmt.Fprintf(w, "| gaps / decode errors / disconnects the directory detected | %d / %d / %d |\n", r.gaps, r.decodeErrors, r.disconnects)
+	fmt.Fprintf(w, "| faults injected | %d |\n", r.faults)
+	fmt.Fprintf(w, "| messages lost at the publisher (faults and probes) | %d |\n", r.lostMessages)
+	fmt.Fprintf(w, "| link stalls / followed by a gap or resynchronisation (publisher HWM drops) | %d / %d |\n", r.stalls, r.lossyStalls)
+	fmt.Fprintf(w, "| queries | %d |\n", r.queries)
+	fmt.Fprintf(w, "| answers of unsynchronised streams checked for zero hits | %d |\n", r.unsyncAnswers)
+	fmt.Fprintf(w, "| caught-up streams compared with their quiesced engine | %d |\n", r.checks)
+	fmt.Fprintf(w, "| loss probes (gap noticed, no hit meanwhile, exact after) / undecided (next message not received in %v) | %d / %d |\n", gapWait, r.probes, r.probesUndecided)
+	fmt.Fprintf(w, "| checks skipped (stream not caught up in %v, or left the synchronised state) | %d |\n", caughtUpWait, r.checksSkipped)
+	for k := range failKinds {
+		fmt.Fprintf(w, "| failed: %v | %d |\n", k, r.failures[k])
+	}
+	fmt.Fprintf(w, "| not failed: checks where Host copies of blocks also on Device were unknown to the directory / most in one check | %d / %d |\n",
+		r.hostCopiesUnknown, r.hostCopiesMissed)
+	fmt.Fprintf(w, "| Go heap high-water (directory and emulated engines) | %.1f MiB |\n", float64(r.heapHighWater.Load())/(1<<20))
+	for _, f := range r.examples {
 		fmt.Fprintln(w, "FAILED:", f)
 	}
 }
 
-// engine is one emulated engine with the prompts it was given, and a
-// lock that the checker holds to quiesce it.
-type engine struct {
-	e       *enginesim.Engine
-	mu      sync.Mutex
-	prompts [][]uint32
-	// taintedAt is the stream's successful-snapshot count when a fault
-	// made the engine change its cache without telling (dropped tail) or
-	// start over (restart): until a later snapshot has been taken, a
-	// stale view is what R-REC-4 allows, so the check waits for one.
-	taintedAt uint64
-	tainted   bool
+// view is what the checker and the query clients read: the directory
+// itself, or, in the checker's own tests, a deliberately broken one.
+type view interface {
+	Query(tokenIDs []uint32, dst []kvdir.Match) []kvdir.Match
+	Streams() []kvdir.StreamStatus
 }
 
-func soak(ctx context.Context, o options) (*report, error) {
+// plant puts deliberately broken parts in the directory's way so that
+// the checker's tests can show it catches them. Only tests set it; the
+// program runs with the zero plant.
+type plant struct {
+	// view wraps what queries read.
+	view func(view) view
+	// relay, given the endpoint of an engine's live channel, returns the
+	// endpoint the directory subscribes to instead.
+	relay func(endpoint string) (string, io.Closer, error)
+}
+
+// engine is one emulated engine with the prompts it was given, the link
+// its live channel goes through, and a lock that the checker holds to
+// quiesce it.
+type engine struct {
+	e    *enginesim.Engine
+	link *stallLink
+	// mu is held by everything that changes the engine: its workload,
+	// the faults and the checker.
+	mu sync.Mutex
+	// pmu guards prompts, which query clients read without quiescing.
+	pmu     sync.Mutex
+	prompts [][]uint32
+	// taintedAt is when a fault made the engine change its cache without
+	// telling (dropped tail, restart, a snapshot that lost a batch): a
+	// stale view is what R-REC-4 allows until a snapshot taken after it.
+	taintedAt time.Time
+	// badReplay: snapshots may be losing a batch; set back to normal,
+	// the engine is tainted from then.
+	badReplay bool
+}
+
+func (en *engine) addPrompt(rng *rand.Rand, p []uint32) {
+	en.pmu.Lock()
+	defer en.pmu.Unlock()
+	if len(en.prompts) < 64 {
+		en.prompts = append(en.prompts, p)
+	} else {
+		en.prompts[rng.IntN(len(en.prompts))] = p
+	}
+}
+
+func (en *engine) recentPrompts() [][]uint32 {
+	en.pmu.Lock()
+	defer en.pmu.Unlock()
+	return slices.Clone(en.prompts)
+}
+
+func (en *engine) anyPrompt(rng *rand.Rand) []uint32 {
+	en.pmu.Lock()
+	defer en.pmu.Unlock()
+	if len(en.prompts) == 0 {
+		return nil
+	}
+	return en.prompts[rng.IntN(len(en.prompts))]
+}
+
+func (en *engine) taint() { en.taintedAt = time.Now() }
+
+// setReplay sets the engine's replay mode; leaving a mode that loses
+// batches taints the engine.
+func (en *engine) setReplay(m enginesim.ReplayMode) error {
+	if err := en.e.SetReplayMode(0, m); err != nil {
+		return err
+	}
+	switch {
+	case m == enginesim.ReplayGapInMiddle:
+		en.badReplay = true
+	case en.badReplay:
+		en.badReplay = false
+		en.taint()
+	}
+	return nil
+}
+
+func soak(ctx context.Context, o options) (*report, error) { return soakWith(ctx, o, plant{}) }
+
+func soakWith(ctx context.Context, o options, pl plant) (*report, error) {
 	quiet := slog.New(slog.DiscardHandler)
 	lim := kvdir.Limits{MaxBlocksPerStream: 8192, MaxMessageBytes: 1 << 20, MaxBufferedBytes: 4 << 20,
-		ReplayTimeout: 500 * time.Millisecond, ResyncInterval: 2 * time.Second}
+		ReplayTimeout: replayTimeout, ResyncInterval: 2 * time.Second}
 	dir, err := kvdir.New(lim, kvdir.Options{Logger: quiet})
 	if err != nil {
 		return nil, err
 	}
 	defer dir.Close()
 	var engines []*engine
+	var closers []io.Closer
 	defer func() {
+		// The directory's subscriptions go first, then the relays and
+		// links they used, then the engines.
+		dir.Close()
+		for _, c := range slices.Backward(closers) {
+			c.Close()
+		}
 		for _, en := range engines {
 			en.e.Close()
 		}
@@ -132,47 +317,78 @@ func soak(ctx context.Context, o options) (*report, error) {
 	var specs []kvdir.StreamSpec
 	for i := range o.streams {
 		e, err := enginesim.New(enginesim.Config{Name: fmt.Sprintf("127.0.0.1:%d", 9000+i), BlockSize: o.blockSize,
-			DeviceBlocks: 128, HostBlocks: 128, Topic: "xllm-kv", SnapshotBatchBlocks: 64, Logger: quiet,
-			ReplaySlowDelay: 20 * time.Millisecond})
+			DeviceBlocks: deviceBlocks, HostBlocks: hostBlocks, Topic: "xllm-kv", SnapshotBatchBlocks: 64, Logger: quiet,
+			ReplaySlowDelay: 20 * time.Millisecond, SendHWM: liveSendHWM, ReplaySendHWM: enginesim.DefaultSendHWM})
 		if err == nil {
 			err = e.Start()
 		}
 		if err != nil {
 			return nil, fmt.Errorf("engine %d: %w", i, err)
 		}
-		engines = append(engines, &engine{e: e})
-		specs = append(specs, kvdir.StreamSpec{InstanceName: e.Name(), Endpoint: e.EventEndpoint(0),
+		en := &engine{e: e}
+		engines = append(engines, en)
+		if en.link, err = newStallLink(e.EventEndpoint(0)); err != nil {
+			return nil, err
+		}
+		closers = append(closers, en.link)
+		live := en.link.Endpoint()
+		if pl.relay != nil {
+			ep, c, err := pl.relay(live)
+			if err != nil {
+				return nil, err
+			}
+			live = ep
+			closers = append(closers, c)
+		}
+		specs = append(specs, kvdir.StreamSpec{InstanceName: e.Name(), Endpoint: live,
 			ReplayEndpoint: e.ReplayEndpoint(0), Topic: "xllm-kv", BlockSize: o.blockSize, HashSeed: 1024})
 	}
 	if err := dir.SetStreams(specs); err != nil {
 		return nil, err
 	}
+	var v view = dir
+	if pl.view != nil {
+		v = pl.view(dir)
+	}
 
 	r := &report{}
-	runCtx, cancel := context.WithTimeout(ctx, o.duration)
+	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
-	var failMu sync.Mutex
-	fail := func(msg string) {
-		failMu.Lock()
-		if len(r.failures) < 20 {
-			r.failures = append(r.failures, msg)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer cancel()
+		end := time.Now().Add(4 * o.duration)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for start := time.Now(); ; {
+			select {
+			case <-runCtx.Done():
+				return
+			case now := <-tick.C:
+				if now.Sub(start) >= o.duration && (atomic.LoadInt64(&r.probes) >= o.minProbes || now.After(end)) {
+					return
+				}
+			}
 		}
-		failMu.Unlock()
-		atomic.AddInt64(&r.checksFailed, 1)
-	}
+	}()
 	for i, en := range engines {
 		wg.Add(1)
 		go func() { defer wg.Done(); work(runCtx, en, o, uint64(i)) }()
 	}
 	wg.Add(1)
-	go func() { defer wg.Done(); injectFaults(runCtx, dir, engines, o, &r.faults) }()
+	go func() { defer wg.Done(); injectFaults(runCtx, v, engines, o, r) }()
 	for q := range o.queries {
 		wg.Add(1)
-		go func() { defer wg.Done(); queryLoop(runCtx, dir, engines, uint64(q), &r.queries) }()
+		go func() { defer wg.Done(); queryLoop(runCtx, v, engines, uint64(q), r) }()
 	}
 	wg.Add(1)
-	go func() { defer wg.Done(); check(runCtx, dir, engines, o, r, fail) }()
+	go func() {
+		defer wg.Done()
+		c := &checker{ctx: runCtx, v: v, o: o, r: r, rng: rand.New(rand.NewPCG(o.seed, 99))}
+		c.run(engines)
+	}()
 	wg.Add(1)
 	go func() { defer wg.Done(); sampleHeap(runCtx, &r.heapHighWater) }()
 	wg.Wait()
@@ -182,12 +398,13 @@ func soak(ctx context.Context, o options) (*report, error) {
 		r.snapshotsOK += st.SnapshotsOK
 		r.gaps += st.Gaps
 		r.decodeErrors += st.DecodeErrors
+		r.disconnects += st.Disconnects
 	}
 	return r, ctx.Err()
 }
 
 // work drives one engine's cache: prefills of session-like prompts that
-// extend earlier ones, and occasional removals.
+// extend earlier ones, and occasional clears.
 func work(ctx context.Context, en *engine, o options, id uint64) {
 	rng := rand.New(rand.NewPCG(o.seed, id))
 	tick := time.NewTicker(time.Duration(float64(time.Second) / o.rate))
@@ -199,21 +416,9 @@ func work(ctx context.Context, en *engine, o options, id uint64) {
 		case <-tick.C:
 		}
 		en.mu.Lock()
-		var p []uint32
-		if len(en.prompts) > 0 && rng.IntN(3) > 0 {
-			p = append(append([]uint32(nil), en.prompts[rng.IntN(len(en.prompts))]...), tokens(rng, (1+rng.IntN(4))*o.blockSize)...)
-		} else {
-			p = tokens(rng, (2+rng.IntN(8))*o.blockSize)
-		}
-		if len(p) > 64*o.blockSize {
-			p = p[:64*o.blockSize]
-		}
+		p := sessionPrompt(rng, en, o.blockSize)
 		_, _, _ = en.e.Prefill(0, p)
-		if len(en.prompts) < 64 {
-			en.prompts = append(en.prompts, p)
-		} else {
-			en.prompts[rng.IntN(len(en.prompts))] = p
-		}
+		en.addPrompt(rng, p)
 		if rng.IntN(200) == 0 {
 			_ = en.e.Clear(0)
 		}
@@ -221,6 +426,19 @@ func work(ctx context.Context, en *engine, o options, id uint64) {
 	}
 }
 
+// sessionPrompt extends one of the engine's earlier prompts by 1-4
+// blocks, or, one time in three, starts a new one of 2-9 blocks.
+func sessionPrompt(rng *rand.Rand, en *engine, blockSize int) []uint32 {
+	var p []uint32
+	if prev := en.anyPrompt(rng); prev != nil && rng.IntN(3) > 0 {
+		p = append(slices.Clip(prev), tokens(rng, (1+rng.IntN(4))*blockSize)...)
+	} else {
+		p = tokens(rng, (2+rng.IntN(8))*blockSize)
+	}
+	return p[:min(len(p), 64*blockSize)]
+}
+
+// tokens returns n token ids drawn from a 150k vocabulary.
 func tokens(rng *rand.Rand, n int) []uint32 {
 	t := make([]uint32, n)
 	for i := range t {
@@ -230,7 +448,7 @@ func tokens(rng *rand.Rand, n int) []uint32 {
 }
 
 // injectFaults picks an engine and a fault at random, at o.faultRate.
-func injectFaults(ctx context.Context, dir *kvdir.Directory, engines []*engine, o options, count *int64) {
+func injectFaults(ctx context.Context, v view, engines []*engine, o options, r *report) {
 	if o.faultRate == 0 {
 		return
 	}
@@ -243,10 +461,19 @@ func injectFaults(ctx context.Context, dir *kvdir.Directory, engines []*engine, 
 			return
 		case <-tick.C:
 		}
-		en := engines[rng.IntN(len(engines))]
-		en.mu.Lock()
+		// Not the engine the checker holds: the fault would wait for it.
+		var en *engine
+		for range 4 {
+			if e := engines[rng.IntN(len(engines))]; e.mu.TryLock() {
+				en = e
+				break
+			}
+		}
+		if en == nil {
+			continue
+		}
 		var err error
-		switch rng.IntN(8) {
+		switch rng.IntN(10) {
 		case 0:
 			err = en.e.SkipSeq(0, uint64(1+rng.IntN(5)))
 		case 1:
@@ -254,39 +481,89 @@ func injectFaults(ctx context.Context, dir *kvdir.Directory, engines []*engine, 
 		case 2:
 			err = en.e.SendOversize(0, 2<<20)
 		case 3:
-			en.taint(dir)
+			en.taint()
 			err = en.e.Restart()
+			en.pmu.Lock()
 			en.prompts = nil
+			en.pmu.Unlock()
 		case 4:
 			// Lose the tail for a moment; calibration has to find it.
-			en.taint(dir)
+			en.taint()
 			if err = en.e.SetDropTail(0, true); err == nil {
 				_, _, _ = en.e.Prefill(0, tokens(rng, 4*o.blockSize))
 				err = en.e.SetDropTail(0, false)
 			}
 		case 5:
-			err = en.e.SetReplayMode(0, enginesim.ReplayGapInMiddle)
+			// Messages lost at the publisher: the next one shows the gap.
+			for range 1 + rng.IntN(3) {
+				p := sessionPrompt(rng, en, o.blockSize)
+				if _, _, err = en.e.PrefillLost(0, p); err == nil {
+					en.addPrompt(rng, p)
+					atomic.AddInt64(&r.lostMessages, 1)
+				}
+			}
 		case 6:
-			err = en.e.SetReplayMode(0, enginesim.ReplaySlow)
+			err = stall(ctx, v, en, rng, o, r)
+		case 7:
+			err = en.setReplay(enginesim.ReplayGapInMiddle)
+		case 8:
+			err = en.setReplay(enginesim.ReplaySlow)
 		default:
-			err = en.e.SetReplayMode(0, enginesim.ReplayNormal)
+			err = en.setReplay(enginesim.ReplayNormal)
 		}
 		en.mu.Unlock()
 		if err == nil {
-			atomic.AddInt64(count, 1)
+			atomic.AddInt64(&r.faults, 1)
 		}
 	}
 }
 
-// taint records the stream's snapshot count before a silent change.
-func (en *engine) taint(dir *kvdir.Directory) {
-	if st, ok := streamOf(dir, en.e.Name()); ok {
-		en.taintedAt, en.tainted = st.SnapshotsOK, true
+// stall stops the engine's link while it publishes a burst larger than
+// the stalled sockets hold, so that its publisher drops past its send
+// HWM, then lets the link flow and publishes until the stream has
+// decided. It counts the stall as lossy when the stream then counts a gap
+// or is seen unsynchronised (a snapshot in progress may find the hole
+// instead) before it reaches the engine's sequence.
+func stall(ctx context.Context, v view, en *engine, rng *rand.Rand, o options, r *report) error {
+	before, _ := streamOf(v, en.e.Name())
+	en.link.Stall()
+	for range stallBurst {
+		if _, _, err := en.e.Prefill(0, tokens(rng, stallBlocks*o.blockSize)); err != nil {
+			en.link.Resume()
+			return err
+		}
 	}
+	en.link.Resume()
+	atomic.AddInt64(&r.stalls, 1)
+	// The publisher goes on dropping until it sees room in its queue
+	// again, so a message sent right after the stall may be lost too:
+	// publish again until the stream has decided.
+	deadline := time.Now().Add(gapWait)
+	var again time.Time
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if time.Now().After(again) {
+			p := sessionPrompt(rng, en, o.blockSize)
+			if _, _, err := en.e.Prefill(0, p); err != nil {
+				return err
+			}
+			en.addPrompt(rng, p)
+			again = time.Now().Add(200 * time.Millisecond)
+		}
+		st, _ := streamOf(v, en.e.Name())
+		if st.Gaps > before.Gaps || !st.Synchronized {
+			atomic.AddInt64(&r.lossyStalls, 1)
+			return nil
+		}
+		if st.Sequence+1 == en.e.Seq(0) {
+			return nil
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return nil
 }
 
-func streamOf(dir *kvdir.Directory, name string) (kvdir.StreamStatus, bool) {
-	for _, st := range dir.Streams() {
+func streamOf(v view, name string) (kvdir.StreamStatus, bool) {
+	for _, st := range v.Streams() {
 		if st.InstanceName == name {
 			return st, true
 		}
@@ -294,85 +571,283 @@ func streamOf(dir *kvdir.Directory, name string) (kvdir.StreamStatus, bool) {
 	return kvdir.StreamStatus{}, false
 }
 
-func queryLoop(ctx context.Context, dir *kvdir.Directory, engines []*engine, id uint64, count *int64) {
+func hits(m kvdir.Match) bool { return m.DeviceHitTokens > 0 || m.HostOnlyHitTokens > 0 }
+
+// queryLoop queries recent prompts of random engines and checks, at any
+// time, that no unsynchronised stream reports a hit (R-REC-1).
+func queryLoop(ctx context.Context, v view, engines []*engine, id uint64, r *report) {
 	rng := rand.New(rand.NewPCG(id, 7))
 	dst := make([]kvdir.Match, 0, len(engines))
 	for ctx.Err() == nil {
-		en := engines[rng.IntN(len(engines))]
-		en.mu.Lock()
-		var p []uint32
-		if len(en.prompts) > 0 {
-			p = en.prompts[rng.IntN(len(en.prompts))]
-		}
-		en.mu.Unlock()
-		dst = dir.Query(p, dst[:0])
-		atomic.AddInt64(count, 1)
-	}
-}
-
-// check quiesces one engine at a time, waits until its stream reflects
-// everything the engine published, and compares every recent prompt's
-// hit with what the engine would reuse. Snapshots of a restored normal
-// replay mode and calibration repair what faults lost, so a stream that
-// does not catch up within the wait is skipped, not failed: staleness,
-// not slowness, is what the check is about.
-func check(ctx context.Context, dir *kvdir.Directory, engines []*engine, o options, r *report, fail func(string)) {
-	rng := rand.New(rand.NewPCG(o.seed, 99))
-	for ctx.Err() == nil {
-		en := engines[rng.IntN(len(engines))]
-		en.mu.Lock()
-		_ = en.e.SetReplayMode(0, enginesim.ReplayNormal)
-		caught := waitCaughtUp(ctx, dir, en, 3*time.Second)
-		if caught {
-			for _, p := range en.prompts {
-				dev, host := en.e.Oracle(0, p)
-				var m kvdir.Match
-				for _, mm := range dir.Query(p, nil) {
-					if mm.InstanceName == en.e.Name() {
-						m = mm
-					}
-				}
-				if m.DeviceHitTokens > dev || m.DeviceHitTokens+m.HostOnlyHitTokens > dev+host {
-					fail(fmt.Sprintf("%s: stale hit, directory device=%d host_only=%d, engine device=%d host_only=%d",
-						en.e.Name(), m.DeviceHitTokens, m.HostOnlyHitTokens, dev, host))
-				}
+		p := engines[rng.IntN(len(engines))].anyPrompt(rng)
+		dst = v.Query(p, dst[:0])
+		atomic.AddInt64(&r.queries, 1)
+		for _, m := range dst {
+			if m.Synchronized {
+				continue
 			}
-			atomic.AddInt64(&r.checks, 1)
-		} else if ctx.Err() == nil {
-			atomic.AddInt64(&r.checksSkipped, 1)
-		}
-		en.mu.Unlock()
-		select {
-		case <-ctx.Done():
-		case <-time.After(50 * time.Millisecond):
+			atomic.AddInt64(&r.unsyncAnswers, 1)
+			if hits(m) {
+				r.fail(failUnsyncHit, "%s (%s): device=%d host_only=%d", m.InstanceName, m.Error, m.DeviceHitTokens, m.HostOnlyHitTokens)
+			}
 		}
 	}
 }
 
-// waitCaughtUp waits until the engine's stream is synchronised at the
-// engine's last sequence.
-func waitCaughtUp(ctx context.Context, dir *kvdir.Directory, en *engine, d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) && ctx.Err() == nil {
+// checker quiesces one engine at a time and compares its stream with it.
+type checker struct {
+	ctx context.Context
+	v   view
+	o   options
+	r   *report
+	rng *rand.Rand
+}
+
+func (c *checker) run(engines []*engine) {
+	for c.ctx.Err() == nil {
+		c.cycle(engines[c.rng.IntN(len(engines))])
+		select {
+		case <-c.ctx.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// cycle checks one quiesced engine: exact once caught up, then a loss
+// probe.
+func (c *checker) cycle(en *engine) {
+	en.mu.Lock()
+	defer en.mu.Unlock()
+	if en.setReplay(enginesim.ReplayNormal) != nil {
+		return
+	}
+	if !c.caughtUp(en) || !c.exact(en) {
+		if c.ctx.Err() == nil {
+			atomic.AddInt64(&c.r.checksSkipped, 1)
+		}
+		return
+	}
+	atomic.AddInt64(&c.r.checks, 1)
+	c.probe(en)
+}
+
+// caughtUp waits until the engine's stream is synchronised at the
+// engine's last sequence number. After a silent change it first waits
+// until no snapshot older than the change can still complete, then makes
+// the engine publish a gap so that the stream takes a snapshot, and
+// waits for one to succeed.
+func (c *checker) caughtUp(en *engine) bool {
+	// Caught up is judged by the last sequence number, which must not
+	// be 0: a stream that has applied nothing reports 0 as well.
+	for en.e.Seq(0) < 2 {
+		if c.prefill(en) != nil {
+			return false
+		}
+	}
+	deadline := time.Now().Add(caughtUpWait)
+	forced := false
+	var mark uint64
+	for time.Now().Before(deadline) && c.ctx.Err() == nil {
+		st, ok := streamOf(c.v, en.e.Name())
 		next := en.e.Seq(0)
-		if st, ok := streamOf(dir, en.e.Name()); ok && st.Synchronized && next > 0 && st.Sequence == next-1 &&
-			(!en.tainted || st.SnapshotsOK > en.taintedAt) {
-			en.tainted = false
+		at := ok && st.Synchronized && next > 1 && st.Sequence == next-1
+		switch {
+		case en.taintedAt.IsZero():
+			if at {
+				return true
+			}
+		case time.Since(en.taintedAt) < settle:
+		case !forced:
+			mark, forced = st.SnapshotsOK, true
+			if en.e.SkipSeq(0, 1) != nil || c.prefill(en) != nil {
+				return false
+			}
+			continue
+		case at && st.SnapshotsOK > mark:
+			en.taintedAt = time.Time{}
 			return true
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 	}
 	return false
 }
 
-func sampleHeap(ctx context.Context, hwm *uint64) {
+// prefill serves a new session-like prompt and remembers it.
+func (c *checker) prefill(en *engine) error {
+	return c.serve(en, sessionPrompt(c.rng, en, c.o.blockSize))
+}
+
+// serve serves prompt p and remembers it.
+func (c *checker) serve(en *engine, p []uint32) error {
+	_, _, err := en.e.Prefill(0, p)
+	if err == nil {
+		en.addPrompt(c.rng, p)
+	}
+	return err
+}
+
+// exact compares the caught-up stream with its quiesced engine: every
+// recent prompt's hit tier by tier, and the resident block counts (see
+// residentCounts). It returns false, failing nothing, when the stream
+// left the synchronised state meanwhile.
+func (c *checker) exact(en *engine) bool {
+	name := en.e.Name()
+	rooted, all := residentCounts(en.e.State(0))
+	st, ok := streamOf(c.v, name)
+	if !ok || !st.Synchronized {
+		return false
+	}
+	if st.DeviceBlocks < rooted.dev || st.DeviceBlocks > all.dev || st.HostBlocks < rooted.hostOnly || st.HostBlocks > all.host {
+		c.r.fail(failCounts, "%s: directory holds %d Device / %d Host blocks, engine %d / %d, rooted %d / %d of which %d Host-only",
+			name, st.DeviceBlocks, st.HostBlocks, all.dev, all.host, rooted.dev, rooted.host, rooted.hostOnly)
+	}
+	if short := rooted.host - st.HostBlocks; short > 0 {
+		atomic.AddInt64(&c.r.hostCopiesUnknown, 1)
+		for {
+			m := atomic.LoadInt64(&c.r.hostCopiesMissed)
+			if int64(short) <= m || atomic.CompareAndSwapInt64(&c.r.hostCopiesMissed, m, int64(short)) {
+				break
+			}
+		}
+	}
+	for _, p := range en.recentPrompts() {
+		wantDev, wantHost := en.e.Oracle(0, p)
+		m := c.matchOf(name, p)
+		switch {
+		case !m.Synchronized:
+			if hits(m) {
+				c.r.fail(failUnsyncHit, "%s (%s): device=%d host_only=%d", name, m.Error, m.DeviceHitTokens, m.HostOnlyHitTokens)
+			}
+			return false
+		case m.DeviceHitTokens > wantDev || m.DeviceHitTokens+m.HostOnlyHitTokens > wantDev+wantHost:
+			c.r.fail(failStale, "%s: directory device=%d host_only=%d, engine device=%d host_only=%d",
+				name, m.DeviceHitTokens, m.HostOnlyHitTokens, wantDev, wantHost)
+		case m.DeviceHitTokens != wantDev || m.HostOnlyHitTokens != wantHost:
+			c.r.fail(failUnder, "%s: directory device=%d host_only=%d, engine device=%d host_only=%d",
+				name, m.DeviceHitTokens, m.HostOnlyHitTokens, wantDev, wantHost)
+		}
+	}
+	return true
+}
+
+type tierCounts struct{ dev, host, hostOnly int }
+
+// residentCounts counts the engine's resident blocks per tier, all of
+// them and those whose ancestors are all resident (rooted). The
+// directory's counts must lie between the two: a snapshot cannot key an
+// orphan whose parent was evicted from both tiers, so the directory drops
+// it then (R-IDX-5), while live deltas let it keep one it knew. Its Host
+// count may also miss a rooted block's Host copy while the block is on
+// Device too: a block dropped as an orphan is announced again when its
+// parent is stored again, but as a Device store only, so its Host copy
+// stays unknown. That costs no hit while the Device copy lasts (a block
+// on both tiers counts as Device), so the Host lower bound is the rooted
+// Host-only blocks, and the shortfall is reported on its own.
+func residentCounts(blocks []enginesim.BlockState) (rooted, all tierCounts) {
+	keyed := make(map[kvevent.EngineHash]bool, len(blocks))
+	for _, b := range blocks { // parent first
+		r := !b.HasParent || keyed[b.Parent]
+		keyed[b.Hash] = r
+		all.add(b)
+		if r {
+			rooted.add(b)
+		}
+	}
+	return rooted, all
+}
+
+func (c *tierCounts) add(b enginesim.BlockState) {
+	if b.Device {
+		c.dev++
+	}
+	if b.Host {
+		c.host++
+		if !b.Device {
+			c.hostOnly++
+		}
+	}
+}
+
+func (c *checker) matchOf(name string, p []uint32) kvdir.Match {
+	for _, m := range c.v.Query(p, nil) {
+		if m.InstanceName == name {
+			return m
+		}
+	}
+	return kvdir.Match{}
+}
+
+// probe loses a message at the publisher of a caught-up stream and
+// publishes the next one, with snapshots unanswered for the moment: the
+// stream must leave the synchronised state, report no hit for any recent
+// prompt meanwhile, and once snapshots are answered again be exact.
+func (c *checker) probe(en *engine) {
+	name := en.e.Name()
+	before, _ := streamOf(c.v, name)
+	if en.setReplay(enginesim.ReplayIgnore) != nil {
+		return
+	}
+	lost := sessionPrompt(c.rng, en, c.o.blockSize)
+	if _, _, err := en.e.PrefillLost(0, lost); err != nil {
+		return
+	}
+	en.addPrompt(c.rng, lost)
+	atomic.AddInt64(&c.r.lostMessages, 1)
+	// A new prompt, not one that extends the lost one: its parent would
+	// be unknown to the stream, which reveals the loss without the gap.
+	if c.serve(en, tokens(c.rng, (2+c.rng.IntN(8))*c.o.blockSize)) != nil {
+		return
+	}
+	atomic.AddInt64(&c.r.probes, 1)
+	// The stream notices the gap, or applies the message after it as if
+	// there were none. Until it has received that message it can do
+	// neither (a subscription that has just been made may even have
+	// missed it): such a probe decides nothing.
+	revealed := en.e.Seq(0) - 1
+	var st kvdir.StreamStatus
+	noticed, missed := false, false
+	deadline := time.Now().Add(gapWait)
+	for !noticed && !missed && time.Now().Before(deadline) && c.ctx.Err() == nil {
+		st, _ = streamOf(c.v, name)
+		noticed = !st.Synchronized || st.Gaps > before.Gaps
+		missed = !noticed && st.Sequence >= revealed
+		if !noticed && !missed {
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	switch {
+	case noticed:
+		for _, p := range en.recentPrompts() {
+			m := c.matchOf(name, p)
+			if m.Synchronized {
+				break
+			}
+			atomic.AddInt64(&c.r.unsyncAnswers, 1)
+			if hits(m) {
+				c.r.fail(failUnsyncHit, "%s (%s): device=%d host_only=%d", name, m.Error, m.DeviceHitTokens, m.HostOnlyHitTokens)
+			}
+		}
+	case missed:
+		c.r.fail(failGapMissed, "%s: seq %d lost, the stream applied %d and stays synchronised", name, revealed-1, st.Sequence)
+	default:
+		atomic.AddInt64(&c.r.probesUndecided, 1)
+	}
+	if en.setReplay(enginesim.ReplayNormal) != nil {
+		return
+	}
+	if (!c.caughtUp(en) || !c.exact(en)) && c.ctx.Err() == nil {
+		atomic.AddInt64(&c.r.checksSkipped, 1)
+	}
+}
+
+func sampleHeap(ctx context.Context, hwm *atomic.Uint64) {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	var ms runtime.MemStats
 	for {
 		runtime.ReadMemStats(&ms)
-		if ms.HeapInuse > *hwm {
-			*hwm = ms.HeapInuse
+		if ms.HeapInuse > hwm.Load() {
+			hwm.Store(ms.HeapInuse)
 		}
 		select {
 		case <-ctx.Done():

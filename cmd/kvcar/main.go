@@ -314,7 +314,19 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	}
 	log.Info("routing", "policy", policy.Name())
 
-	opts := server.Options{InternalAPIToken: token, Logger: log, Heartbeats: reg,
+	// Requests for xLLM engines go over baidu_std, their output comes back
+	// through the rpc port's Generations into outputs.
+	outputs := xllmrpc.NewOutputs(0)
+	disp, err := xllmrpc.NewDispatcher(xllmrpc.DispatcherOptions{Self: self, Outputs: outputs, Registry: reg, Logger: log})
+	if err != nil {
+		return err
+	}
+	cleanups = append(cleanups, func() { disp.Close() })
+	metricsReg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvcar_xllm_requests_in_flight",
+		Help: "Requests sent to xLLM engines over baidu_std whose output kvcar still waits for."},
+		func() float64 { return float64(outputs.Len()) }))
+
+	opts := server.Options{InternalAPIToken: token, Logger: log, Heartbeats: reg, Dispatcher: disp,
 		Router: registryRouter{policy: policy, reg: reg}, Metrics: metricsReg,
 		Instances: reg, Policy: policy.Name(), IsMaster: reg.IsMaster,
 		MaxRequestBodyBytes: f.maxRequestBody, MaxInflightRequestBytes: f.maxInflightRequest,
@@ -336,7 +348,6 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	// Not ready from the first request on, saying why (R-API-1).
 	srv.SetNotReady(steps[0].waitingFor)
 	rpcSrv := baidustd.NewServer(baidustd.ServerOptions{Identity: self, Logger: log})
-	outputs := xllmrpc.NewOutputs(0)
 	if err := xllmrpc.NewService(reg, outputs, log).Register(rpcSrv); err != nil {
 		return err
 	}
@@ -391,13 +402,17 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	srv.SetNotReady("shutting down")
 	shutdownCtx, cancelShutdown := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancelShutdown()
-	if err := rpcSrv.Shutdown(shutdownCtx); err != nil {
-		log.Warn("rpc shutdown", "err", err)
-	}
+	// The HTTP servers drain first: the requests in flight to xLLM engines
+	// still get their output through the rpc port. Those not done by the
+	// deadline are cut off, which ends their engine requests.
 	for _, s := range servers {
 		if err := s.hs.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.hs.Close()
 			serveErr = errors.Join(serveErr, fmt.Errorf("%s http shutdown: %w", s.name, err))
 		}
+	}
+	if err := rpcSrv.Shutdown(shutdownCtx); err != nil {
+		log.Warn("rpc shutdown", "err", err)
 	}
 	if serveErr != nil {
 		return serveErr

@@ -70,6 +70,20 @@ func startKVCarListening(t *testing.T, args ...string) listening {
 	return listening{}
 }
 
+// startEngine starts an emulated engine that the test closes at its end.
+func startEngine(t *testing.T, c enginesim.Config) *enginesim.Engine {
+	t.Helper()
+	e, err := enginesim.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
 // startStaticEngines starts an engine per config and returns them with
 // the KV events config's static stream entries for all their DP ranks.
 func startStaticEngines(t *testing.T, cfgs ...enginesim.Config) ([]*enginesim.Engine, []string) {
@@ -77,14 +91,7 @@ func startStaticEngines(t *testing.T, cfgs ...enginesim.Config) ([]*enginesim.En
 	var engines []*enginesim.Engine
 	var streams []string
 	for _, c := range cfgs {
-		e, err := enginesim.New(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := e.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close() })
+		e := startEngine(t, c)
 		engines = append(engines, e)
 		for dp := range e.DPSize() {
 			streams = append(streams, fmt.Sprintf(`{"instance_name":%q,"dp_rank":%d,"block_size":%d,"endpoint":%q,"replay_endpoint":%q,"topic":%q}`,

@@ -67,7 +67,7 @@ func TestMemoryBoundUnderAdversary(t *testing.T) {
 	var worst kvevent.Batch
 	hashes := make([]kvevent.EngineHash, maxMsg-64)
 	for i := range hashes {
-		hashes[i] = kvevent.EngineHash(i % 128)
+		hashes[i] = kvevent.IntHash(uint64(i % 128))
 	}
 	worst.AddRemoved(hashes, kvevent.Device)
 	payload := kvevent.AppendBatch(nil, &worst, kvevent.Shape{})

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/devcluster"
 	"github.com/kvcar/kvcar/internal/enginesim"
 	"github.com/kvcar/kvcar/internal/etcdembed"
 	"github.com/kvcar/kvcar/internal/tokenizer"
@@ -42,15 +43,7 @@ func startCluster(t *testing.T, n int, mod func(*enginesim.Config), flags ...str
 		if mod != nil {
 			mod(&ec)
 		}
-		e, err := enginesim.New(ec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := e.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close() })
-		c.engines = append(c.engines, e)
+		c.engines = append(c.engines, startEngine(t, ec))
 	}
 	for _, e := range c.engines {
 		waitUntil(t, "heartbeat accepted", 10*time.Second, func() bool { return e.LastHeartbeatStatus() == http.StatusOK })
@@ -76,13 +69,26 @@ func (c *cluster) complete(t *testing.T, path, body string) completion {
 	resp, b := postJSON(t, "http://"+c.addr+path, "", body)
 	out := completion{status: resp.StatusCode, prefill: resp.Header.Get("X-Prefill-Name"), policy: resp.Header.Get("X-Kvcar-Policy"),
 		hit: resp.Header.Get("X-Kvcar-Hit-Ratio"), body: string(b)}
-	var parsed struct {
-		Engine enginesim.EngineUsage `json:"kvcar_engine"`
-	}
-	if json.Unmarshal(b, &parsed) == nil {
-		out.engine = parsed.Engine
-	}
+	out.engine, _ = engineReport(b, c.engines)
 	return out
+}
+
+// engineReport is what the engine did for the request an answer
+// answers: the kvcar_engine object an answer relayed over HTTP carries,
+// else the record the engine kept of a request it took over baidu_std,
+// by the answer's id. ok is false when there is neither.
+func engineReport(answer []byte, engines []*enginesim.Engine) (eu enginesim.EngineUsage, ok bool) {
+	var parsed struct {
+		ID     string                 `json:"id"`
+		Engine *enginesim.EngineUsage `json:"kvcar_engine"`
+	}
+	if json.Unmarshal(answer, &parsed) != nil {
+		return eu, false
+	}
+	if parsed.Engine != nil {
+		return *parsed.Engine, true
+	}
+	return devcluster.Engines(engines).Served(parsed.ID)
 }
 
 func idsPrompt(from, n int) string {

@@ -115,6 +115,10 @@ type callResult struct {
 type clientConn struct {
 	c   net.Conn
 	wmu sync.Mutex
+	// iov and parts hold a frame's parts while they are written, under
+	// wmu: writing consumes iov, so it is made again from parts each time.
+	iov   net.Buffers
+	parts [3][]byte
 
 	mu      sync.Mutex
 	pending map[int64]chan callResult
@@ -268,19 +272,31 @@ func (c *Client) Call(ctx context.Context, service, method string, msg []byte, o
 	if o != nil {
 		att = o.Attachment
 	}
+	meta := requestMeta(service, method, cid, o, c.opts.ExtendedMeta)
 	bp := framePool.Get().(*[]byte)
-	frame, err := AppendFrame((*bp)[:0], requestMeta(service, method, cid, o, c.opts.ExtendedMeta), msg, att)
-	if err != nil {
-		framePool.Put(bp)
-		cc.forget(cid)
-		return Result{}, err
+	var werr error
+	if len(msg)+len(att) <= inlineFrameBytes {
+		frame, err := AppendFrame((*bp)[:0], meta, msg, att)
+		if err != nil {
+			framePool.Put(bp)
+			cc.forget(cid)
+			return Result{}, err
+		}
+		werr = cc.write(c.opts.WriteTimeout, frame)
+		*bp = frame
+	} else {
+		// A large message is written from where it lies, after the
+		// header, rather than copied into a frame buffer first.
+		head, err := appendHead((*bp)[:0], meta, len(msg), len(att))
+		if err != nil {
+			framePool.Put(bp)
+			cc.forget(cid)
+			return Result{}, err
+		}
+		werr = cc.write(c.opts.WriteTimeout, head, msg, att)
+		*bp = head
 	}
-	cc.wmu.Lock()
-	_ = cc.c.SetWriteDeadline(time.Now().Add(c.opts.WriteTimeout))
-	_, werr := cc.c.Write(frame)
-	cc.wmu.Unlock()
-	*bp = frame
-	if cap(frame) <= 64<<10 {
+	if cap(*bp) <= 64<<10 {
 		framePool.Put(bp)
 	}
 	if werr != nil {
@@ -294,6 +310,26 @@ func (c *Client) Call(ctx context.Context, service, method string, msg []byte, o
 		cc.forget(cid)
 		return Result{}, ctxError(ctx.Err())
 	}
+}
+
+// inlineFrameBytes is the largest message and attachment a call copies
+// into its frame buffer to write the frame at once; larger ones are
+// written after the header without a copy.
+const inlineFrameBytes = 16 << 10
+
+// write writes the parts of one frame, whole, before any other frame.
+func (cc *clientConn) write(timeout time.Duration, parts ...[]byte) error {
+	cc.wmu.Lock()
+	defer cc.wmu.Unlock()
+	_ = cc.c.SetWriteDeadline(time.Now().Add(timeout))
+	if len(parts) == 1 {
+		_, err := cc.c.Write(parts[0])
+		return err
+	}
+	cc.iov = cc.parts[:copy(cc.parts[:], parts)]
+	_, err := cc.iov.WriteTo(cc.c)
+	cc.parts = [3][]byte{}
+	return err
 }
 
 func (cc *clientConn) forget(cid int64) {

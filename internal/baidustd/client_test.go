@@ -1,6 +1,7 @@
 package baidustd
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -183,4 +184,33 @@ func TestClientMaxBodySize(t *testing.T) {
 	if CodeOf(err) != EFAILEDSOCKET || !errors.As(err, &fe) {
 		t.Fatalf("got %v, want EFAILEDSOCKET from a bad frame", err)
 	}
+}
+
+// Messages and attachments of every size around the one past which a
+// call writes them after the header instead of copying them into its
+// frame arrive whole, pipelined with small calls on the same connection.
+func TestClientLargeMessages(t *testing.T) {
+	addr, _ := startServer(t, ServerOptions{}, map[string]Handler{"Echo": echo})
+	c := newClient(t, addr, ClientOptions{})
+	ctx := ctxT(t, 20*time.Second)
+	var wg sync.WaitGroup
+	for _, n := range []int{0, 1, inlineFrameBytes - 1, inlineFrameBytes, inlineFrameBytes + 1, 1 << 20, 5 << 20} {
+		for _, withAtt := range []bool{false, true} {
+			wg.Go(func() {
+				msg := make([]byte, n)
+				for i := range msg {
+					msg[i] = byte(i * 7)
+				}
+				var o *CallOptions
+				if withAtt {
+					o = &CallOptions{Attachment: []byte("attachment")}
+				}
+				r, err := c.Call(ctx, testSvc, "Echo", msg, o)
+				if err != nil || !bytes.Equal(r.Message, msg) || withAtt != (string(r.Attachment) == "attachment") {
+					t.Errorf("%d bytes, attachment %v: %v, got %d bytes back", n, withAtt, err, len(r.Message))
+				}
+			})
+		}
+	}
+	wg.Wait()
 }

@@ -130,11 +130,22 @@ func ReadFrame(r *bufio.Reader, maxBody uint32) (Frame, error) {
 // att. It sets meta.attachment_size to len(att) when att is not empty
 // and clears it otherwise, as brpc sets it only for an attachment.
 func AppendFrame(dst []byte, meta *metapb.RpcMeta, msg, att []byte) ([]byte, error) {
-	if len(att) > 0 {
-		if len(att) > math.MaxInt32 {
-			return dst, fmt.Errorf("baidu_std: attachment of %d bytes is too large", len(att))
+	dst, err := appendHead(dst, meta, len(msg), len(att))
+	if err != nil {
+		return dst, err
+	}
+	dst = append(dst, msg...)
+	return append(dst, att...), nil
+}
+
+// appendHead appends the header and meta of a frame whose message and
+// attachment, of msgLen and attLen bytes, follow them.
+func appendHead(dst []byte, meta *metapb.RpcMeta, msgLen, attLen int) ([]byte, error) {
+	if attLen > 0 {
+		if attLen > math.MaxInt32 {
+			return dst, fmt.Errorf("baidu_std: attachment of %d bytes is too large", attLen)
 		}
-		meta.AttachmentSize = proto.Int32(int32(len(att)))
+		meta.AttachmentSize = proto.Int32(int32(attLen))
 	} else {
 		meta.AttachmentSize = nil
 	}
@@ -147,12 +158,11 @@ func AppendFrame(dst []byte, meta *metapb.RpcMeta, msg, att []byte) ([]byte, err
 		return dst[:start], fmt.Errorf("baidu_std: encoding RpcMeta: %w", err)
 	}
 	metaSize := len(dst) - start - HeaderSize
-	body := uint64(metaSize) + uint64(len(msg)) + uint64(len(att))
+	body := uint64(metaSize) + uint64(msgLen) + uint64(attLen)
 	if body > math.MaxUint32 {
 		return dst[:start], fmt.Errorf("baidu_std: body of %d bytes does not fit a frame", body)
 	}
 	binary.BigEndian.PutUint32(dst[start+4:], uint32(body))
 	binary.BigEndian.PutUint32(dst[start+8:], uint32(metaSize))
-	dst = append(dst, msg...)
-	return append(dst, att...), nil
+	return dst, nil
 }

@@ -298,12 +298,14 @@ func (s *Server) Close() error {
 }
 
 func (s *Server) forceClose() {
-	s.cancel()
+	// The connections close before the handlers' contexts end, so that a
+	// handler answering its cancellation cannot get that answer out.
 	s.mu.Lock()
 	for sc := range s.conns {
 		sc.c.Close()
 	}
 	s.mu.Unlock()
+	s.cancel()
 }
 
 // serverConn is one connection. Its goroutine reads frames and starts a

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -34,15 +36,53 @@ type Config struct {
 	Streams []Stream
 }
 
+// SyncMode says how a stream learns its engine's state (see the README,
+// "vLLM and SGLang engines").
+type SyncMode string
+
+const (
+	// SyncSnapshot: the replay endpoint answers with the engine's full
+	// current state (the seed's xLLM engine). Views are complete.
+	SyncSnapshot SyncMode = "snapshot"
+	// SyncHistory: the replay endpoint answers with the batches the
+	// engine still buffers from the requested sequence on (vLLM and
+	// SGLang with a replay endpoint). A view is complete only when that
+	// history reaches back to the engine's sequence 0 or to an
+	// AllBlocksCleared; otherwise it is partial.
+	SyncHistory SyncMode = "history"
+	// SyncLive: no replay endpoint (vLLM's and SGLang's default). A view
+	// starts empty at the first message, partial unless that message is
+	// the engine's sequence 0.
+	SyncLive SyncMode = "live"
+)
+
+// syncModes lists the accepted values in documentation order.
+var syncModes = []string{string(SyncSnapshot), string(SyncHistory), string(SyncLive)}
+
 // Discovery holds the rules that derive stream endpoints from the
 // instances registered in the instance registry (R-DISC-2).
 type Discovery struct {
-	Enabled          bool
-	BlockSize        int
+	Enabled bool
+	// SyncMode applies to instances whose backend_type is "xllm", empty,
+	// or none of those below; VLLMSyncMode and SGLangSyncMode to
+	// backend_type "vllm" and "sglang".
+	SyncMode       SyncMode
+	VLLMSyncMode   SyncMode
+	SGLangSyncMode SyncMode
+	BlockSize      int
+	// Topic, VLLMTopic and SGLangTopic are topic templates (see
+	// ExpandTopic) for the same backends as the sync modes.
 	Topic            string
+	VLLMTopic        string
+	SGLangTopic      string
 	EventPortOffset  int
 	ReplayPortOffset int
-	RefreshInterval  time.Duration
+	// SubscribeBind, when set, makes kvcar bind one subscriber there
+	// (and on the SubscribeBindPorts-1 ports after it) that every
+	// engine's publisher dials, instead of connecting to each engine.
+	SubscribeBind      string
+	SubscribeBindPorts int
+	RefreshInterval    time.Duration
 	// HashSeed seeds the directory's internal content keys of discovered
 	// streams; it need not match any engine-side hash.
 	HashSeed uint64
@@ -57,6 +97,72 @@ type Stream struct {
 	ReplayEndpoint string
 	Topic          string
 	HashSeed       uint64
+	// SyncMode says what ReplayEndpoint answers; it is empty in SyncLive.
+	SyncMode SyncMode
+	// Bind makes Endpoint an address kvcar binds and the engine dials;
+	// streams with the same Endpoint share it, told apart by Topic and
+	// DPRank.
+	Bind bool
+}
+
+// TopicFor returns the topic template discovery uses for an instance of
+// the given backend_type.
+func (d *Discovery) TopicFor(backendType string) string {
+	switch backendType {
+	case "vllm":
+		return d.VLLMTopic
+	case "sglang":
+		return d.SGLangTopic
+	}
+	return d.Topic
+}
+
+// ExpandTopic fills a topic template for one stream: {name} is the
+// instance name, {host} and {port} its two parts, {dp_rank} the stream's
+// DP rank. The empty template stays empty, which accepts every topic.
+// The template was checked by Parse (topicTemplateError).
+func ExpandTopic(template, name, host, port string, dpRank int) string {
+	if !strings.Contains(template, "{") {
+		return template
+	}
+	return strings.NewReplacer("{name}", name, "{host}", host, "{port}", port,
+		"{dp_rank}", strconv.Itoa(dpRank)).Replace(template)
+}
+
+// topicTemplateError returns why s is not a valid topic template, or "".
+func topicTemplateError(s string) string {
+	rest := s
+	for {
+		i := strings.IndexAny(rest, "{}")
+		if i < 0 {
+			return ""
+		}
+		if rest[i] == '}' {
+			return "has a } without a {"
+		}
+		j := strings.IndexByte(rest[i:], '}')
+		if j < 0 {
+			return "has a { without a }"
+		}
+		switch ph := rest[i : i+j+1]; ph {
+		case "{name}", "{host}", "{port}", "{dp_rank}":
+		default:
+			return "has the unknown placeholder " + ph + "; known are {name}, {host}, {port} and {dp_rank}"
+		}
+		rest = rest[i+j+1:]
+	}
+}
+
+// ModeFor returns the sync mode discovery uses for an instance of the
+// given backend_type.
+func (d *Discovery) ModeFor(backendType string) SyncMode {
+	switch backendType {
+	case "vllm":
+		return d.VLLMSyncMode
+	case "sglang":
+		return d.SGLangSyncMode
+	}
+	return d.SyncMode
 }
 
 // Default returns the configuration of an empty file: no discovery, no

@@ -282,9 +282,43 @@ func TestEndpointForms(t *testing.T) {
 	}
 	for ep, want := range bad {
 		for _, key := range []string{"endpoint", "replay_endpoint"} {
+			if ep == "" && key == "replay_endpoint" {
+				want = "is required when sync_mode is snapshot"
+			}
 			mustFail(t, wrap("streams[]."+key, strconv.Quote(ep)), "streams[0]."+key, want)
 		}
 	}
+}
+
+// Sync modes: one of three names; a live stream has no replay endpoint,
+// the others need one; discovery picks a mode per backend_type.
+func TestSyncModes(t *testing.T) {
+	c := mustParse(t, `{}`)
+	if d := c.Discovery; d.SyncMode != SyncSnapshot || d.VLLMSyncMode != SyncLive || d.SGLangSyncMode != SyncLive {
+		t.Fatalf("defaults %+v", d)
+	}
+	c = mustParse(t, `{"discovery":{"sync_mode":"history","vllm_sync_mode":"history","sglang_sync_mode":"snapshot"}}`)
+	for backend, want := range map[string]SyncMode{"": SyncHistory, "xllm": SyncHistory, "vllm": SyncHistory, "sglang": SyncSnapshot, "trtllm": SyncHistory} {
+		if got := c.Discovery.ModeFor(backend); got != want {
+			t.Errorf("ModeFor(%q) = %s, want %s", backend, got, want)
+		}
+	}
+	mustFail(t, `{"discovery":{"vllm_sync_mode":"Live"}}`, "discovery.vllm_sync_mode", "must be one of snapshot, history, live")
+	mustFail(t, `{"discovery":{"sync_mode":1}}`, "discovery.sync_mode", "must be a string")
+
+	live := `{"streams":[{"instance_name":"a","endpoint":"tcp://h:1","sync_mode":"live"}]}`
+	if c := mustParse(t, live); c.Streams[0].SyncMode != SyncLive || c.Streams[0].ReplayEndpoint != "" {
+		t.Fatalf("live stream %+v", c.Streams[0])
+	}
+	mustFail(t, `{"streams":[{"instance_name":"a","endpoint":"tcp://h:1","sync_mode":"live","replay_endpoint":"tcp://h:2"}]}`,
+		"streams[0].replay_endpoint", "must be absent when sync_mode is live")
+	mustFail(t, `{"streams":[{"instance_name":"a","endpoint":"tcp://h:1","sync_mode":"history"}]}`,
+		"streams[0].replay_endpoint", "is required when sync_mode is history")
+	if c := mustParse(t, `{"streams":[{"instance_name":"a","endpoint":"tcp://h:1","sync_mode":"history","replay_endpoint":"tcp://h:2"}]}`); c.Streams[0].SyncMode != SyncHistory {
+		t.Fatalf("history stream %+v", c.Streams[0])
+	}
+	// Two live streams have no replay endpoints to collide.
+	mustParse(t, `{"streams":[{"instance_name":"a","endpoint":"tcp://h:1","sync_mode":"live"},{"instance_name":"b","endpoint":"tcp://h:2","sync_mode":"live"}]}`)
 }
 
 func TestDuplicates(t *testing.T) {
@@ -393,7 +427,7 @@ func TestReferenceMatchesParser(t *testing.T) {
 		// Every documented key is accepted with its documented default.
 		value := d.Default
 		switch value {
-		case "(required)":
+		case "(required)", "(required unless live)":
 			continue // present in validStream, accepted by every test that parses it
 		case "{}", "[]":
 		}
@@ -465,8 +499,9 @@ func TestExampleFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Default()
-	want.Discovery = Discovery{Enabled: true, BlockSize: 128, Topic: "xllm-kv", EventPortOffset: 10000,
-		ReplayPortOffset: 30000, RefreshInterval: time.Second, HashSeed: 1024}
+	want.Discovery = Discovery{Enabled: true, SyncMode: SyncSnapshot, VLLMSyncMode: SyncLive, SGLangSyncMode: SyncLive,
+		BlockSize: 128, Topic: "xllm-kv", EventPortOffset: 10000, ReplayPortOffset: 30000, SubscribeBindPorts: 1,
+		RefreshInterval: time.Second, HashSeed: 1024}
 	if !reflect.DeepEqual(*c, want) {
 		t.Fatalf("example = %+v, want %+v", *c, want)
 	}
@@ -510,4 +545,52 @@ func TestMarshalRoundTrip(t *testing.T) {
 	if c.Streams[0].InstanceName != "n\"1\x00" || c.Streams[0].HashSeed != 1<<64-1 {
 		t.Fatalf("values: %+v", c.Streams[0])
 	}
+}
+
+// Topic templates: placeholders are checked at start-up and expanded per
+// stream; the empty template stays empty (every topic).
+func TestTopicTemplates(t *testing.T) {
+	c := mustParse(t, `{"discovery":{"topic":"kv@{name}@{dp_rank}","vllm_topic":"kv@{host}:{port}","sglang_topic":""}}`)
+	d := c.Discovery
+	for backend, want := range map[string]string{"": "kv@10.0.0.5:8000@1", "xllm": "kv@10.0.0.5:8000@1", "vllm": "kv@10.0.0.5:8000", "sglang": ""} {
+		if got := ExpandTopic(d.TopicFor(backend), "10.0.0.5:8000", "10.0.0.5", "8000", 1); got != want {
+			t.Errorf("%q: topic %q, want %q", backend, got, want)
+		}
+	}
+	if d := mustParse(t, `{}`).Discovery; d.Topic != "xllm-kv" || d.VLLMTopic != "" || d.SGLangTopic != "" {
+		t.Fatalf("default topics %q %q %q", d.Topic, d.VLLMTopic, d.SGLangTopic)
+	}
+	mustFail(t, `{"discovery":{"topic":"kv@{pod}"}}`, "discovery.topic", "unknown placeholder {pod}")
+	mustFail(t, `{"discovery":{"vllm_topic":"kv@{name"}}`, "discovery.vllm_topic", "has a { without a }")
+	mustFail(t, `{"discovery":{"sglang_topic":"kv}"}}`, "discovery.sglang_topic", "has a } without a {")
+}
+
+// Bound-subscriber mode (item 5): the bind address may use a wildcard;
+// every topic template must name the instance; bound static streams share
+// an endpoint told apart by topic and rank.
+func TestSubscribeBind(t *testing.T) {
+	c := mustParse(t, `{"discovery":{"subscribe_bind":"tcp://*:5557","subscribe_bind_ports":2,"topic":"kv@{name}","vllm_topic":"kv@{host}:{port}","sglang_topic":"x{name}"}}`)
+	if got := BindPorts(c.Discovery.SubscribeBind, c.Discovery.SubscribeBindPorts); strings.Join(got, " ") != "tcp://*:5557 tcp://*:5558" {
+		t.Fatalf("bind ports %v", got)
+	}
+	mustFail(t, `{"discovery":{"subscribe_bind":"tcp://*:5557","topic":"kv@{name}","sglang_topic":"x{name}"}}`,
+		"discovery.vllm_topic", "must contain {name}")
+	mustFail(t, `{"discovery":{"subscribe_bind":"tcp://*:65535","subscribe_bind_ports":2,"topic":"{name}","vllm_topic":"{name}","sglang_topic":"{name}"}}`,
+		"discovery.subscribe_bind_ports", "above 65535")
+	mustFail(t, `{"discovery":{"subscribe_bind":"udp://*:1"}}`, "discovery.subscribe_bind", "only the tcp transport")
+	mustFail(t, `{"discovery":{"subscribe_bind":"tcp://*:0"}}`, "discovery.subscribe_bind", "port must be")
+
+	ok := `{"streams":[
+		{"instance_name":"a","endpoint":"tcp://0.0.0.0:5557","bind":true,"topic":"kv@a","sync_mode":"live"},
+		{"instance_name":"b","endpoint":"tcp://0.0.0.0:5557","bind":true,"topic":"kv@b","sync_mode":"live"},
+		{"instance_name":"b","dp_rank":1,"endpoint":"tcp://0.0.0.0:5557","bind":true,"topic":"kv@b","sync_mode":"live"}]}`
+	if c := mustParse(t, ok); !c.Streams[0].Bind || c.Streams[2].Endpoint != "tcp://0.0.0.0:5557" {
+		t.Fatalf("bound streams %+v", c.Streams)
+	}
+	mustFail(t, `{"streams":[{"instance_name":"a","endpoint":"tcp://0.0.0.0:5557","sync_mode":"live"}]}`, "streams[0].endpoint", "unspecified")
+	mustFail(t, `{"streams":[{"instance_name":"a","endpoint":"tcp://*:5557","bind":true,"sync_mode":"live"}]}`, "streams[0].topic", "must not be empty")
+	mustFail(t, `{"streams":[{"instance_name":"a","endpoint":"tcp://*:5557","bind":true,"topic":"t","sync_mode":"live"},
+		{"instance_name":"b","endpoint":"tcp://*:5557","bind":true,"topic":"t","sync_mode":"live"}]}`, "streams[1].topic", "duplicates streams[0]")
+	mustFail(t, `{"streams":[{"instance_name":"a","endpoint":"tcp://h:5557","bind":true,"topic":"t","sync_mode":"live"},
+		{"instance_name":"b","endpoint":"tcp://h:5557","sync_mode":"live"}]}`, "streams[1].endpoint", "is bound by another stream")
 }

@@ -19,7 +19,11 @@
 //
 // Beyond the keys of the design note, discovery accepts an optional
 // hash_seed (default 1024) so that streams found by discovery can use the
-// same content-key seed choice as static streams.
+// same content-key seed choice as static streams; a sync mode and a topic
+// template per backend_type (xllm, vllm, sglang), topic templates with
+// {name}, {host}, {port} and {dp_rank}; and subscribe_bind for engines
+// that dial one subscriber. Static streams take a sync_mode (a live one
+// has no replay_endpoint) and bind.
 //
 // The package must not open sockets, resolve host names or know about
 // streams at run time: it turns a file into a validated Config and nothing

@@ -79,3 +79,50 @@ func checkHostName(h string) string {
 	}
 	return ""
 }
+
+// bindEndpointError checks that s is a tcp://host:port address kvcar can
+// bind: a wildcard host (*, 0.0.0.0, [::]) is allowed here, unlike in
+// endpoints kvcar connects to. It returns "" or the reason.
+func bindEndpointError(s string) string {
+	rest, ok := strings.CutPrefix(s, "tcp://")
+	if !ok {
+		return "must be tcp://host:port (only the tcp transport is supported)"
+	}
+	host, port, err := net.SplitHostPort(rest)
+	if err != nil || strings.ContainsAny(rest, "/?#@ \t\r\n") {
+		return "must be tcp://host:port, e.g. tcp://*:5557 or tcp://0.0.0.0:5557"
+	}
+	if port == "" || strings.Trim(port, "0123456789") != "" || len(port) > 5 {
+		return "port must be a number in [1, 65535]"
+	}
+	if p, _ := strconv.Atoi(port); p < 1 || p > 65535 {
+		return "port must be a number in [1, 65535]"
+	}
+	switch {
+	case host == "*":
+		return ""
+	case host == "":
+		return "host is empty; use * to bind every interface"
+	}
+	if _, err := netip.ParseAddr(host); err == nil {
+		return ""
+	}
+	return checkHostName(host)
+}
+
+// BindPorts returns the endpoints of a bind address and the count of
+// consecutive ports from its port on: tcp://*:5557 and 2 give
+// tcp://*:5557 and tcp://*:5558. The address was checked by Parse.
+func BindPorts(endpoint string, n int) []string {
+	rest := strings.TrimPrefix(endpoint, "tcp://")
+	host, port, err := net.SplitHostPort(rest)
+	if err != nil {
+		return nil
+	}
+	p, _ := strconv.Atoi(port)
+	out := make([]string, 0, n)
+	for i := range n {
+		out = append(out, "tcp://"+net.JoinHostPort(host, strconv.Itoa(p+i)))
+	}
+	return out
+}

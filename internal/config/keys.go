@@ -3,6 +3,7 @@ package config
 import (
 	"math"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -25,6 +26,9 @@ const (
 	kindBool                      // JSON boolean -> bool
 	kindString                    // JSON string -> string
 	kindEndpoint                  // JSON string holding tcp://host:port -> string
+	kindTopic                     // JSON string holding a topic template -> string
+	kindBind                      // JSON string holding a bindable tcp://host:port, or empty -> string
+	kindEnum                      // JSON string, one of keySpec.values -> string or SyncMode
 	kindObject                    // JSON object (discovery)
 	kindArray                     // JSON array of objects (streams)
 )
@@ -35,7 +39,7 @@ func (k valueKind) jsonType() string {
 		return "an integer"
 	case kindBool:
 		return "a boolean"
-	case kindString, kindEndpoint:
+	case kindString, kindEndpoint, kindEnum, kindTopic, kindBind:
 		return "a string"
 	case kindObject:
 		return "an object"
@@ -65,6 +69,11 @@ type keySpec struct {
 	max     int64
 	defInt  int64
 	defStr  string
+	// values lists the accepted strings of a kindEnum key.
+	values []string
+	// defDoc overrides the generated default text where the default
+	// depends on another key.
+	defDoc string
 	// rangeDoc overrides the generated range text where a cross-key rule
 	// applies.
 	rangeDoc string
@@ -118,18 +127,47 @@ var keyTable = []keySpec{
 	{scope: scopeDiscovery, name: "enabled", kind: kindBool,
 		desc:  "Subscribe to every eligible registered instance.",
 		field: func(t target) any { return &t.disc.Enabled }},
+	{scope: scopeDiscovery, name: "sync_mode", kind: kindEnum, values: syncModes, defStr: string(SyncSnapshot),
+		desc: "How streams of instances with backend_type xllm (or none, or one without a key below) learn the engine's state: " +
+			"snapshot (the replay endpoint sends the full current state), history (it sends the batches the engine still buffers; " +
+			"views may be partial) or live (no replay endpoint; a view starts empty at the first message).",
+		field: func(t target) any { return &t.disc.SyncMode }},
+	{scope: scopeDiscovery, name: "vllm_sync_mode", kind: kindEnum, values: syncModes, defStr: string(SyncLive),
+		desc: "Sync mode of instances with backend_type vllm (vLLM behind xllm-service's vllm_sidecar): live for vLLM's default " +
+			"--kv-events-config, history when it sets replay_endpoint at the replay port kvcar derives.",
+		field: func(t target) any { return &t.disc.VLLMSyncMode }},
+	{scope: scopeDiscovery, name: "sglang_sync_mode", kind: kindEnum, values: syncModes, defStr: string(SyncLive),
+		desc:  "Sync mode of instances with backend_type sglang, as for vllm_sync_mode.",
+		field: func(t target) any { return &t.disc.SGLangSyncMode }},
 	{scope: scopeDiscovery, name: "block_size", kind: kindInt, min: 1, max: 4096, defInt: 128,
 		desc:  "Tokens per block; must match the block_size of the engines' BlockStored events.",
 		field: func(t target) any { return &t.disc.BlockSize }},
-	{scope: scopeDiscovery, name: "topic", kind: kindString, defStr: "xllm-kv",
-		desc:  "Topic the engines publish; matched exactly.",
+	{scope: scopeDiscovery, name: "topic", kind: kindTopic, defStr: "xllm-kv",
+		desc: "Topic template of instances with backend_type xllm (or none, or one without a key below): {name}, {host}, {port} and " +
+			"{dp_rank} are replaced by the instance name, its host and port and the stream's DP rank; the result is matched exactly, " +
+			"and an empty template accepts every topic.",
 		field: func(t target) any { return &t.disc.Topic }},
+	{scope: scopeDiscovery, name: "vllm_topic", kind: kindTopic, defStr: "",
+		desc:  "Topic template of instances with backend_type vllm (vLLM's default topic is empty).",
+		field: func(t target) any { return &t.disc.VLLMTopic }},
+	{scope: scopeDiscovery, name: "sglang_topic", kind: kindTopic, defStr: "",
+		desc:  "Topic template of instances with backend_type sglang.",
+		field: func(t target) any { return &t.disc.SGLangTopic }},
 	{scope: scopeDiscovery, name: "event_port_offset", kind: kindInt, min: 1, max: 65535, defInt: 10000,
 		desc:  "Event port = registered HTTP port + event_port_offset + dp_rank. Must differ from replay_port_offset.",
 		field: func(t target) any { return &t.disc.EventPortOffset }},
 	{scope: scopeDiscovery, name: "replay_port_offset", kind: kindInt, min: 1, max: 65535, defInt: 30000,
 		desc:  "Replay port = registered HTTP port + replay_port_offset + dp_rank. Must differ from event_port_offset.",
 		field: func(t target) any { return &t.disc.ReplayPortOffset }},
+	{scope: scopeDiscovery, name: "subscribe_bind", kind: kindBind, defStr: "",
+		desc: "Bound-subscriber mode: kvcar binds one subscriber at this address (and the subscribe_bind_ports-1 ports after it, " +
+			"for DP rank r dialing port+r as vLLM does) and every engine's publisher dials it; streams are told apart by topic, " +
+			"so every topic template must name the instance ({name}, or {host} and {port}). Empty: kvcar connects to each " +
+			"engine's event port.",
+		field: func(t target) any { return &t.disc.SubscribeBind }},
+	{scope: scopeDiscovery, name: "subscribe_bind_ports", kind: kindInt, min: 1, max: 1024, defInt: 1,
+		desc:  "Consecutive ports bound from subscribe_bind's port on; at least the largest DP size of the engines.",
+		field: func(t target) any { return &t.disc.SubscribeBindPorts }},
 	{scope: scopeDiscovery, name: "refresh_interval_ms", kind: kindMillis, min: 50, max: 60000, defInt: 1000,
 		desc:  "Interval between reconciliations with the local instance registry snapshot.",
 		field: func(t target) any { return &t.disc.RefreshInterval }},
@@ -149,13 +187,22 @@ var keyTable = []keySpec{
 		desc:  "Tokens per block; must match the stream's BlockStored events.",
 		field: func(t target) any { return &t.stream.BlockSize }},
 	{scope: scopeStream, name: "endpoint", kind: kindEndpoint, required: true,
-		desc:  "Connectable live event address tcp://host:port; wildcard hosts (*, 0.0.0.0, ::) are rejected. Unique across all endpoints.",
+		rangeDoc: "tcp://host:port, host connectable (bindable when bind is true), port [1, 65535]",
+		desc: "Live event address tcp://host:port that kvcar connects to; wildcard hosts (*, 0.0.0.0, ::) are rejected. " +
+			"Unique across all endpoints, except that streams with bind true share theirs.",
 		field: func(t target) any { return &t.stream.Endpoint }},
-	{scope: scopeStream, name: "replay_endpoint", kind: kindEndpoint, required: true,
-		desc:  "Connectable snapshot replay address tcp://host:port. Unique across all endpoints.",
-		field: func(t target) any { return &t.stream.ReplayEndpoint }},
+	{scope: scopeStream, name: "bind", kind: kindBool,
+		desc:  "kvcar binds endpoint and the engine dials it (wildcard hosts allowed); streams binding one endpoint share it and need distinct non-empty topics or DP ranks.",
+		field: func(t target) any { return &t.stream.Bind }},
+	{scope: scopeStream, name: "sync_mode", kind: kindEnum, values: syncModes, defStr: string(SyncSnapshot),
+		desc:  "What the replay endpoint answers: snapshot (full state), history (buffered batches) or live (there is none).",
+		field: func(t target) any { return &t.stream.SyncMode }},
+	{scope: scopeStream, name: "replay_endpoint", kind: kindEndpoint, defStr: "", defDoc: "(required unless live)",
+		rangeDoc: "tcp://host:port, host connectable, port [1, 65535]; required unless sync_mode is live, absent when it is",
+		desc:     "Connectable replay address tcp://host:port. Unique across all endpoints.",
+		field:    func(t target) any { return &t.stream.ReplayEndpoint }},
 	{scope: scopeStream, name: "topic", kind: kindString, defStr: "",
-		desc:  "Topic the engine publishes; matched exactly.",
+		desc:  "Topic the engine publishes; matched exactly. Empty accepts every topic.",
 		field: func(t target) any { return &t.stream.Topic }},
 	{scope: scopeStream, name: "hash_seed", kind: kindUint64, min: 0, defInt: 1024,
 		desc:  "Seed of the directory's internal content keys; need not match engine hashes.",
@@ -178,6 +225,8 @@ func (k *keySpec) setDefault(t target) {
 		*p = false
 	case *string:
 		*p = k.defStr
+	case *SyncMode:
+		*p = SyncMode(k.defStr)
 	}
 }
 
@@ -213,6 +262,12 @@ func (k *keySpec) rangeText() string {
 		return "true or false"
 	case kindEndpoint:
 		return "tcp://host:port, host connectable, port [1, 65535]"
+	case kindEnum:
+		return strings.Join(k.values, ", ")
+	case kindTopic:
+		return "any string; placeholders {name}, {host}, {port}, {dp_rank}"
+	case kindBind:
+		return "empty, or tcp://host:port with host bindable (*, 0.0.0.0, an address or a name)"
 	case kindString:
 		if k.required {
 			return "non-empty string"
@@ -227,6 +282,8 @@ func (k *keySpec) rangeText() string {
 
 func (k *keySpec) defaultText() string {
 	switch {
+	case k.defDoc != "":
+		return k.defDoc
 	case k.required:
 		return "(required)"
 	case k.kind == kindObject:
@@ -235,7 +292,7 @@ func (k *keySpec) defaultText() string {
 		return "[]"
 	case k.kind == kindBool:
 		return "false"
-	case k.kind == kindString:
+	case k.kind == kindString, k.kind == kindEnum, k.kind == kindEndpoint, k.kind == kindTopic, k.kind == kindBind:
 		return strconv.Quote(k.defStr)
 	default:
 		return strconv.FormatInt(k.defInt, 10)

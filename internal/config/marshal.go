@@ -53,6 +53,8 @@ func appendScope(b []byte, s scope, t target) []byte {
 			// strconv.Quote would emit Go-only escapes such as \x00.
 			q, _ := json.Marshal(*p)
 			b = append(b, q...)
+		case *SyncMode:
+			b = strconv.AppendQuote(b, string(*p))
 		}
 	}
 	return b

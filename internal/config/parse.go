@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -291,7 +292,7 @@ func (k *keySpec) decode(raw json.RawMessage, t target, index int) error {
 			return typeErr()
 		}
 		*k.field(t).(*bool) = string(raw) == "true"
-	case kindString, kindEndpoint:
+	case kindString, kindEndpoint, kindEnum, kindTopic, kindBind:
 		if got != "a string" {
 			return typeErr()
 		}
@@ -302,12 +303,33 @@ func (k *keySpec) decode(raw json.RawMessage, t target, index int) error {
 		if k.required && strings.TrimSpace(s) == "" {
 			return &Error{Key: path, Value: shown(raw), Reason: "must be a non-empty string"}
 		}
-		if k.kind == kindEndpoint {
+		// An optional endpoint written as "" is absent; validate decides
+		// whether it may be. A stream's endpoint is checked in validate,
+		// where bind is known.
+		if k.kind == kindEndpoint && (k.required || s != "") && !(k.scope == scopeStream && k.name == "endpoint") {
 			if _, reason := canonicalEndpoint(s); reason != "" {
 				return &Error{Key: path, Value: shown(raw), Reason: reason}
 			}
 		}
-		*k.field(t).(*string) = s
+		if k.kind == kindBind && s != "" {
+			if reason := bindEndpointError(s); reason != "" {
+				return &Error{Key: path, Value: shown(raw), Reason: reason}
+			}
+		}
+		if k.kind == kindTopic {
+			if reason := topicTemplateError(s); reason != "" {
+				return &Error{Key: path, Value: shown(raw), Reason: "topic template " + reason}
+			}
+		}
+		if k.kind == kindEnum && !slices.Contains(k.values, s) {
+			return &Error{Key: path, Value: shown(raw), Reason: "must be one of " + strings.Join(k.values, ", ")}
+		}
+		switch p := k.field(t).(type) {
+		case *string:
+			*p = s
+		case *SyncMode:
+			*p = SyncMode(s)
+		}
 	}
 	return nil
 }
@@ -336,12 +358,43 @@ func validate(c *Config) error {
 		return &Error{Key: "discovery.replay_port_offset", Value: strconv.Itoa(c.Discovery.ReplayPortOffset),
 			Reason: "must differ from discovery.event_port_offset, or every event port would equal a replay port"}
 	}
+	if d := &c.Discovery; d.SubscribeBind != "" {
+		for _, tk := range []struct{ key, template string }{
+			{"discovery.topic", d.Topic}, {"discovery.vllm_topic", d.VLLMTopic}, {"discovery.sglang_topic", d.SGLangTopic},
+		} {
+			t := tk.template
+			if !strings.Contains(t, "{name}") && !(strings.Contains(t, "{host}") && strings.Contains(t, "{port}")) {
+				return &Error{Key: tk.key, Value: strconv.Quote(t),
+					Reason: "must contain {name}, or {host} and {port}, when discovery.subscribe_bind is set: engines dialing one subscriber are told apart by topic"}
+			}
+		}
+		if ports := BindPorts(d.SubscribeBind, d.SubscribeBindPorts); len(ports) > 0 {
+			if p := lastPort(ports[len(ports)-1]); p > 65535 {
+				return &Error{Key: "discovery.subscribe_bind_ports", Value: strconv.Itoa(d.SubscribeBindPorts),
+					Reason: fmt.Sprintf("ports from discovery.subscribe_bind on reach %d, above 65535", p)}
+			}
+		}
+	}
 	if c.Discovery.Enabled && len(c.Streams) > 0 {
 		return &Error{Key: "streams", Reason: "must be empty when discovery.enabled is true; the two sources would manage the same subscriptions (R-CFG-5)"}
 	}
 	if len(c.Streams) > c.MaxStreams {
 		return &Error{Key: "streams", Value: fmt.Sprintf("%d elements", len(c.Streams)),
 			Reason: fmt.Sprintf("must have at most max_streams (%d) elements", c.MaxStreams)}
+	}
+	for i := range c.Streams {
+		s := &c.Streams[i]
+		switch {
+		case s.SyncMode == SyncLive && s.ReplayEndpoint != "":
+			return &Error{Key: fmt.Sprintf("streams[%d].replay_endpoint", i), Value: strconv.Quote(s.ReplayEndpoint),
+				Reason: "must be absent when sync_mode is live: a live stream has no replay endpoint"}
+		case s.SyncMode != SyncLive && s.ReplayEndpoint == "":
+			return &Error{Key: fmt.Sprintf("streams[%d].replay_endpoint", i),
+				Reason: fmt.Sprintf("is required when sync_mode is %s", s.SyncMode)}
+		}
+	}
+	if err := validateStreamEndpoints(c.Streams); err != nil {
+		return err
 	}
 	type streamID struct {
 		name string
@@ -361,6 +414,13 @@ func validate(c *Config) error {
 			{fmt.Sprintf("streams[%d].endpoint", i), s.Endpoint},
 			{fmt.Sprintf("streams[%d].replay_endpoint", i), s.ReplayEndpoint},
 		} {
+			if ep.value == "" {
+				continue
+			}
+			if s.Bind && ep.value == s.Endpoint {
+				// Bound streams share their endpoint; checked below.
+				continue
+			}
 			canon, _ := canonicalEndpoint(ep.value)
 			if other, dup := endpoints[canon]; dup {
 				return &Error{Key: ep.key, Value: strconv.Quote(ep.value), Reason: "duplicates " + other}
@@ -369,4 +429,60 @@ func validate(c *Config) error {
 		}
 	}
 	return nil
+}
+
+// validateStreamEndpoints checks each stream's endpoint for its role:
+// connectable, or bindable with bind. Streams binding one endpoint share
+// it and must be told apart by topic and DP rank; a bound endpoint is
+// nobody's connect endpoint.
+func validateStreamEndpoints(streams []Stream) error {
+	type shared struct {
+		topic string
+		rank  int
+	}
+	bound := map[string]map[shared]int{}
+	for i := range streams {
+		s := &streams[i]
+		key := fmt.Sprintf("streams[%d].endpoint", i)
+		if !s.Bind {
+			if _, reason := canonicalEndpoint(s.Endpoint); reason != "" {
+				return &Error{Key: key, Value: strconv.Quote(s.Endpoint), Reason: reason}
+			}
+			continue
+		}
+		if reason := bindEndpointError(s.Endpoint); reason != "" {
+			return &Error{Key: key, Value: strconv.Quote(s.Endpoint), Reason: reason}
+		}
+		if s.Topic == "" {
+			return &Error{Key: fmt.Sprintf("streams[%d].topic", i),
+				Reason: "must not be empty when bind is true: streams sharing a bound endpoint are told apart by topic"}
+		}
+		m := bound[s.Endpoint]
+		if m == nil {
+			m = map[shared]int{}
+			bound[s.Endpoint] = m
+		}
+		if j, dup := m[shared{s.Topic, s.DPRank}]; dup {
+			return &Error{Key: fmt.Sprintf("streams[%d].topic", i), Value: strconv.Quote(s.Topic),
+				Reason: fmt.Sprintf("with dp_rank %d duplicates streams[%d] on the bound endpoint %s", s.DPRank, j, s.Endpoint)}
+		}
+		m[shared{s.Topic, s.DPRank}] = i
+	}
+	for i := range streams {
+		if s := &streams[i]; !s.Bind && bound[s.Endpoint] != nil {
+			return &Error{Key: fmt.Sprintf("streams[%d].endpoint", i), Value: strconv.Quote(s.Endpoint),
+				Reason: "is bound by another stream"}
+		}
+	}
+	return nil
+}
+
+// lastPort returns the port of a tcp://host:port address, 0 if none.
+func lastPort(endpoint string) int {
+	i := strings.LastIndexByte(endpoint, ':')
+	if i < 0 {
+		return 0
+	}
+	p, _ := strconv.Atoi(endpoint[i+1:])
+	return p
 }

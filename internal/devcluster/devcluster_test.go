@@ -1,8 +1,12 @@
 package devcluster
 
 import (
+	"context"
+	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -75,6 +79,7 @@ func TestClusterSyncsAndStops(t *testing.T) {
 	if err := engines.WaitHeartbeats(t.Context(), 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
+	checkVLLMSidecar(t, etcd, kv)
 	if err := kv.Exited(); err != nil {
 		t.Fatalf("running kvcar: %v", err)
 	}
@@ -99,6 +104,65 @@ func TestClusterSyncsAndStops(t *testing.T) {
 	}
 	if err := kv.Stop(); err != nil {
 		t.Fatalf("second Stop: %v", err)
+	}
+}
+
+// checkVLLMSidecar starts a VLLMSidecar engine beside the running
+// cluster: etcd holds exactly the sidecar's meta fields, kvcar accepts its
+// HTTP heartbeats, lists its stream in live mode and synchronises it from
+// its first KV event.
+func checkVLLMSidecar(t *testing.T, etcd *etcdembed.Server, kv *KVCar) {
+	t.Helper()
+	vllm, err := StartEngines([]enginesim.Config{VLLMSidecar(enginesim.Config{BlockSize: 16, DeviceBlocks: 64},
+		etcd.Endpoints(), "devcluster-test", 100*time.Millisecond, kv.InternalURL())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vllm.Close()
+	vl := vllm[0]
+	cli, err := etcd.Client()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	got, err := cli.Get(t.Context(), "/devcluster-test/XLLM:DEFAULT:"+vl.Name())
+	if err != nil || len(got.Kvs) != 1 {
+		t.Fatalf("sidecar key of %s: %v %v", vl.Name(), got, err)
+	}
+	var meta map[string]any
+	if err := json.Unmarshal(got.Kvs[0].Value, &meta); err != nil {
+		t.Fatal(err)
+	}
+	keys := slices.Sorted(maps.Keys(meta))
+	if want := []string{"backend_type", "incarnation_id", "name", "register_ts_ms", "rpc_address", "type"}; !slices.Equal(keys, want) ||
+		meta["backend_type"] != "vllm" || meta["name"] != vl.Name() || meta["type"] != float64(0) {
+		t.Fatalf("sidecar meta %s, want the keys %v", got.Kvs[0].Value, want)
+	}
+	if err := vllm.WaitHeartbeats(t.Context(), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	st, err := kv.WaitStream(t.Context(), vl.Name(), 10*time.Second)
+	if err != nil || st.SyncMode != "live" || st.Synchronized {
+		t.Fatalf("vLLM stream before any event: %+v %v", st, err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	if err := vl.WaitSubscribed(ctx, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := vl.Prefill(0, make([]uint32, 32)); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if st, err = kv.WaitStream(ctx, vl.Name(), 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if st.Synchronized && st.Complete && st.DeviceBlocks == 2 {
+			break
+		}
+		if err := sleep(ctx, pollInterval); err != nil {
+			t.Fatalf("vLLM stream after its first event: %+v", st)
+		}
 	}
 }
 

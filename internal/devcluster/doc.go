@@ -7,8 +7,10 @@
 //
 // What must agree between the engines and kvcar is decided here once:
 // the topic the engines publish and the config subscribes (Topic), the
-// discovery port offsets, registration as DEFAULT instances, and the
-// loopback address kvcar advertises for heartbeats.
+// discovery port offsets, registration as DEFAULT instances (xLLM
+// engines, or vLLM servers registered as xllm-service's vllm_sidecar
+// registers them, VLLMSidecar, followed in live mode), and the loopback
+// address kvcar advertises for heartbeats.
 //
 // Ownership: a KVCar owns its child process and the one goroutine that
 // waits for it; Stop ends the process (SIGTERM, then SIGKILL after

@@ -42,6 +42,18 @@ func (es Engines) Streams() int {
 	return n
 }
 
+// Served returns what the engine that took a request over baidu_std
+// reported about it, by the id its output carried: the id of the OpenAI
+// answer kvcar wrote from that output.
+func (es Engines) Served(reqID string) (enginesim.EngineUsage, bool) {
+	for _, e := range es {
+		if eu, ok := e.Served(reqID); ok {
+			return eu, true
+		}
+	}
+	return enginesim.EngineUsage{}, false
+}
+
 // Close closes every engine; an engine registered in etcd revokes its
 // lease, so kvcar drops it at once.
 func (es Engines) Close() error {

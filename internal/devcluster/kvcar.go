@@ -254,3 +254,62 @@ func freePort() (int, error) {
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
+
+// StreamState is what kvcar's streams listing says of one stream.
+type StreamState struct {
+	Instance     string `json:"instance_name"`
+	DPRank       int    `json:"dp_rank"`
+	SyncMode     string `json:"sync_mode"`
+	Synchronized bool   `json:"synchronized"`
+	Complete     bool   `json:"complete"`
+	DeviceBlocks int    `json:"device_blocks"`
+	HostBlocks   int    `json:"host_blocks"`
+}
+
+// StreamStates reads kvcar's streams listing from its internal listener.
+func (k *KVCar) StreamStates(ctx context.Context) ([]StreamState, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.internalURL+server.StreamsPath, nil)
+	if err != nil {
+		return nil, fmt.Errorf("streams: %w", err)
+	}
+	resp, err := k.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("streams: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return nil, fmt.Errorf("streams: %s: %s", resp.Status, strings.TrimSpace(string(b)))
+	}
+	var out struct {
+		Streams []StreamState `json:"streams"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, fmt.Errorf("streams answer: %w", err)
+	}
+	return out.Streams, nil
+}
+
+// WaitStream waits until kvcar lists a stream of instance and returns
+// its state. It gives up at once when kvcar exits.
+func (k *KVCar) WaitStream(ctx context.Context, instance string, timeout time.Duration) (StreamState, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		if err := k.Exited(); err != nil {
+			return StreamState{}, err
+		}
+		// Errors are expected until kvcar listens and is ready.
+		states, err := k.StreamStates(ctx)
+		for _, s := range states {
+			if s.Instance == instance {
+				return s, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return StreamState{}, fmt.Errorf("no kvcar stream of %s within %v (last error: %v)", instance, timeout, err)
+		}
+		if err := sleep(ctx, pollInterval); err != nil {
+			return StreamState{}, err
+		}
+	}
+}

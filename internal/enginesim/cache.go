@@ -64,13 +64,13 @@ func (c *cache) chainHashes(tokens []uint32) []kvevent.EngineHash {
 	for i := 0; i < n; i++ {
 		b := c.hashBuf[:0]
 		if i > 0 {
-			b = binary.BigEndian.AppendUint64(b, uint64(parent))
+			b = binary.BigEndian.AppendUint64(b, parent.Lo)
 		}
 		for _, t := range tokens[i*c.blockSize : (i+1)*c.blockSize] {
 			b = binary.LittleEndian.AppendUint32(b, t)
 		}
 		c.hashBuf = b
-		parent = kvevent.EngineHash(xxh3.HashSeed(b, c.seed))
+		parent = kvevent.IntHash(xxh3.HashSeed(b, c.seed))
 		out[i] = parent
 	}
 	return out
@@ -205,7 +205,7 @@ func (c *cache) prefill(tokens []uint32, b *kvevent.Batch) (deviceHit, hostHit i
 
 func (c *cache) parentOf(hashes []kvevent.EngineHash, i int) (kvevent.EngineHash, bool) {
 	if i == 0 {
-		return 0, false
+		return kvevent.EngineHash{}, false
 	}
 	return hashes[i-1], true
 }
@@ -243,7 +243,7 @@ func (c *cache) makeDeviceRoom(pinned map[kvevent.EngineHash]struct{}, b *kveven
 		victim.host = c.host.PushFront(victim)
 		// A Host copy is announced by hash only; the subscriber resolves
 		// it through the Device copy it already knows (WIRE.md).
-		b.AddStored([]kvevent.EngineHash{victim.hash}, 0, false, nil, 0, kvevent.Host)
+		b.AddStored([]kvevent.EngineHash{victim.hash}, kvevent.EngineHash{}, false, nil, 0, kvevent.Host)
 	}
 	c.device.Remove(victim.dev)
 	victim.dev = nil

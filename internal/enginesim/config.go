@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvcar/kvcar/internal/kvevent"
@@ -22,6 +23,10 @@ const (
 	DefaultSnapshotBatchBlocks = 512
 	DefaultSendHWM             = 1000
 	DefaultReplaySlowDelay     = 100 * time.Millisecond
+
+	// DefaultHistoryBatches is the history a ReplayHistory rank keeps,
+	// vLLM's buffer_steps default.
+	DefaultHistoryBatches = 10000
 
 	// DefaultEventPortOffset and DefaultReplayPortOffset are the discovery
 	// offsets from the business HTTP port (R-DISC-2).
@@ -39,6 +44,10 @@ type Config struct {
 	Name string
 	// DPSize is the number of DP ranks, each with its own streams (1).
 	DPSize int
+	// DPRankBase is added to every rank's number in its batches: an
+	// engine that is rank r of vLLM's external data parallelism, its own
+	// HTTP server at port+r, tags its batches with r (0).
+	DPRankBase int
 	// BlockSize is the number of tokens per block (DefaultBlockSize).
 	BlockSize int
 	// DeviceBlocks is the Device capacity of each DP rank, in blocks
@@ -53,8 +62,27 @@ type Config struct {
 	// rank; empty means AnyPort for every rank. See DiscoveryEndpoints.
 	EventEndpoints  []string
 	ReplayEndpoints []string
+	// DialEvents, when set, makes each rank's publisher dial a bound
+	// subscriber at this tcp://host:port address's port + rank instead
+	// of binding an event endpoint: vLLM with a non-wildcard endpoint,
+	// and llm-d's convention of one subscriber every pod dials. The
+	// replay endpoints are still bound.
+	DialEvents string
 	// Shape selects which of the engines' wire shapes is sent.
 	Shape kvevent.Shape
+	// Replay selects what the replay endpoint answers: the full current
+	// state (ReplayState, the seed's xLLM engine), the buffered history
+	// of live messages (ReplayHistory, vLLM and SGLang with a replay
+	// endpoint) or nothing, with no endpoint bound (ReplayNone, their
+	// default).
+	Replay ReplayKind
+	// HistoryBatches bounds the live messages a ReplayHistory rank keeps
+	// for replay (DefaultHistoryBatches); older ones are forgotten.
+	HistoryBatches int
+	// ReplayTopicFrames sends replay replies as [empty, topic, seq,
+	// payload] and the end marker as [empty, empty, END, empty], as
+	// vLLM 0.26 and later do, instead of the 3-frame forms.
+	ReplayTopicFrames bool
 	// Logger receives the engine's own log lines (discarded when nil).
 	Logger *slog.Logger
 	// SendHWM is the send high-water mark of both sockets of every rank
@@ -180,6 +208,17 @@ func (c Config) withDefaults() (Config, error) {
 	if c.SnapshotBatchBlocks == 0 {
 		c.SnapshotBatchBlocks = DefaultSnapshotBatchBlocks
 	}
+	if c.HistoryBatches == 0 {
+		c.HistoryBatches = DefaultHistoryBatches
+	}
+	switch {
+	case c.DPRankBase < 0:
+		return c, fmt.Errorf("enginesim: DPRankBase %d is negative", c.DPRankBase)
+	case c.HistoryBatches < 0:
+		return c, fmt.Errorf("enginesim: HistoryBatches %d is negative", c.HistoryBatches)
+	case c.Replay < ReplayState || c.Replay > ReplayNone:
+		return c, fmt.Errorf("enginesim: unknown Replay kind %d", c.Replay)
+	}
 	if c.SendHWM == 0 {
 		c.SendHWM = DefaultSendHWM
 	}
@@ -213,6 +252,11 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("enginesim: ReplaySendHWM %d is negative", c.ReplaySendHWM)
 	}
 	var err error
+	if c.DialEvents != "" {
+		if c.EventEndpoints, err = dialEndpoints(c.DialEvents, c.DPSize); err != nil {
+			return c, err
+		}
+	}
 	if c.EventEndpoints, err = endpointsFor("EventEndpoints", c.EventEndpoints, c.DPSize); err != nil {
 		return c, err
 	}
@@ -265,6 +309,9 @@ func (c *Config) resolveHTTP() error {
 	if c.DiscoveryOffsets != nil {
 		if len(c.EventEndpoints) > 0 || len(c.ReplayEndpoints) > 0 {
 			return errors.New("enginesim: DiscoveryOffsets derives the endpoints; EventEndpoints and ReplayEndpoints must be empty")
+		}
+		if c.DialEvents != "" {
+			defer func() { c.EventEndpoints = nil }() // dialEndpoints fills them
 		}
 		if c.HTTPAddr == "" {
 			c.HTTPAddr = "127.0.0.1:0"
@@ -360,4 +407,20 @@ func DiscoveryEndpoints(httpAddr string, dpSize, eventOffset, replayOffset int) 
 		replay = append(replay, rp)
 	}
 	return events, replay, nil
+}
+
+// dialEndpoints gives rank r the address base's port + r, as vLLM offsets
+// its endpoint by the DP rank.
+func dialEndpoints(base string, dpSize int) ([]string, error) {
+	rest, ok := strings.CutPrefix(base, "tcp://")
+	host, portStr, err := net.SplitHostPort(rest)
+	port, perr := strconv.Atoi(portStr)
+	if !ok || err != nil || perr != nil || port <= 0 || port+dpSize-1 > 65535 {
+		return nil, fmt.Errorf("enginesim: DialEvents %q is not tcp://host:port with room for %d ranks", base, dpSize)
+	}
+	out := make([]string, dpSize)
+	for r := range out {
+		out[r] = "tcp://" + net.JoinHostPort(host, strconv.Itoa(port+r))
+	}
+	return out, nil
 }

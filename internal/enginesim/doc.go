@@ -1,5 +1,6 @@
-// Package enginesim emulates an xLLM engine instance over real TCP, for
-// tests, benchmarks and local runs: its KV event side, its etcd
+// Package enginesim emulates an xLLM engine instance, or a vLLM or SGLang
+// server, over real TCP, for tests, benchmarks and local runs: its KV
+// event side, its etcd
 // registration, its heartbeats and an inference cost model behind its
 // OpenAI request path. Each DP rank has a block cache (a Device LRU and
 // an optional Host LRU), a live XPUB and a replay ROUTER, and publishes
@@ -27,7 +28,8 @@
 //
 // # Snapshots
 //
-// A replay request [empty, start_seq] is answered with the rank's current
+// With Config.Replay ReplayState (the seed's engine), a replay request
+// [empty, start_seq] is answered with the rank's current
 // full state whatever start_seq says (R-WIRE-3): batches of at most
 // SnapshotBatchBlocks blocks, parent first, each framed
 // [empty, watermark, payload], then the end marker
@@ -43,6 +45,23 @@
 // been sent since the rank started, there is no watermark to give and the
 // reply is the end marker alone: that is how a subscriber learns that the
 // state is empty and that every live message, from sequence 0, counts.
+//
+// # vLLM and SGLang modes
+//
+// The engine also speaks as vLLM and SGLang do (../shared/spec/DIALECTS.md):
+// Config.Shape selects their encodings (upper-case and SGLang media,
+// vLLM's extra fields, 32-byte sha256 hashes, signed hashes, SGLang's
+// legacy arrays, a legacy 0 for a root's parent); ReplayHistory answers
+// a replay with the live messages it still keeps from the requested
+// sequence on, each under its own sequence, at most HistoryBatches of
+// them (vLLM's buffer_steps); ReplayNone binds no replay endpoint (their
+// default); ReplayTopicFrames adds the topic frame to replies and an
+// empty one to the end marker (vLLM 0.26); Topic may be a per-pod topic;
+// DialEvents makes each rank's publisher dial a bound subscriber at the
+// given port + rank instead of binding (vLLM with a non-wildcard
+// endpoint); DPRankBase tags batches with rank base+dp, as each rank of
+// vLLM's external data parallelism, a server of its own, does.
+// SetDropLive keeps messages in the history but off the live channel.
 //
 // # Registration and load reports
 //
@@ -147,7 +166,13 @@
 // UNAVAILABLE under SetFailRequests or when the decode instance cannot be
 // reached, INVALID_ARGUMENT for a request without tokens. A generation
 // the service refuses (Status{ok: false}) or cannot take stops the
-// request.
+// request. An xLLM engine accepts a request without prompt text when it
+// has token_ids; the real one refuses it ("Prompt is empty"). The
+// engine's request ids, which the output carries and the service's
+// answer shows as its id, are unique across engines
+// ("cmpl-<hash of the name>-<n>"), and what the prefill instance did for
+// a request (the EngineUsage an HTTP answer carries, which Generations
+// have no room for) is kept under that id for Served.
 //
 // # Ownership
 //

@@ -81,6 +81,8 @@ type Engine struct {
 	// status SetFailRequests forces.
 	serve      serving
 	failStatus atomic.Int32
+	// served is the reports of the requests served over baidu_std.
+	served servedLog
 }
 
 // New validates cfg and fills in defaults. It binds nothing (see Start);

@@ -45,7 +45,7 @@ func (e *Engine) SendOversize(dp int, n int) error {
 			hashes[i] = phantomHash(r, uint64(i))
 		}
 		b := r.startBatch()
-		r.cache.addStored(b, hashes, 0, false, tokens, kvevent.Device)
+		r.cache.addStored(b, hashes, kvevent.EngineHash{}, false, tokens, kvevent.Device)
 		r.buf = kvevent.AppendBatch(r.buf[:0], b, r.cfg.Shape)
 		return r.sendLive(r.buf)
 	})
@@ -76,7 +76,7 @@ func phantomHash(r *rank, i uint64) kvevent.EngineHash {
 	binary.BigEndian.PutUint64(buf[:8], r.next)
 	binary.BigEndian.PutUint64(buf[8:], i)
 	for salt := r.cfg.HashSeed ^ 0x9e3779b97f4a7c15; ; salt++ {
-		h := kvevent.EngineHash(xxh3.HashSeed(buf[:], salt))
+		h := kvevent.IntHash(xxh3.HashSeed(buf[:], salt))
 		if _, taken := r.cache.blocks[h]; !taken {
 			return h
 		}
@@ -112,6 +112,17 @@ func (e *Engine) SetDropTail(dp int, on bool) error {
 	})
 }
 
+// SetDropLive makes rank dp publish into its history without sending on
+// the live channel: each message uses its sequence number and can be
+// replayed by a ReplayHistory rank, as when the publisher's queue drops
+// it for one subscriber.
+func (e *Engine) SetDropLive(dp int, on bool) error {
+	return e.do(dp, func(r *rank) error {
+		r.dropLive = on
+		return nil
+	})
+}
+
 // SetReplayMode selects how rank dp answers later snapshot requests.
 func (e *Engine) SetReplayMode(dp int, mode ReplayMode) error {
 	if mode < ReplayNormal || mode > ReplayIgnore {
@@ -132,4 +143,23 @@ func (e *Engine) SetReplayDelay(dp int, d time.Duration) error {
 		r.replayDelay = d
 		return nil
 	})
+}
+
+// PrefillLost serves a prompt like Prefill, but its live message is lost
+// on the way, as a publisher past its send HWM loses it: the cache
+// changes, the sequence number is used and counted as sent (a later
+// snapshot's watermark covers it), and nothing is delivered. A subscriber
+// sees the loss only as a gap at the next message (R-REC-3). Nothing is
+// lost when the prompt changes nothing.
+func (e *Engine) PrefillLost(dp int, tokens []uint32) (deviceHitTokens, hostHitTokens int, err error) {
+	err = e.do(dp, func(r *rank) error {
+		b := r.startBatch()
+		deviceHitTokens, hostHitTokens = r.cache.prefill(tokens, b)
+		if len(b.Events) > 0 && !r.dropTail {
+			r.sent, r.last = true, r.next
+			r.next++
+		}
+		return nil
+	})
+	return deviceHitTokens, hostHitTokens, err
 }

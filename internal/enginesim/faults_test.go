@@ -29,6 +29,48 @@ func TestSkipSeqMakesGapRREC3(t *testing.T) {
 	}
 }
 
+// R-REC-3: PrefillLost changes the cache and uses a sequence number but
+// delivers nothing, so the next message shows a gap, and the snapshot's
+// watermark covers the lost message and its blocks.
+func TestPrefillLostIsARealLossRREC3(t *testing.T) {
+	e := startEngine(t, Config{})
+	p := newPeer(t, e, 0)
+	_, _, err := e.Prefill(0, tokens(0, testBS))
+	must(t, err)
+	first := p.liveOK().seq
+	lost := tokens(1000, 2*testBS)
+	_, _, err = e.PrefillLost(0, lost)
+	must(t, err)
+	p.noLive()
+	if dev, _ := e.Oracle(0, lost); dev != len(lost) {
+		t.Fatalf("the lost prefill left %d device tokens of %d cached", dev, len(lost))
+	}
+	_, _, err = e.Prefill(0, tokens(2000, testBS))
+	must(t, err)
+	if got := p.liveOK().seq; got != first+2 {
+		t.Fatalf("seq after a lost message %d, want %d", got, first+2)
+	}
+	batches, ended := p.snapshot(0, recvTimeout)
+	if !ended || len(batches) == 0 || batches[0].seq != first+2 {
+		t.Fatalf("snapshot after the loss: %d batches, ended=%v", len(batches), ended)
+	}
+	m := newMirror()
+	for _, b := range batches {
+		m.apply(t, b.batch, testBS)
+	}
+	if len(m.blocks) != 4 {
+		t.Fatalf("snapshot holds %d blocks, want the 4 stored, lost ones included", len(m.blocks))
+	}
+	// A prompt that changes nothing loses nothing.
+	_, _, err = e.PrefillLost(0, lost)
+	must(t, err)
+	_, _, err = e.Prefill(0, tokens(3000, testBS))
+	must(t, err)
+	if got := p.liveOK().seq; got != first+3 {
+		t.Fatalf("seq after a lost no-op %d, want %d", got, first+3)
+	}
+}
+
 // R-REC-3: a corrupt payload goes out verbatim under the next seq and
 // fails to decode; an oversize one is well formed but over the limit.
 func TestRawAndOversizePayloadsRREC3(t *testing.T) {

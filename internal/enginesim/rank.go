@@ -50,8 +50,15 @@ type rank struct {
 	batch kvevent.Batch
 	buf   []byte
 	jobs  []*replayJob
+	// bound is true while the rank has its sockets; rs is nil with
+	// ReplayNone.
+	bound bool
+	// history holds the live messages a ReplayHistory rank can replay,
+	// oldest first.
+	history []histEntry
 
 	dropTail    bool
+	dropLive    bool
 	wrongDP     bool
 	replayMode  ReplayMode
 	replayDelay time.Duration
@@ -105,7 +112,7 @@ func (r *rank) run(bindWait time.Duration, started chan<- error) {
 			return
 		default:
 		}
-		if r.rs == nil {
+		if !r.bound {
 			// A failed rebind leaves the rank without sockets; it still
 			// answers commands, which report the failure.
 			select {
@@ -142,6 +149,17 @@ func (r *rank) serve() {
 		if d := j.due.Sub(now); d < wait {
 			wait = max(d, 0)
 		}
+	}
+	if r.rs == nil {
+		if err := r.pub.Wait(r.waker, wait); err != nil {
+			r.log.Warn("wait failed", "err", err)
+		}
+		if n, err := r.pub.DrainSubscriptions(); err != nil {
+			r.log.Warn("reading subscriptions failed", "err", err)
+		} else {
+			r.subs.Store(n)
+		}
+		return
 	}
 	request, err := r.rs.Wait(r.pub, r.waker, wait)
 	if err != nil {
@@ -184,21 +202,33 @@ func (r *rank) bind(deadline time.Time) error {
 }
 
 func (r *rank) bindOnce() error {
-	pub, err := r.tctx.BindPublisher(r.eventEP, kvtransport.PublisherOptions{SendHWM: r.cfg.SendHWM})
+	var pub *kvtransport.Publisher
+	var err error
+	if r.cfg.DialEvents != "" {
+		pub, err = r.tctx.DialPublisher(r.eventEP, kvtransport.PublisherOptions{SendHWM: r.cfg.SendHWM})
+	} else {
+		pub, err = r.tctx.BindPublisher(r.eventEP, kvtransport.PublisherOptions{SendHWM: r.cfg.SendHWM})
+	}
 	if err != nil {
 		return err
+	}
+	if r.cfg.Replay == ReplayNone {
+		r.pub, r.rs, r.bound = pub, nil, true
+		r.eventEP, r.replayEP = pub.Endpoint(), ""
+		return nil
 	}
 	rs, err := r.tctx.BindReplayServer(r.replayEP, kvtransport.ReplayServerOptions{SendHWM: r.cfg.ReplaySendHWM})
 	if err != nil {
 		pub.Close()
 		return err
 	}
-	r.pub, r.rs = pub, rs
+	r.pub, r.rs, r.bound = pub, rs, true
 	r.eventEP, r.replayEP = pub.Endpoint(), rs.Endpoint()
 	return nil
 }
 
 func (r *rank) closeSockets() {
+	r.bound = false
 	if r.pub != nil {
 		if err := r.pub.Close(); err != nil {
 			r.log.Warn("closing publisher failed", "err", err)
@@ -222,6 +252,7 @@ func (r *rank) restart() error {
 	r.cache.wrongBlock = wrong
 	r.next, r.sent, r.last = 0, false, 0
 	r.jobs = nil
+	r.history = nil
 	r.subs.Store(0)
 	return r.bind(time.Now().Add(rebindTimeout))
 }
@@ -236,9 +267,9 @@ func (r *rank) startBatch() *kvevent.Batch {
 func (r *rank) stampBatch(b *kvevent.Batch) {
 	b.Timestamp = float64(r.cfg.Clock().UnixNano()) / 1e9
 	b.HasDPRank = true
-	b.DPRank = r.dp
+	b.DPRank = r.cfg.DPRankBase + r.dp
 	if r.wrongDP {
-		b.DPRank = r.dp + 1
+		b.DPRank++
 	}
 }
 
@@ -262,6 +293,10 @@ func (r *rank) sendLive(payload []byte) error {
 	seq := r.next
 	r.next++
 	r.sent, r.last = true, seq
+	r.remember(seq, payload)
+	if r.dropLive {
+		return nil
+	}
 	if err := r.pub.Send(kvevent.LiveFrames(r.cfg.Topic, seq, payload)); err != nil {
 		return fmt.Errorf("enginesim: %s dp %d: publish seq %d: %w", r.cfg.Name, r.dp, seq, err)
 	}
@@ -287,7 +322,7 @@ func (r *rank) appendState(b *kvevent.Batch, blocks []*blockRec) {
 		}
 		r.cache.addStored(b, cur.hashes, cur.parent, cur.hasParent, cur.tokens, m)
 		if len(replicas) > 0 {
-			b.AddStored(replicas, 0, false, nil, 0, kvevent.Host)
+			b.AddStored(replicas, kvevent.EngineHash{}, false, nil, 0, kvevent.Host)
 		}
 		cur, replicas = run{}, nil
 	}

@@ -7,6 +7,52 @@ import (
 	"github.com/kvcar/kvcar/internal/kvevent"
 )
 
+// ReplayKind selects what a rank's replay endpoint answers.
+type ReplayKind int
+
+const (
+	// ReplayState answers with the rank's current full state (R-WIRE-3).
+	ReplayState ReplayKind = iota
+	// ReplayHistory answers with the buffered live messages from the
+	// requested sequence on, at most Config.HistoryBatches of them, each
+	// under its own sequence: what vLLM and SGLang send.
+	ReplayHistory
+	// ReplayNone binds no replay endpoint.
+	ReplayNone
+)
+
+func (k ReplayKind) String() string {
+	switch k {
+	case ReplayState:
+		return "state"
+	case ReplayHistory:
+		return "history"
+	case ReplayNone:
+		return "none"
+	}
+	return fmt.Sprintf("ReplayKind(%d)", int(k))
+}
+
+// histEntry is one live message a ReplayHistory rank keeps for replay.
+type histEntry struct {
+	seq     uint64
+	payload []byte
+}
+
+// remember keeps a copy of a live message for history replay, dropping
+// the oldest past HistoryBatches.
+func (r *rank) remember(seq uint64, payload []byte) {
+	if r.cfg.Replay != ReplayHistory {
+		return
+	}
+	if len(r.history) >= r.cfg.HistoryBatches {
+		n := len(r.history) - r.cfg.HistoryBatches + 1
+		clear(r.history[:n])
+		r.history = append(r.history[:0], r.history[n:]...)
+	}
+	r.history = append(r.history, histEntry{seq: seq, payload: append([]byte(nil), payload...)})
+}
+
 // ReplayMode selects how a rank answers snapshot requests.
 type ReplayMode int
 
@@ -52,9 +98,10 @@ type replayJob struct {
 	delay   time.Duration
 }
 
-// request answers one replay request. The start sequence is read for
-// validation only: the engine always answers with its current full
-// snapshot (R-WIRE-3).
+// request answers one replay request. With ReplayState the start
+// sequence is read for validation only: the engine always answers with
+// its current full snapshot (R-WIRE-3). With ReplayHistory it answers
+// with every buffered message from the start sequence on.
 func (r *rank) request(id []byte, frames [][]byte) {
 	start, err := kvevent.ParseReplayRequest(frames)
 	if err != nil {
@@ -65,17 +112,36 @@ func (r *rank) request(id []byte, frames [][]byte) {
 	if r.replayMode == ReplayIgnore {
 		return
 	}
-	payloads := r.snapshotPayloads()
-	if r.replayMode == ReplayGapInMiddle && len(payloads) > 0 {
-		mid := len(payloads) / 2
-		payloads = append(payloads[:mid:mid], payloads[mid+1:]...)
+	var replies []histEntry
+	if r.cfg.Replay == ReplayHistory {
+		for _, h := range r.history {
+			if h.seq >= start {
+				replies = append(replies, h)
+			}
+		}
+	} else {
+		for _, p := range r.snapshotPayloads() {
+			replies = append(replies, histEntry{seq: r.last, payload: p})
+		}
+	}
+	if r.replayMode == ReplayGapInMiddle && len(replies) > 0 {
+		mid := len(replies) / 2
+		replies = append(replies[:mid:mid], replies[mid+1:]...)
 	}
 	job := &replayJob{id: append([]byte(nil), id...)}
-	for _, p := range payloads {
-		job.replies = append(job.replies, kvevent.ReplayFrames(r.last, p))
+	for _, h := range replies {
+		if r.cfg.ReplayTopicFrames {
+			job.replies = append(job.replies, kvevent.ReplayFramesTopic(r.cfg.Topic, h.seq, h.payload))
+		} else {
+			job.replies = append(job.replies, kvevent.ReplayFrames(h.seq, h.payload))
+		}
 	}
 	if r.replayMode != ReplayNeverEnd {
-		job.replies = append(job.replies, kvevent.ReplayEnd())
+		if r.cfg.ReplayTopicFrames {
+			job.replies = append(job.replies, kvevent.ReplayEndTopic())
+		} else {
+			job.replies = append(job.replies, kvevent.ReplayEnd())
+		}
 	}
 	now := time.Now()
 	job.due = now

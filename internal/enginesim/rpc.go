@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strconv"
 	"sync"
 	"time"
@@ -163,7 +164,11 @@ func (r *rpcSide) accept(chat bool, model, serviceID, source string, routing *xl
 	if chat {
 		prefix = "chatcmpl-"
 	}
-	rr.reqID = prefix + strconv.FormatUint(r.e.serve.nextID(), 10)
+	// Unique across engines, as an xLLM engine's "cmpl-<hash of its
+	// name>-<uuid>" is, so that an answer's id names the request.
+	h := fnv.New32a()
+	h.Write([]byte(r.e.Name()))
+	rr.reqID = prefix + strconv.FormatUint(uint64(h.Sum32()), 36) + "-" + strconv.FormatUint(r.e.serve.nextID(), 10)
 	if n != nil && *n != 1 {
 		rr.maxTokens = -1 // refused in serve with the reason below
 	}
@@ -242,6 +247,9 @@ func (r *rpcSide) serve(rr *rpcRequest) {
 	}
 	usage := &xllmpb.OutputUsage{NumPromptTokens: int32(len(rr.tokens)), NumGeneratedTokens: int32(rr.maxTokens),
 		NumTotalTokens: int32(len(rr.tokens) + rr.maxTokens), NumCachedTokens: int32(dev + host)}
+	e.served.put(rr.reqID, EngineUsage{Instance: e.Name(), DPRank: t.dp, DeviceHitTokens: dev, HostHitTokens: host,
+		QueueMs: ms(queued), PrefillMs: ms(prefill), DecodeMs: ms(time.Duration(max(rr.maxTokens-1, 0)) * e.scaled(e.cfg.DecodePerToken)),
+		TimeScale: e.cfg.TimeScale, PrefillName: rr.prefill, DecodeName: rr.decode})
 	if rr.decode == "" || rr.decode == e.Name() || rr.maxTokens <= 1 {
 		err = r.emit(ctx, t.g, rr, 1, false, usage)
 	} else {

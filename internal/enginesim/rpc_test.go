@@ -130,6 +130,7 @@ func TestRPCCompletionsStreamGenerations(t *testing.T) {
 		MaxTokens: ptr(uint32(3)), Stream: ptr(true), SourceXserviceAddr: &sink.addr,
 		Routing: &xllmpb.Routing{PrefillName: e.Name()}})
 	gs := sink.wait(t, "s1", "three streamed generations", finished)
+	firstID := gs[0].gen.ReqId
 	if len(gs) != 3 {
 		t.Fatalf("%d generations, want 3", len(gs))
 	}
@@ -152,6 +153,17 @@ func TestRPCCompletionsStreamGenerations(t *testing.T) {
 	gs = sink.wait(t, "s2", "second request", finished)
 	if got := gs[0].gen.Usage.NumCachedTokens; got != 2*testBS {
 		t.Errorf("cached tokens %d, want %d", got, 2*testBS)
+	}
+	// What the engine did for each is kept by the id its output carried,
+	// which is unique to the engine.
+	first, ok1 := e.Served(firstID)
+	second, ok2 := e.Served(gs[0].gen.ReqId)
+	if !ok1 || !ok2 || first.Instance != e.Name() || first.PrefillName != e.Name() || first.DeviceHitTokens != 0 ||
+		second.DeviceHitTokens+second.HostHitTokens != 2*testBS || second.PrefillName != "" {
+		t.Errorf("served records %+v (%v), %+v (%v)", first, ok1, second, ok2)
+	}
+	if _, ok := e.Served("cmpl-1"); ok || !strings.Contains(gs[0].gen.ReqId, "-") {
+		t.Errorf("request id %q does not name the engine", gs[0].gen.ReqId)
 	}
 	// The engine counts a request once the service has taken its last
 	// generation.

@@ -29,7 +29,7 @@ func storedBatch(tokens []uint32, hashBase uint64, blocksPerEvent int) *kvevent.
 	n := len(tokens) / benchBlockSize
 	hashes := make([]kvevent.EngineHash, n)
 	for i := range hashes {
-		hashes[i] = kvevent.EngineHash(hashBase + uint64(i))
+		hashes[i] = kvevent.IntHash(hashBase + uint64(i))
 	}
 	for i := 0; i < n; i += blocksPerEvent {
 		j := min(i+blocksPerEvent, n)
@@ -58,7 +58,7 @@ func syncedStreams(tb testing.TB, n, shared, total int) []*stream {
 			}
 		}
 		s := newStream(StreamSpec{InstanceName: fmt.Sprintf("10.0.0.%d:8000", i), BlockSize: benchBlockSize, HashSeed: 1024})
-		s.publish(ix, 1, true)
+		s.publish(ix, 1, true, true)
 		streams[i] = s
 	}
 	return streams
@@ -183,7 +183,7 @@ func BenchmarkSnapshotApply262144(b *testing.B) {
 				}
 			}
 		}
-		s.publish(ix, 1, true)
+		s.publish(ix, 1, true, true)
 	}
 	b.StopTimer()
 	if d, _ := s.idx.Counts(); d != 262144 {

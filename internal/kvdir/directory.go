@@ -43,6 +43,8 @@ type Directory struct {
 
 	mu     sync.Mutex // serialises SetStreams and Close
 	closed bool
+	// hubs are the bound subscribers in use, under mu.
+	hubs map[hubKey]*hub
 
 	scratch sync.Pool // *queryScratch
 }
@@ -78,7 +80,7 @@ func New(lim Limits, opts Options) (*Directory, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kvdir: %w", err)
 	}
-	d := &Directory{lim: lim, log: opts.Logger, tctx: tctx, discovered: make(chan struct{})}
+	d := &Directory{lim: lim, log: opts.Logger, tctx: tctx, discovered: make(chan struct{}), hubs: map[hubKey]*hub{}}
 	d.set.Store(&streamSet{})
 	if opts.Registerer != nil {
 		d.metrics = newMetrics(opts.Registerer, d)
@@ -138,10 +140,38 @@ func (d *Directory) SetStreams(specs []StreamSpec) error {
 		}
 		next.groupOf[si] = i
 	}
+	// Bound subscribers the new streams need are bound first: a port
+	// that cannot be bound fails the change before anything moved.
+	var started []*hub
+	for _, s := range next.streams {
+		if byKey[s.spec.Key()] == s || s.spec.Bind == "" {
+			continue
+		}
+		h, ok := d.hubs[s.spec.hubKey()]
+		if !ok {
+			var err error
+			if h, err = d.startHub(s.spec.hubKey()); err != nil {
+				for _, sh := range started {
+					delete(d.hubs, sh.key)
+					sh.close()
+				}
+				return err
+			}
+			d.hubs[h.key] = h
+			started = append(started, h)
+		}
+		h.refs++
+		s.relay = h.relay
+	}
 	// Publish the new set before stopping retired streams so no query
 	// sees a stream that is going away.
 	d.set.Store(next)
 	stopAll(retired)
+	for _, s := range retired {
+		if s.spec.Bind != "" {
+			d.releaseHub(s.spec.hubKey())
+		}
+	}
 	// Series of retired streams go before their replacements start, so a
 	// replacement of the same instance and rank starts from zero.
 	for _, s := range retired {
@@ -174,6 +204,18 @@ func (d *Directory) start(s *stream) {
 	go y.run()
 }
 
+// releaseHub drops one stream's reference and closes an unused hub.
+func (d *Directory) releaseHub(k hubKey) {
+	h, ok := d.hubs[k]
+	if !ok {
+		return
+	}
+	if h.refs--; h.refs <= 0 {
+		delete(d.hubs, k)
+		h.close()
+	}
+}
+
 func stopAll(streams []*stream) {
 	for _, s := range streams {
 		close(s.stop)
@@ -197,6 +239,10 @@ func (d *Directory) Close() error {
 	d.closed = true
 	stopAll(d.set.Load().streams)
 	d.set.Store(&streamSet{})
+	for k, h := range d.hubs {
+		h.close()
+		delete(d.hubs, k)
+	}
 	if err := d.tctx.Close(); err != nil {
 		return fmt.Errorf("kvdir: %w", err)
 	}

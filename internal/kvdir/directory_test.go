@@ -215,7 +215,11 @@ func TestSnapshotLiveMergeDedup(t *testing.T) {
 	if err := e.SetReplayMode(0, enginesim.ReplaySlow); err != nil {
 		t.Fatal(err)
 	}
-	d := newDirectory(t, testLimits(), specOf(e, 0))
+	// Thirteen replies 30 ms apart take 0.4 s: leave room for a loaded
+	// machine under the race detector.
+	lim := testLimits()
+	lim.ReplayTimeout = 3 * time.Second
+	d := newDirectory(t, lim, specOf(e, 0))
 	k := StreamKey{e.Name(), 0}
 	s := d.streamOf(k)
 	eventually(t, "snapshot started", 5*time.Second, func() (bool, string) {

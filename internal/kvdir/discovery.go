@@ -24,26 +24,50 @@ type InstanceSource interface {
 // Exclusion is an instance discovery will not subscribe to, and why.
 type Exclusion struct {
 	Instance string
-	// Kind is one of ExcludeBadName, ExcludePortOverflow,
-	// ExcludePortConflict, ExcludeMaxStreams: the metric label.
+	// Kind is one of the Exclude constants: the metric label.
 	Kind   string
 	Reason string
 }
 
-// Exclusion kinds.
+// Exclusion kinds. The first two are the rule (R-DISC-3/4) and are
+// logged at info level; the others are faults, logged as errors.
 const (
+	ExcludeNotPrefill   = "not_prefill"
+	ExcludeSuspect      = "suspect"
 	ExcludeBadName      = "bad_name"
 	ExcludePortOverflow = "port_overflow"
 	ExcludePortConflict = "port_conflict"
 	ExcludeMaxStreams   = "max_streams"
+	// ExcludeTopicConflict: on a bound subscriber, two instances whose
+	// topics are equal could not be told apart.
+	ExcludeTopicConflict = "topic_conflict"
+	// ExcludeBindPorts: on a bound subscriber, a DP rank dials a port
+	// past subscribe_bind_ports.
+	ExcludeBindPorts = "bind_ports"
 )
 
+// exclusionKinds lists every kind, for the metric.
+var exclusionKinds = []string{ExcludeNotPrefill, ExcludeSuspect, ExcludeBadName, ExcludePortOverflow, ExcludePortConflict,
+	ExcludeMaxStreams, ExcludeTopicConflict, ExcludeBindPorts}
+
+// Fault reports whether the exclusion is a fault rather than the rule.
+func (e Exclusion) Fault() bool { return e.Kind != ExcludeNotPrefill && e.Kind != ExcludeSuspect }
+
 // Plan derives the streams discovery wants from a registry snapshot
-// (R-DISC-2..7): xLLM DEFAULT and PREFILL instances and MIX instances
-// acting as PREFILL, not SUSPECT, one stream per DP rank at the business
-// port plus the configured offsets. Instances whose ports overflow or
-// collide with another's are excluded whole, and so are instances that
-// no longer fit in maxStreams, taken in name order.
+// (R-DISC-2..7): DEFAULT and PREFILL instances and MIX instances acting
+// as PREFILL, not SUSPECT, whatever their backend_type (an xLLM engine
+// and a vLLM server behind xllm-service's vllm_sidecar publish the same
+// events), one stream per DP rank at the business port plus the
+// configured offsets, with the sync mode and topic template of their
+// backend_type. Every instance left out is returned with the reason:
+// DECODE and MIX acting as DECODE, SUSPECT, and instances whose ports
+// overflow or collide with another's, or that no longer fit in
+// maxStreams, taken in name order.
+//
+// An instance registered with one DP rank accepts batches tagged with any
+// rank: vLLM's external data parallelism runs each rank as its own HTTP
+// server, registered as its own instance, whose batches carry the rank
+// (item 7).
 func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]StreamSpec, []Exclusion) {
 	type candidate struct {
 		inst  *instance.Instance
@@ -57,7 +81,8 @@ func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]Stream
 	exclude := func(name, kind, reason string) { excluded = append(excluded, Exclusion{name, kind, reason}) }
 	for i := range snap.Instances {
 		inst := &snap.Instances[i]
-		if !subscribable(inst) {
+		if kind, why := leftOut(inst); kind != "" {
+			exclude(inst.Meta.Name, kind, why)
 			continue
 		}
 		host, portStr, err := net.SplitHostPort(inst.Meta.Name)
@@ -68,24 +93,47 @@ func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]Stream
 		}
 		c := candidate{inst: inst, host: host}
 		dp := max(inst.Meta.DPSize, 1)
+		var bindPorts []string
+		if d.SubscribeBind != "" {
+			bindPorts = config.BindPorts(d.SubscribeBind, d.SubscribeBindPorts)
+			if dp > len(bindPorts) {
+				exclude(inst.Meta.Name, ExcludeBindPorts, fmt.Sprintf("%d DP ranks dial %d bound ports: raise discovery.subscribe_bind_ports", dp, len(bindPorts)))
+				continue
+			}
+		}
+		mode := d.ModeFor(inst.Meta.BackendType)
+		topic := d.TopicFor(inst.Meta.BackendType)
 		for r := range dp {
 			ev, rp := port+d.EventPortOffset+r, port+d.ReplayPortOffset+r
+			if mode == config.SyncLive {
+				rp = 0 // no replay endpoint to derive or claim
+			}
 			if ev > 65535 || rp > 65535 {
 				exclude(inst.Meta.Name, ExcludePortOverflow, fmt.Sprintf("port overflow: dp %d needs event port %d and replay port %d", r, ev, rp))
 				c.specs = nil
 				break
 			}
-			c.specs = append(c.specs, StreamSpec{
-				InstanceName:   inst.Meta.Name,
-				DPRank:         r,
-				Endpoint:       "tcp://" + net.JoinHostPort(host, strconv.Itoa(ev)),
-				ReplayEndpoint: "tcp://" + net.JoinHostPort(host, strconv.Itoa(rp)),
-				Topic:          d.Topic,
-				BlockSize:      d.BlockSize,
-				HashSeed:       d.HashSeed,
-				Incarnation:    inst.Incarnation(),
-				Discovered:     true,
-			})
+			spec := StreamSpec{
+				InstanceName: inst.Meta.Name,
+				DPRank:       r,
+				Endpoint:     "tcp://" + net.JoinHostPort(host, strconv.Itoa(ev)),
+				Topic:        config.ExpandTopic(topic, inst.Meta.Name, host, portStr, r),
+				Mode:         mode,
+				AnyRank:      dp == 1,
+				BlockSize:    d.BlockSize,
+				HashSeed:     d.HashSeed,
+				Incarnation:  inst.Incarnation(),
+				Discovered:   true,
+			}
+			if rp != 0 {
+				spec.ReplayEndpoint = "tcp://" + net.JoinHostPort(host, strconv.Itoa(rp))
+			}
+			if bindPorts != nil {
+				// Rank r dials the bound port + r (vLLM offsets its
+				// endpoint by the rank), shown as the stream's endpoint.
+				spec.Bind, spec.BindPorts, spec.Endpoint = d.SubscribeBind, d.SubscribeBindPorts, bindPorts[r]
+			}
+			c.specs = append(c.specs, spec)
 		}
 		if c.specs != nil {
 			cands = append(cands, c)
@@ -102,6 +150,9 @@ func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]Stream
 	}
 	users := map[hostPort][]string{}
 	claim := func(host, endpoint, who string) {
+		if endpoint == "" {
+			return
+		}
 		_, p, _ := net.SplitHostPort(strings.TrimPrefix(endpoint, "tcp://"))
 		k := hostPort{host, p}
 		users[k] = append(users[k], who)
@@ -110,8 +161,29 @@ func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]Stream
 		_, httpPort, _ := net.SplitHostPort(c.inst.Meta.Name)
 		users[hostPort{c.host, httpPort}] = append(users[hostPort{c.host, httpPort}], c.inst.Meta.Name)
 		for _, s := range c.specs {
-			claim(c.host, s.Endpoint, s.InstanceName)
+			if s.Bind == "" {
+				claim(c.host, s.Endpoint, s.InstanceName)
+			}
 			claim(c.host, s.ReplayEndpoint, s.InstanceName)
+		}
+	}
+	// On a bound subscriber the topic is all that tells engines apart.
+	topics := map[string][]string{}
+	for _, c := range cands {
+		for _, s := range c.specs {
+			if s.Bind != "" && !slices.Contains(topics[s.Topic], s.InstanceName) {
+				topics[s.Topic] = append(topics[s.Topic], s.InstanceName)
+			}
+		}
+	}
+	topicConflict := map[string]string{}
+	for topic, who := range topics {
+		if len(who) < 2 {
+			continue
+		}
+		slices.Sort(who)
+		for _, name := range who {
+			topicConflict[name] = fmt.Sprintf("topic %q on the bound subscriber is also %s's", topic, strings.Join(who, ", "))
 		}
 	}
 	conflicted := map[string]string{}
@@ -140,6 +212,10 @@ func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]Stream
 			exclude(c.inst.Meta.Name, ExcludePortConflict, reason)
 			continue
 		}
+		if reason, bad := topicConflict[c.inst.Meta.Name]; bad {
+			exclude(c.inst.Meta.Name, ExcludeTopicConflict, reason)
+			continue
+		}
 		// R-DISC-7: whole instances only, in name order.
 		if len(specs)+len(c.specs) > maxStreams {
 			exclude(c.inst.Meta.Name, ExcludeMaxStreams, fmt.Sprintf("max_streams (%d) reached: %d DP streams do not fit", maxStreams, len(c.specs)))
@@ -151,24 +227,24 @@ func Plan(snap *instance.Snapshot, d config.Discovery, maxStreams int) ([]Stream
 	return specs, excluded
 }
 
-// subscribable reports whether discovery indexes the instance (R-DISC-3,
-// R-DISC-4): xLLM DEFAULT/PREFILL, MIX currently acting as PREFILL, and
-// not SUSPECT (an instance whose lease is lost but still in its grace
-// period keeps its streams).
-func subscribable(inst *instance.Instance) bool {
-	if b := inst.Meta.BackendType; b != "" && b != "xllm" {
-		return false
-	}
+// leftOut says why discovery does not index the instance (R-DISC-3,
+// R-DISC-4), or returns "" when it does: DEFAULT, PREFILL and MIX
+// currently acting as PREFILL, of any backend, not SUSPECT (an instance
+// whose lease is lost but still in its grace period keeps its streams).
+func leftOut(inst *instance.Instance) (kind, reason string) {
 	if inst.State == instance.Suspect {
-		return false
+		return ExcludeSuspect, "SUSPECT: no heartbeat and no health; its streams are dropped"
 	}
 	switch inst.Type {
 	case instance.Default, instance.Prefill:
-		return true
+		return "", ""
 	case instance.Mix:
-		return inst.Role == instance.Prefill
+		if inst.Role == instance.Prefill {
+			return "", ""
+		}
+		return ExcludeNotPrefill, fmt.Sprintf("MIX instance acting as %v: only a prefill's cache saves prefill work", inst.Role)
 	}
-	return false
+	return ExcludeNotPrefill, fmt.Sprintf("%v instance: only a prefill's cache saves prefill work", inst.Type)
 }
 
 // RunDiscovery keeps the directory's streams equal to what Plan derives
@@ -190,8 +266,13 @@ func (dir *Directory) RunDiscovery(ctx context.Context, src InstanceSource, d co
 			now := map[Exclusion]bool{}
 			for _, e := range excl {
 				now[e] = true
-				if !lastExcl[e] {
-					dir.log.Error("discovery excludes instance", "instance", e.Instance, "reason", e.Reason)
+				if lastExcl[e] {
+					continue
+				}
+				if e.Fault() {
+					dir.log.Error("discovery excludes instance", "instance", e.Instance, "kind", e.Kind, "reason", e.Reason)
+				} else {
+					dir.log.Info("discovery leaves out instance", "instance", e.Instance, "kind", e.Kind, "reason", e.Reason)
 				}
 			}
 			lastExcl = now

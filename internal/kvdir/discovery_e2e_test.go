@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/kvcar/kvcar/internal/config"
 	"github.com/kvcar/kvcar/internal/enginesim"
 	"github.com/kvcar/kvcar/internal/etcdembed"
@@ -15,12 +17,18 @@ import (
 // discoveryEnv is a real embedded etcd, the real instance registry over
 // it, and a directory whose streams discovery derives from the registry.
 type discoveryEnv struct {
-	etcd *etcdembed.Server
-	reg  *instance.Registry
-	dir  *Directory
+	etcd   *etcdembed.Server
+	client *clientv3.Client
+	reg    *instance.Registry
+	dir    *Directory
 }
 
 func newDiscoveryEnv(t *testing.T, maxStreams int) *discoveryEnv {
+	t.Helper()
+	return newDiscoveryEnvWith(t, maxStreams, discoveryConfig4())
+}
+
+func newDiscoveryEnvWith(t *testing.T, maxStreams int, disc config.Discovery) *discoveryEnv {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	etcd, err := etcdembed.Start(ctx, etcdembed.Options{})
@@ -47,7 +55,7 @@ func newDiscoveryEnv(t *testing.T, maxStreams int) *discoveryEnv {
 	dir := newDirectory(t, testLimits())
 	done := make(chan struct{}, 2)
 	go func() { reg.Run(ctx); done <- struct{}{} }()
-	go func() { dir.RunDiscovery(ctx, reg, discoveryConfig4(), maxStreams); done <- struct{}{} }()
+	go func() { dir.RunDiscovery(ctx, reg, disc, maxStreams); done <- struct{}{} }()
 	t.Cleanup(func() {
 		cancel()
 		<-done
@@ -55,7 +63,7 @@ func newDiscoveryEnv(t *testing.T, maxStreams int) *discoveryEnv {
 		client.Close()
 		etcd.Close()
 	})
-	return &discoveryEnv{etcd: etcd, reg: reg, dir: dir}
+	return &discoveryEnv{etcd: etcd, client: client, reg: reg, dir: dir}
 }
 
 // discoveryConfig4 is the default discovery rule with this file's small

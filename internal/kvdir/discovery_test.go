@@ -9,9 +9,12 @@ import (
 	"github.com/kvcar/kvcar/internal/instance"
 )
 
+// discoveryConfig is the configuration's discovery defaults, refreshed
+// every 50 ms.
 func discoveryConfig() config.Discovery {
-	return config.Discovery{Enabled: true, BlockSize: 128, Topic: "xllm-kv", EventPortOffset: 10000,
-		ReplayPortOffset: 30000, RefreshInterval: 50 * time.Millisecond, HashSeed: 1024}
+	d := config.Default().Discovery
+	d.Enabled, d.RefreshInterval = true, 50*time.Millisecond
+	return d
 }
 
 func inst(name string, typ instance.Type, dp int) instance.Instance {
@@ -64,10 +67,11 @@ func TestPlanAddresses(t *testing.T) {
 	}
 }
 
-// TestPlanSelection covers R-DISC-3/4: DEFAULT, PREFILL and MIX acting as
-// PREFILL are subscribed; DECODE, MIX acting as DECODE, other backends
-// and SUSPECT instances are not; a lost lease within grace keeps its
-// streams.
+// TestPlanSelection covers R-DISC-3/4 and item 1: DEFAULT, PREFILL and
+// MIX acting as PREFILL are subscribed whatever their backend_type;
+// DECODE, MIX acting as DECODE and SUSPECT instances are not, and each
+// one left out comes back with its reason; a lost lease within grace
+// keeps its streams.
 func TestPlanSelection(t *testing.T) {
 	mixP := inst("10.0.0.4:8000", instance.Mix, 1)
 	mixP.Role = instance.Prefill
@@ -79,14 +83,73 @@ func TestPlanSelection(t *testing.T) {
 	lost.State = instance.LeaseLost
 	suspect := inst("10.0.0.8:8000", instance.Default, 1)
 	suspect.State = instance.Suspect
-	specs, _ := Plan(snapOf(
+	specs, excl := Plan(snapOf(
 		inst("10.0.0.1:8000", instance.Default, 1), inst("10.0.0.2:8000", instance.Prefill, 1),
 		inst("10.0.0.3:8000", instance.Decode, 1), mixP, mixD, vllm, lost, suspect,
 	), discoveryConfig(), 128)
 	got := strings.Join(names(specs), " ")
-	want := "10.0.0.1:8000/dp0 10.0.0.2:8000/dp0 10.0.0.4:8000/dp0 10.0.0.7:8000/dp0"
+	want := "10.0.0.1:8000/dp0 10.0.0.2:8000/dp0 10.0.0.4:8000/dp0 10.0.0.6:8000/dp0 10.0.0.7:8000/dp0"
 	if got != want {
 		t.Fatalf("subscribed %s, want %s", got, want)
+	}
+	for name, want := range map[string]string{
+		"10.0.0.3:8000": "DECODE instance", "10.0.0.5:8000": "MIX instance acting as DECODE", "10.0.0.8:8000": "SUSPECT",
+	} {
+		if r := reasonOf(excl, name); !strings.Contains(r, want) {
+			t.Errorf("%s left out with reason %q, want %q", name, r, want)
+		}
+	}
+	if len(excl) != 3 {
+		t.Errorf("exclusions %v", excl)
+	}
+	for _, e := range excl {
+		if e.Fault() {
+			t.Errorf("%v is the rule, not a fault", e)
+		}
+	}
+}
+
+// Item 1, 2, 4 and 7 in the plan: a vLLM instance registered by
+// xllm-service's vllm_sidecar gets its backend's sync mode (live by
+// default: no replay endpoint derived) and topic template; an instance
+// with one rank accepts batches of any rank (vLLM's per-rank servers);
+// templates expand per stream.
+func TestPlanBackendModesAndTopics(t *testing.T) {
+	vllm := inst("10.0.0.6:8000", instance.Default, 1)
+	vllm.Meta.BackendType = "vllm"
+	sgl := inst("10.0.0.9:8100", instance.Prefill, 2)
+	sgl.Meta.BackendType = "sglang"
+	d := discoveryConfig()
+	d.SyncMode, d.VLLMSyncMode, d.SGLangSyncMode = config.SyncSnapshot, config.SyncLive, config.SyncHistory
+	d.Topic, d.VLLMTopic, d.SGLangTopic = "xllm-kv", "", "kv@{host}:{port}@{dp_rank}"
+	specs, excl := Plan(snapOf(inst("10.0.0.1:8000", instance.Default, 1), vllm, sgl), d, 128)
+	if len(excl) != 0 || len(specs) != 4 {
+		t.Fatalf("specs %v excluded %v", names(specs), excl)
+	}
+	by := map[string]StreamSpec{}
+	for _, s := range specs {
+		by[s.String()] = s
+	}
+	x, v, s0, s1 := by["10.0.0.1:8000/dp0"], by["10.0.0.6:8000/dp0"], by["10.0.0.9:8100/dp0"], by["10.0.0.9:8100/dp1"]
+	if x.SyncMode() != config.SyncSnapshot || x.ReplayEndpoint != "tcp://10.0.0.1:38000" || x.Topic != "xllm-kv" || !x.AnyRank {
+		t.Errorf("xllm spec %+v", x)
+	}
+	if v.SyncMode() != config.SyncLive || v.ReplayEndpoint != "" || v.Endpoint != "tcp://10.0.0.6:18000" || v.Topic != "" || !v.AnyRank {
+		t.Errorf("vllm spec %+v", v)
+	}
+	if s0.SyncMode() != config.SyncHistory || s0.ReplayEndpoint != "tcp://10.0.0.9:38100" || s0.Topic != "kv@10.0.0.9:8100@0" || s0.AnyRank {
+		t.Errorf("sglang dp0 spec %+v", s0)
+	}
+	if s1.ReplayEndpoint != "tcp://10.0.0.9:38101" || s1.Topic != "kv@10.0.0.9:8100@1" || s1.AnyRank {
+		t.Errorf("sglang dp1 spec %+v", s1)
+	}
+	// A live instance claims no replay port: another instance's event
+	// port 10 apart does not collide with it.
+	d.ReplayPortOffset = 10010
+	vllm2 := inst("10.0.0.6:8010", instance.Default, 1)
+	vllm2.Meta.BackendType = "vllm"
+	if specs, excl := Plan(snapOf(vllm, vllm2), d, 128); len(specs) != 2 || len(excl) != 0 {
+		t.Fatalf("live instances: specs %v excluded %v", names(specs), excl)
 	}
 }
 

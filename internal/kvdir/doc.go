@@ -1,9 +1,19 @@
 // Package kvdir owns the KV prefix directory: the set of event streams
 // (one per engine instance and DP rank), the goroutine that keeps each
-// stream's index in step with its engine (live SUB deltas, DEALER
-// snapshots, gap and fault detection, bounded buffering, atomic publish,
-// periodic calibration), and the read-only query view used by the HTTP
-// API and the router (R-DIR, R-REC).
+// stream's index in step with its engine, and the read-only query view
+// used by the HTTP API and the router (R-DIR, R-REC).
+//
+// A stream follows its engine in one of three sync modes (config
+// SyncMode): snapshot, the seed's engine, whose replay endpoint sends its
+// full state (live SUB deltas, DEALER snapshots, gap and fault detection,
+// bounded buffering, atomic publish, periodic calibration; syncer.go,
+// snapshot.go); history and live, vLLM's and SGLang's, whose replay
+// endpoint sends buffered batches or does not exist, so the view is built
+// in sequence order from wherever it could start and may be partial
+// (ordered.go). In every mode the directory may under-report and never
+// over-reports. Discovery (discovery.go) derives the streams from the
+// instance registry, and a hub (hub.go) serves streams whose engines dial
+// one bound subscriber.
 //
 // Each stream's state changes only on that stream's goroutine; queries
 // read the last published view under a read lock and never wait on the

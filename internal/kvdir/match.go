@@ -12,7 +12,13 @@ type Match struct {
 	// statically (StreamSpec.Discovered).
 	Discovered   bool
 	Synchronized bool
-	Sequence     uint64
+	// Complete is true when the synchronised view started from the
+	// engine's whole state (a snapshot, or a history or live stream seen
+	// from the engine's sequence 0 or an AllBlocksCleared); false when it
+	// may lack blocks the engine stored before the view began, which it
+	// then under-reports, never over-reports.
+	Complete bool
+	Sequence uint64
 	// Hit tokens of the contiguous full-block prefix (R-IDX-3). A block
 	// on both tiers counts once, as Device.
 	DeviceHitTokens      int

@@ -14,7 +14,7 @@ import (
 // deltaBatch is a one-block root BlockStored with hash h.
 func deltaBatch(h kvevent.EngineHash, first uint32) *kvevent.Batch {
 	b := &kvevent.Batch{}
-	b.AddStored([]kvevent.EngineHash{h}, 0, false, seqTokens(int(first), testBlock), testBlock, kvevent.Device)
+	b.AddStored([]kvevent.EngineHash{h}, kvevent.EngineHash{}, false, seqTokens(int(first), testBlock), testBlock, kvevent.Device)
 	return b
 }
 
@@ -28,7 +28,7 @@ func mergeSyncer(t *testing.T, watermark uint64, seqs ...uint64) *syncer {
 		watermark:     watermark,
 	}
 	for _, q := range seqs {
-		y.snap.buffered = append(y.snap.buffered, bufferedBatch{seq: q, batch: deltaBatch(kvevent.EngineHash(q), uint32(q*100))})
+		y.snap.buffered = append(y.snap.buffered, bufferedBatch{seq: q, batch: deltaBatch(kvevent.IntHash(q), uint32(q*100))})
 	}
 	return y
 }

@@ -118,6 +118,12 @@ var (
 		"Losses of the live channel's connection; each invalidates the stream.", streamLabels, nil)
 	descSnapshots = prometheus.NewDesc("kvcar_stream_snapshots_total",
 		"Snapshot attempts by result.", append(streamLabels, "result"), nil)
+	descComplete = prometheus.NewDesc("kvcar_stream_complete",
+		"1 when the synchronised view started from the engine's whole state; 0 when it may lack blocks stored before it began (history and live modes) or is not synchronised.", streamLabels, nil)
+	descPartialStarts = prometheus.NewDesc("kvcar_stream_partial_starts_total",
+		"Views (re)started without the engine's whole state: a history window that did not reach back far enough, a live stream joining late, a gap nothing could repair.", streamLabels, nil)
+	descTailRepairs = prometheus.NewDesc("kvcar_stream_tail_repairs_total",
+		"Batches a history calibration replayed that the live channel had lost.", streamLabels, nil)
 	descBuffered = prometheus.NewDesc("kvcar_stream_buffered_bytes",
 		"Live deltas held while a snapshot is in progress (wire plus decoded bytes).", streamLabels, nil)
 	descStreams = prometheus.NewDesc("kvcar_streams",
@@ -127,8 +133,9 @@ var (
 )
 
 func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descSynced, descSequence, descResident, descEvents,
-		descDecodeErrors, descGaps, descDisconnects, descSnapshots, descBuffered, descStreams, descExclusions} {
+	for _, d := range []*prometheus.Desc{descSynced, descComplete, descSequence, descResident, descEvents,
+		descDecodeErrors, descGaps, descDisconnects, descSnapshots, descPartialStarts, descTailRepairs,
+		descBuffered, descStreams, descExclusions} {
 		ch <- d
 	}
 }
@@ -137,7 +144,7 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 	set := c.d.set.Load()
 	ch <- prometheus.MustNewConstMetric(descStreams, prometheus.GaugeValue, float64(len(set.streams)))
 	if ex := c.d.exclusions.Load(); ex != nil {
-		for _, kind := range []string{ExcludeBadName, ExcludePortOverflow, ExcludePortConflict, ExcludeMaxStreams} {
+		for _, kind := range exclusionKinds {
 			ch <- prometheus.MustNewConstMetric(descExclusions, prometheus.GaugeValue, float64((*ex)[kind]), kind)
 		}
 	}
@@ -156,6 +163,13 @@ func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 			synced = 1
 		}
 		gauge(descSynced, synced)
+		complete := 0.0
+		if st.Complete {
+			complete = 1
+		}
+		gauge(descComplete, complete)
+		counter(descPartialStarts, st.PartialStarts)
+		counter(descTailRepairs, st.TailRepairs)
 		gauge(descSequence, float64(st.Sequence))
 		gauge(descResident, float64(st.DeviceBlocks), "device")
 		gauge(descResident, float64(st.HostBlocks), "host")

@@ -121,6 +121,21 @@ func (y *syncer) setReason(reason string) {
 }
 
 func (y *syncer) drainReplay() {
+	if y.s.spec.ordered() {
+		for i := 0; i < drainMax && y.ord.cu != nil; i++ {
+			frames, err := y.ord.cu.rep.Recv()
+			if err != nil {
+				y.catchUpFailedNow(fmt.Sprintf("replay receive: %v", err))
+				return
+			}
+			if frames == nil {
+				return
+			}
+			y.orderedReplay(frames)
+			y.trimBatch()
+		}
+		return
+	}
 	for i := 0; i < drainMax && y.snap != nil; i++ {
 		frames, err := y.snap.rep.Recv()
 		if err != nil {
@@ -164,7 +179,7 @@ func (y *syncer) onReplay(frames [][]byte) {
 		y.snapshotFailed(fmt.Sprintf("snapshot batch %d: decode: %v", sn.batches, err))
 		return
 	}
-	if err := checkRank(&y.batch, y.s.spec.DPRank); err != nil {
+	if err := checkRank(&y.batch, y.s.spec); err != nil {
 		y.snapshotFailed(fmt.Sprintf("snapshot batch %d: %v", sn.batches, err))
 		return
 	}
@@ -257,7 +272,7 @@ const emptySnapshotTolerance = 2
 // sequence tracking. seq is the last sequence the view reflects when
 // hasSeq; next is the sequence expected next, or any when expectAny.
 func (y *syncer) synchronised(ix *kvindex.Index, seq uint64, hasSeq bool, next uint64, expectAny bool, how string) {
-	y.s.publish(ix, seq, hasSeq)
+	y.s.publish(ix, seq, hasSeq, true)
 	y.expected, y.expectAny = next, expectAny
 	y.dedupUpTo, y.dedupActive = seq, hasSeq
 	y.emptySnapshot = !hasSeq

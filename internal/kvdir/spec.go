@@ -11,13 +11,29 @@ import (
 // blocks are keyed. Two specs with the same Key but any other field
 // different describe different streams: the old one is retired.
 type StreamSpec struct {
-	InstanceName   string
-	DPRank         int
-	Endpoint       string
+	InstanceName string
+	DPRank       int
+	Endpoint     string
+	// ReplayEndpoint is empty in SyncLive mode.
 	ReplayEndpoint string
-	Topic          string
-	BlockSize      int
-	HashSeed       uint64
+	// Topic is the topic the engine's messages must carry; empty accepts
+	// every topic.
+	Topic string
+	// Mode says what the replay endpoint answers; empty means
+	// config.SyncSnapshot.
+	Mode config.SyncMode
+	// AnyRank accepts batches tagged with any DP rank: the stream of an
+	// instance with one rank, which may be rank r of an engine whose
+	// ranks run as separate servers (vLLM's external data parallelism).
+	AnyRank bool
+	// Bind, when set, is the address of a subscriber kvcar binds (with
+	// BindPorts consecutive ports) and the engine dials, shared by every
+	// stream with the same Bind and told apart by Topic and DPRank;
+	// Endpoint is then informational.
+	Bind      string
+	BindPorts int
+	BlockSize int
+	HashSeed  uint64
 	// Incarnation identifies the engine process when the registry knows
 	// it (incarnation_id, else register_ts_ms); empty for static streams
 	// and for engines registered without either.
@@ -36,6 +52,18 @@ type StreamKey struct {
 	InstanceName string
 	DPRank       int
 }
+
+// SyncMode returns the spec's mode, SyncSnapshot when unset.
+func (s StreamSpec) SyncMode() config.SyncMode {
+	if s.Mode == "" {
+		return config.SyncSnapshot
+	}
+	return s.Mode
+}
+
+// ordered reports the modes whose view follows the engine's sequence
+// from wherever it could start: history and live.
+func (s StreamSpec) ordered() bool { return s.SyncMode() != config.SyncSnapshot }
 
 // Key returns the directory key of the spec.
 func (s StreamSpec) Key() StreamKey { return StreamKey{s.InstanceName, s.DPRank} }
@@ -97,9 +125,21 @@ func StaticSpecs(c *config.Config) []StreamSpec {
 			Endpoint:       st.Endpoint,
 			ReplayEndpoint: st.ReplayEndpoint,
 			Topic:          st.Topic,
+			Mode:           st.SyncMode,
 			BlockSize:      st.BlockSize,
+			Bind:           bindOf(st),
+			BindPorts:      1,
 			HashSeed:       st.HashSeed,
 		})
 	}
 	return specs
 }
+
+func bindOf(st config.Stream) string {
+	if st.Bind {
+		return st.Endpoint
+	}
+	return ""
+}
+
+func (s StreamSpec) hubKey() hubKey { return hubKey{bind: s.Bind, ports: max(s.BindPorts, 1)} }

@@ -10,11 +10,16 @@ type StreamStatus struct {
 	Endpoint       string
 	ReplayEndpoint string
 	Incarnation    string
-	Synchronized   bool
-	Sequence       uint64
-	Error          string
-	DeviceBlocks   int
-	HostBlocks     int
+	// SyncMode is snapshot, history or live.
+	SyncMode     string
+	Topic        string
+	Synchronized bool
+	// Complete: see Match.Complete.
+	Complete     bool
+	Sequence     uint64
+	Error        string
+	DeviceBlocks int
+	HostBlocks   int
 
 	BatchesApplied uint64
 	EventsApplied  uint64
@@ -26,7 +31,13 @@ type StreamStatus struct {
 	SnapshotsStarted uint64
 	SnapshotsOK      uint64
 	SnapshotsFailed  uint64
-	BufferedBytes    int64
+	// PartialStarts counts views started without the engine's whole
+	// state (history window too short, live stream joining late, gap).
+	PartialStarts uint64
+	// TailRepairs counts batches a history calibration recovered that
+	// the live channel had lost.
+	TailRepairs   uint64
+	BufferedBytes int64
 	// LastSnapshot is how long the last successful snapshot took.
 	LastSnapshot time.Duration
 	// LastEventAge is how long ago the last live batch was applied; zero
@@ -58,7 +69,10 @@ func (s *stream) report(now time.Time) StreamStatus {
 		Endpoint:         s.spec.Endpoint,
 		ReplayEndpoint:   s.spec.ReplayEndpoint,
 		Incarnation:      s.spec.Incarnation,
+		SyncMode:         string(s.spec.SyncMode()),
+		Topic:            s.spec.Topic,
 		Synchronized:     m.Synchronized,
+		Complete:         m.Complete,
 		Sequence:         m.Sequence,
 		Error:            m.Error,
 		DeviceBlocks:     m.DeviceBlocks,
@@ -71,6 +85,8 @@ func (s *stream) report(now time.Time) StreamStatus {
 		SnapshotsStarted: c.snapshotsStarted.Load(),
 		SnapshotsOK:      c.snapshotsOK.Load(),
 		SnapshotsFailed:  c.snapshotsFailed.Load(),
+		PartialStarts:    c.partialStarts.Load(),
+		TailRepairs:      c.tailRepairs.Load(),
 		BufferedBytes:    c.bufferedBytes.Load(),
 		LastSnapshot:     time.Duration(c.lastSnapshot.Load()),
 	}

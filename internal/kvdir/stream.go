@@ -14,6 +14,9 @@ import (
 // progress lives in its syncer, owned by the stream goroutine.
 type stream struct {
 	spec StreamSpec
+	// relay is the loopback endpoint of the hub of a bound stream, set
+	// before the goroutine starts.
+	relay string
 
 	mu sync.RWMutex
 	// idx is nil whenever the stream is not synchronised, so a stale view
@@ -24,7 +27,10 @@ type stream struct {
 	// hasSeq is false while the view reflects no live message at all (an
 	// empty snapshot of an engine that has published nothing).
 	hasSeq bool
-	reason string
+	// complete is false while the view may lack blocks the engine stored
+	// before the view began (history and live modes).
+	complete bool
+	reason   string
 
 	counters streamCounters
 	obs      *streamObservers // nil without metrics; set before the goroutine starts
@@ -49,13 +55,25 @@ type streamCounters struct {
 	snapshotsOK      atomic.Uint64
 	snapshotsFailed  atomic.Uint64
 	topicMismatches  atomic.Uint64
-	duplicates       atomic.Uint64
+	// otherRank counts a bound stream's batches of another DP rank.
+	otherRank atomic.Uint64
+	// waits counts the stream goroutine's waits on its sockets, so that
+	// a test can tell an idle stream from a spinning one.
+	waits      atomic.Uint64
+	duplicates atomic.Uint64
 	// bufferedBatches counts live deltas queued during snapshots and
 	// coveredBatches those of them the snapshot already reflected.
 	bufferedBatches atomic.Uint64
 	coveredBatches  atomic.Uint64
 	fullStateSyncs  atomic.Uint64
-	bufferedBytes   atomic.Int64
+	// partialStarts counts views (re)started without the engine's whole
+	// state: a history window that does not reach back far enough, a
+	// live stream joining late, a gap nothing could repair.
+	partialStarts atomic.Uint64
+	// tailRepairs counts batches a history calibration found that the
+	// live channel had not delivered.
+	tailRepairs   atomic.Uint64
+	bufferedBytes atomic.Int64
 	// lastSnapshot is how long the last successful snapshot took from
 	// request to publish, in nanoseconds.
 	lastSnapshot atomic.Int64
@@ -92,6 +110,7 @@ func (s *stream) match(keys []kvindex.Key, m *Match) {
 	*m = Match{InstanceName: s.spec.InstanceName, DPRank: s.spec.DPRank, Incarnation: s.spec.Incarnation, Discovered: s.spec.Discovered}
 	s.mu.RLock()
 	m.Synchronized = s.synced
+	m.Complete = s.synced && s.complete
 	m.Sequence = s.seq
 	m.Error = s.reason
 	if s.synced && s.idx != nil {
@@ -108,10 +127,11 @@ func (s *stream) match(keys []kvindex.Key, m *Match) {
 }
 
 // publish makes idx the stream's view at sequence seq (R-REC-2: the whole
-// snapshot becomes visible at once).
-func (s *stream) publish(idx *kvindex.Index, seq uint64, hasSeq bool) {
+// snapshot becomes visible at once); complete says whether it may lack
+// blocks stored before it began.
+func (s *stream) publish(idx *kvindex.Index, seq uint64, hasSeq, complete bool) {
 	s.mu.Lock()
-	s.idx, s.synced, s.seq, s.hasSeq, s.reason = idx, true, seq, hasSeq, ""
+	s.idx, s.synced, s.seq, s.hasSeq, s.complete, s.reason = idx, true, seq, hasSeq, complete, ""
 	s.mu.Unlock()
 }
 

@@ -54,7 +54,15 @@ type syncer struct {
 	dedupUpTo   uint64
 	dedupActive bool
 
-	snap       *snapshot
+	snap *snapshot
+	// ord is the state of a history or live stream (ordered.go).
+	ord ordered
+	// topicSeen is true once a message of the stream's own topic arrived
+	// on the current subscription; deaf is true while only messages of
+	// other topics did, so the stream serves nothing (item 4).
+	topicSeen bool
+	deaf      bool
+
 	retryAt    time.Time
 	backoff    time.Duration
 	nextResync time.Time
@@ -92,6 +100,7 @@ func (y *syncer) run() {
 			continue
 		}
 		y.onTimers(now)
+		y.s.counters.waits.Add(1)
 		rd, err := y.sub.Wait(y.replayer(), y.waitFor(now))
 		if err != nil {
 			y.fail(fmt.Sprintf("poll: %v", err))
@@ -121,7 +130,15 @@ func (y *syncer) subscribe() error {
 		}
 		y.sub = nil
 	}
-	sub, err := y.tctx.Subscribe(y.s.spec.Endpoint, y.s.spec.Topic, kvtransport.SubscriberOptions{
+	// Every topic is received and filtered here, so that a publisher
+	// sending another topic is noticed rather than silently unheard. A
+	// bound stream shares its hub with other engines and takes only its
+	// own topic.
+	endpoint, filter := y.s.spec.Endpoint, ""
+	if y.s.relay != "" {
+		endpoint, filter = y.s.relay, y.s.spec.Topic
+	}
+	sub, err := y.tctx.Subscribe(endpoint, filter, kvtransport.SubscriberOptions{
 		MaxMessageBytes: int64(y.lim.MaxMessageBytes),
 		ReceiveHWM:      y.lim.receiveHWM(),
 		Waker:           y.s.waker,
@@ -131,6 +148,8 @@ func (y *syncer) subscribe() error {
 	}
 	y.sub = sub
 	y.linkUp = false
+	y.topicSeen = false
+	y.ord.haveLastLive = false
 	return nil
 }
 
@@ -149,6 +168,9 @@ func (y *syncer) resubscribeLater(now time.Time) {
 }
 
 func (y *syncer) replayer() *kvtransport.Replayer {
+	if y.s.spec.ordered() {
+		return y.orderedReplayer()
+	}
 	if y.snap == nil {
 		return nil
 	}
@@ -158,12 +180,19 @@ func (y *syncer) replayer() *kvtransport.Replayer {
 // waitFor returns how long the next poll may block.
 func (y *syncer) waitFor(now time.Time) time.Duration {
 	d := pollInterval
-	if y.snap != nil && !y.snap.requested {
+	if (y.snap != nil && !y.snap.requested) || (y.ord.cu != nil && !y.ord.cu.requested) {
 		// A loopback connection is up within a millisecond or so; the
 		// request goes out as soon as it is.
 		d = requestRetryInterval
 	}
-	for _, t := range []time.Time{y.retryAt, y.nextResync, y.snapDeadline()} {
+	// A retry can only start once the link is up and the stream hears its
+	// topic; until then the link monitor or a message wakes the wait, and
+	// a due retry time must not turn the wait into a spin.
+	retry := y.retryAt
+	if !y.linkUp || y.deaf || (y.s.spec.ordered() && (!y.isHistory() || y.ord.serving || y.ord.cu != nil)) {
+		retry = time.Time{}
+	}
+	for _, t := range []time.Time{retry, y.nextResync, y.snapDeadline(), y.orderedSnapDeadline()} {
 		if !t.IsZero() {
 			if until := t.Sub(now); until < d {
 				d = max(until, 0)
@@ -183,6 +212,10 @@ func (y *syncer) snapDeadline() time.Time {
 // onTimers starts snapshots that are due, sends a request still waiting
 // for its connection, and expires a snapshot that is late.
 func (y *syncer) onTimers(now time.Time) {
+	if y.s.spec.ordered() {
+		y.orderedTimers(now)
+		return
+	}
 	if y.snap != nil {
 		if now.After(y.snap.deadline) {
 			y.snapshotFailed(fmt.Sprintf("snapshot timed out after %v without end marker", y.lim.ReplayTimeout))
@@ -193,7 +226,7 @@ func (y *syncer) onTimers(now time.Time) {
 	}
 	synced, _, _ := y.s.status()
 	switch {
-	case !synced && y.linkUp && !y.retryAt.IsZero() && !now.Before(y.retryAt):
+	case !synced && y.linkUp && !y.deaf && !y.retryAt.IsZero() && !now.Before(y.retryAt):
 		y.startSnapshot(false)
 	case synced && !y.nextResync.IsZero() && !now.Before(y.nextResync):
 		// R-REC-4: calibrate against the engine's full state to find
@@ -215,7 +248,7 @@ func (y *syncer) drainLink() {
 		switch ev {
 		case kvtransport.LinkConnected:
 			y.linkUp = true
-			if y.retryAt.IsZero() {
+			if y.retryAt.IsZero() && (!y.s.spec.ordered() || y.ord.idx == nil) {
 				y.retryAt = time.Now()
 			}
 		case kvtransport.LinkDisconnected:
@@ -224,6 +257,7 @@ func (y *syncer) drainLink() {
 			// void; a new snapshot starts once the link is back.
 			y.s.counters.disconnects.Add(1)
 			y.abortSnapshot()
+			y.orderedReset()
 			y.invalidate("publisher disconnected")
 			y.retryAt = time.Now()
 			if err := y.subscribe(); err != nil {
@@ -275,16 +309,42 @@ func (y *syncer) onLive(frames [][]byte) {
 		y.fault(fmt.Sprintf("bad live envelope: %v", err))
 		return
 	}
-	if string(topic) != y.s.spec.Topic {
-		// SUB filters by prefix; the topic must match exactly (R-CFG-4).
+	if want := y.s.spec.Topic; want != "" && string(topic) != want {
+		// The topic must match exactly (R-CFG-4); an empty one takes all.
 		if y.s.counters.topicMismatches.Add(1) == 1 {
 			y.log.Warn("ignoring messages of another topic", "stream", y.s.spec.String(),
-				"topic", string(topic), "want", y.s.spec.Topic)
+				"topic", string(topic), "want", want)
+		}
+		if !y.topicSeen && y.s.spec.Bind == "" {
+			y.beDeaf(topic)
 		}
 		return
 	}
+	y.topicSeen = true
+	if y.deaf {
+		y.deaf = false
+		y.retryAt = time.Now()
+		y.log.Info("publisher sends this stream's topic", "stream", y.s.spec.String(), "topic", string(topic))
+	}
+	if y.s.spec.ordered() {
+		if err := y.dec.DecodeBatch(payload, &y.batch); err != nil {
+			y.s.counters.decodeErrors.Add(1)
+			if y.ord.idx != nil {
+				y.ord.lastLive, y.ord.haveLastLive = seq, true
+				y.orderedBadBatch(seq, fmt.Sprintf("decode: %v", err))
+			}
+			return
+		}
+		if y.otherRank(&y.batch) {
+			return
+		}
+		y.orderedLive(seq, len(payload))
+		return
+	}
 	synced, _, _ := y.s.status()
-	if err := y.decode(payload); err != nil {
+	if err := y.decode(payload); errors.Is(err, errOtherRank) {
+		return
+	} else if err != nil {
 		if synced || y.snap != nil {
 			// During a snapshot the message is not buffered: if the
 			// snapshot does not cover seq, the merge finds the hole.
@@ -378,17 +438,42 @@ func seqFault(expected, got uint64) string {
 }
 
 // decode parses payload into y.batch and checks it belongs to this DP.
+// A bound stream's batch of another rank is errOtherRank.
 func (y *syncer) decode(payload []byte) error {
 	if err := y.dec.DecodeBatch(payload, &y.batch); err != nil {
 		y.s.counters.decodeErrors.Add(1)
 		return fmt.Errorf("decode: %w", err)
 	}
-	return checkRank(&y.batch, y.s.spec.DPRank)
+	if y.otherRank(&y.batch) {
+		return errOtherRank
+	}
+	return checkRank(&y.batch, y.s.spec)
 }
 
-func checkRank(b *kvevent.Batch, rank int) error {
-	if b.HasDPRank && b.DPRank != rank {
-		return fmt.Errorf("batch dp_rank %d on the stream of dp_rank %d", b.DPRank, rank)
+// errOtherRank marks a batch of another DP rank of the same engine on a
+// bound subscriber: not this stream's, not a fault.
+var errOtherRank = errors.New("batch of another DP rank")
+
+// otherRank reports a bound stream's batch that belongs to another DP
+// rank: the ranks of one engine dialing one subscriber share a topic
+// unless its template has {dp_rank}, and are told apart by the rank each
+// batch carries. A batch without a rank is taken when the instance has
+// one rank.
+func (y *syncer) otherRank(b *kvevent.Batch) bool {
+	sp := &y.s.spec
+	if sp.Bind == "" || sp.AnyRank {
+		return false
+	}
+	if !b.HasDPRank || b.DPRank != sp.DPRank {
+		y.s.counters.otherRank.Add(1)
+		return true
+	}
+	return false
+}
+
+func checkRank(b *kvevent.Batch, spec StreamSpec) error {
+	if b.HasDPRank && b.DPRank != spec.DPRank && !spec.AnyRank {
+		return fmt.Errorf("batch dp_rank %d on the stream of dp_rank %d", b.DPRank, spec.DPRank)
 	}
 	return nil
 }
@@ -420,9 +505,30 @@ func (y *syncer) limitErr(err error) error {
 	return err
 }
 
+// beDeaf withdraws the view of a stream whose publisher sends only
+// other topics: it would otherwise report synchronised while it hears
+// nothing (item 4). The stream waits for its own topic.
+func (y *syncer) beDeaf(topic []byte) {
+	if y.deaf {
+		return
+	}
+	y.deaf = true
+	y.abortSnapshot()
+	y.orderedReset()
+	y.retryAt = time.Time{}
+	y.invalidate(fmt.Sprintf("publisher sends topic %q, this stream expects %q; nothing of its own topic received", topic, y.s.spec.Topic))
+}
+
 // fault invalidates the stream and schedules recovery (R-REC-3). A
-// calibration in progress turns into the recovery snapshot.
+// calibration in progress turns into the recovery snapshot. A history or
+// live stream drops its view and starts a new one.
 func (y *syncer) fault(reason string) {
+	if y.s.spec.ordered() {
+		y.orderedReset()
+		y.invalidate(reason)
+		y.retryAt = time.Now()
+		return
+	}
 	y.invalidate(reason)
 	if y.snap != nil {
 		if y.snap.calibrate {
@@ -460,6 +566,7 @@ func (y *syncer) pause(now time.Time) {
 
 func (y *syncer) closeSockets() {
 	y.abortSnapshot()
+	y.abortCatchUp()
 	if y.sub != nil {
 		if err := y.sub.Close(); err != nil {
 			y.log.Debug("close subscriber", "stream", y.s.spec.String(), "err", err)

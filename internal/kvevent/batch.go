@@ -1,11 +1,8 @@
 package kvevent
 
 import (
-	"encoding/binary"
 	"errors"
 	"unsafe"
-
-	"github.com/zeebo/xxh3"
 )
 
 var (
@@ -15,17 +12,6 @@ var (
 	// returned before any byte of the payload is read.
 	ErrTooLarge = errors.New("kvevent: message too large")
 )
-
-// FoldBytesHash turns a byte-string engine hash into an EngineHash. An
-// 8-byte string is read as a big-endian uint64, so engines that ship an
-// integer hash as raw bytes agree with those that send the integer; any
-// other length is folded with XXH3-64.
-func FoldBytesHash(b []byte) EngineHash {
-	if len(b) == 8 {
-		return EngineHash(binary.BigEndian.Uint64(b))
-	}
-	return EngineHash(xxh3.Hash(b))
-}
 
 // Reset empties the batch and keeps its storage for reuse.
 func (b *Batch) Reset() {
@@ -117,27 +103,31 @@ func (b *Batch) Clone() *Batch {
 	return c
 }
 
-// eventSize is the in-memory size of one decoded event record.
-const eventSize = int(unsafe.Sizeof(Event{}))
+// eventSize and hashSize are the in-memory sizes of one decoded event
+// record and one engine hash.
+const (
+	eventSize = int(unsafe.Sizeof(Event{}))
+	hashSize  = int(unsafe.Sizeof(EngineHash{}))
+)
 
 // StorageBytes is the memory the batch's reusable storage holds, by
 // capacity: what keeping the batch for the next decode costs. A holder
 // that decoded an unusually large payload can drop the batch rather than
 // keep that much per stream.
 func (b *Batch) StorageBytes() int {
-	return cap(b.Events)*eventSize + cap(b.hashes)*8 + cap(b.tokens)*4
+	return cap(b.Events)*eventSize + cap(b.hashes)*hashSize + cap(b.tokens)*4
 }
 
 // MaxStorageBytes bounds StorageBytes of a fresh batch decoded from an
 // n-byte payload, so a size limit on payloads is a size limit on decoded
-// memory too. Each wire byte becomes at most 8 bytes of records (a
-// 14-byte event is an 88-byte record, a 1-byte hash 8 bytes, a 1-byte
-// token 4) and appending may double the hash and token storage.
-func MaxStorageBytes(n int) int { return 16*n + 256 }
+// memory too. Each wire byte becomes at most 16 bytes of records (a
+// 14-byte event is a record of under 112 bytes, a 1-byte hash 16 bytes,
+// a 1-byte token 4) and appending may double the hash and token storage.
+func MaxStorageBytes(n int) int { return 32*n + 256 }
 
 // DecodedBytes estimates the memory the decoded records occupy (event
 // records, hashes and tokens), for budgets such as max_buffered_bytes that
 // count decoded state on top of wire bytes.
 func (b *Batch) DecodedBytes() int {
-	return len(b.Events)*eventSize + b.Blocks()*8 + b.Tokens()*4
+	return len(b.Events)*eventSize + b.Blocks()*hashSize + b.Tokens()*4
 }

@@ -11,11 +11,11 @@ func benchBatch(events, blocksPerEvent, blockSize int) *Batch {
 	hashes := make([]EngineHash, blocksPerEvent)
 	tokens := make([]uint32, blocksPerEvent*blockSize)
 	next := uint64(0x9e3779b97f4a7c15)
-	parent := EngineHash(0)
+	parent := EngineHash{}
 	for e := range events {
 		for i := range hashes {
 			next = next*6364136223846793005 + 1442695040888963407
-			hashes[i] = EngineHash(next)
+			hashes[i] = IntHash(next)
 		}
 		for i := range tokens {
 			next = next*6364136223846793005 + 1442695040888963407

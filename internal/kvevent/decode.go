@@ -258,7 +258,8 @@ func decodeBatchMap(p []byte, b *Batch) ([]byte, error) {
 			}
 			seenEvents = true
 			p, err = decodeEvents(p, b)
-		case keyDPRank:
+		case keyDPRank, keyAttnDPRank:
+			// vLLM names the rank data_parallel_rank, SGLang attn_dp_rank.
 			p, err = decodeDPRank(p, b)
 		default:
 			if p, err = msgp.Skip(p); err != nil {
@@ -303,8 +304,10 @@ func decodeEvents(p []byte, b *Batch) ([]byte, error) {
 }
 
 // field identifies an event field independently of the event's shape, so
-// map and array events share one field decoder. The order is the position
-// of each field in an array BlockStored; arrayField depends on it.
+// map and array events share one field decoder. The order up to
+// fieldLocality is the position of each field in an array BlockStored
+// (vLLM's array_like structs, ending with kv_cache_spec_sliding_window
+// and locality); arrayField depends on it.
 type field uint8
 
 const (
@@ -314,18 +317,24 @@ const (
 	fieldBlockSize
 	fieldLoraID
 	fieldMedium
+	// fieldLoraName is lora_name in vLLM's arrays and SGLang's metadata
+	// map {"cache_salt": ...} in its older arrays.
 	fieldLoraName
 	fieldExtraKeys
+	fieldGroupIdx
+	fieldSpecKind
+	fieldSlidingWindow
+	fieldLocality
+	fieldCacheSalt
 	fieldUnknown
 )
 
 // arrayField maps position i (after the type tag) of an array event to
-// its field, following the order of vLLM's array_like structs. Positions
-// past the known fields are skipped.
+// its field. Positions past the known fields are skipped.
 func arrayField(k Kind, i int) field {
 	switch k {
 	case BlockStored:
-		if i < int(fieldUnknown) {
+		if i <= int(fieldLocality) {
 			return field(i)
 		}
 	case BlockRemoved:
@@ -334,6 +343,10 @@ func arrayField(k Kind, i int) field {
 			return fieldHashes
 		case 1:
 			return fieldMedium
+		case 2:
+			return fieldGroupIdx
+		case 3:
+			return fieldLocality
 		}
 	}
 	return fieldUnknown
@@ -357,7 +370,17 @@ func fieldOfKey(key []byte) field {
 		return fieldLoraName
 	case keyExtraKeys:
 		return fieldExtraKeys
+	case keyGroupIdx:
+		return fieldGroupIdx
+	case keySpecKind:
+		return fieldSpecKind
+	case keyLocality:
+		return fieldLocality
+	case keyCacheSalt:
+		return fieldCacheSalt
 	}
+	// kv_cache_spec_sliding_window, ownership, session_id and keys of
+	// later versions carry nothing the index needs.
 	return fieldUnknown
 }
 
@@ -379,6 +402,16 @@ func fieldName(f field) string {
 		return keyLoraName
 	case fieldExtraKeys:
 		return keyExtraKeys
+	case fieldGroupIdx:
+		return keyGroupIdx
+	case fieldSpecKind:
+		return keySpecKind
+	case fieldSlidingWindow:
+		return "kv_cache_spec_sliding_window"
+	case fieldLocality:
+		return keyLocality
+	case fieldCacheSalt:
+		return keyCacheSalt
 	}
 	return "unknown field"
 }
@@ -428,7 +461,7 @@ func decodeEvent(p []byte, b *Batch, ev *Event) ([]byte, error) {
 				}
 			} else {
 				hasHashes = hasHashes || f == fieldHashes
-				p, err = decodeField(p, f, b, ev)
+				p, err = decodeField(p, f, b, ev, false)
 			}
 			if err != nil {
 				return p, err
@@ -451,7 +484,7 @@ func decodeEvent(p []byte, b *Batch, ev *Event) ([]byte, error) {
 		for i := 1; i < n; i++ {
 			if f := arrayField(ev.Kind, i-1); f != fieldUnknown {
 				hasHashes = hasHashes || f == fieldHashes
-				p, err = decodeField(p, f, b, ev)
+				p, err = decodeField(p, f, b, ev, true)
 			} else if p, err = msgp.Skip(p); err != nil {
 				err = fmt.Errorf("element %d: %w", i, err)
 			}
@@ -494,47 +527,69 @@ func finishEvent(ev *Event, hasHashes bool) error {
 	return nil
 }
 
-func decodeField(p []byte, f field, b *Batch, ev *Event) ([]byte, error) {
-	var err error
+// decodeField decodes one field into ev. inArray is true for the legacy
+// array events, whose encoders wrote a root's parent as 0.
+func decodeField(p []byte, f field, b *Batch, ev *Event, inArray bool) ([]byte, error) {
+	var (
+		err error
+		ctx bool
+	)
 	switch f {
 	case fieldHashes:
 		ev.BlockHashes, p, err = readHashes(p, b)
 	case fieldParent:
 		if msgp.IsNil(p) {
-			ev.HasParent, ev.ParentHash = false, 0
+			ev.HasParent, ev.ParentHash = false, EngineHash{}
 			return p[1:], nil
 		}
 		var h EngineHash
 		if h, p, err = readHash(p); err != nil {
 			return p, fmt.Errorf("%s: %w", keyParent, err)
 		}
+		// A legacy array encoder sends 0 for "no parent"; an engine hash
+		// that is exactly 0 is a 2^-64 event. In maps nil is the only
+		// root and 0 is taken as a hash.
+		if inArray && h == (EngineHash{}) {
+			ev.HasParent, ev.ParentHash = false, EngineHash{}
+			return p, nil
+		}
 		ev.ParentHash, ev.HasParent = h, true
 	case fieldTokens:
-		ev.TokenIDs, p, err = readTokens(p, b)
+		ev.TokenIDs, ctx, p, err = readTokens(p, b)
 	case fieldBlockSize:
 		ev.BlockSize, p, err = readSmallInt(p, keyBlockSize)
 	case fieldLoraID:
 		if msgp.IsNil(p) {
 			return p[1:], nil
 		}
-		ev.PlainText = false
+		ctx = true
 		p, err = skip(p, keyLoraID)
 	case fieldMedium:
 		ev.Medium, p, err = readMedium(p)
 	case fieldLoraName:
-		var ctx bool
 		ctx, p, err = readLoraName(p)
-		ev.PlainText = ev.PlainText && !ctx
 	case fieldExtraKeys:
-		var ctx bool
 		ctx, p, err = readExtraKeys(p)
-		ev.PlainText = ev.PlainText && !ctx
+	case fieldGroupIdx:
+		ctx, p, err = readGroupIdx(p)
+	case fieldSpecKind:
+		ctx, p, err = readStrIs(p, keySpecKind, specFullAttention)
+	case fieldLocality:
+		ctx, p, err = readStrIs(p, keyLocality, localityLocal)
+	case fieldCacheSalt:
+		ctx, p, err = readNonEmpty(p, keyCacheSalt)
 	default:
 		p, err = skip(p, fieldName(f))
+	}
+	if ctx {
+		ev.PlainText = false
 	}
 	return p, err
 }
 
+// readMedium maps a medium string to its tier, ignoring case (engines
+// write "GPU", the seed's engine "gpu"). Unknown strings are OtherMedium,
+// which is never a hit: a new tier name costs hits, not correctness.
 func readMedium(p []byte) (Medium, []byte, error) {
 	if msgp.IsNil(p) {
 		return Device, p[1:], nil
@@ -546,37 +601,177 @@ func readMedium(p []byte) (Medium, []byte, error) {
 	if err != nil {
 		return 0, p, err
 	}
-	switch string(s) {
-	case "gpu", "GPU":
-		return Device, o, nil
-	case "cpu", "CPU":
-		return Host, o, nil
+	return MediumOf(s), o, nil
+}
+
+// MediumOf maps a medium name, in any case, to its tier: "" and the
+// device names to Device, host memory names to Host, local storage to
+// Disk, shared or remote pools to External, anything else to OtherMedium.
+func MediumOf(s []byte) Medium {
+	for _, m := range mediumNames {
+		if asciiEqualFold(s, m.name) {
+			return m.medium
+		}
 	}
-	return 0, p, fmt.Errorf("%s: unknown value %q, want gpu or cpu", keyMedium, s)
+	return OtherMedium
+}
+
+// mediumNames lists the names vLLM, SGLang, llm-d and Dynamo use. Host is
+// host memory an engine loads back from quickly (pinned or first-tier
+// CPU memory); CPU_TIER2 is SGLang's storage tier below it.
+var mediumNames = [...]struct {
+	name   string
+	medium Medium
+}{
+	{"gpu", Device}, {"", Device}, {"cpu", Host}, {"device", Device}, {"hbm", Device},
+	{"cpu_pinned", Host}, {"cpu_tier1", Host}, {"host", Host},
+	{"cpu_tier2", Disk}, {"disk", Disk}, {"nvme", Disk}, {"storage", Disk}, {"ssd", Disk},
+	{"external", External}, {"network", External}, {"remote", External}, {"shared", External},
+}
+
+// asciiEqualFold compares s with lower, which is ASCII lower case,
+// ignoring the case of s.
+func asciiEqualFold(s []byte, lower string) bool {
+	if len(s) != len(lower) {
+		return false
+	}
+	for i := range len(s) {
+		c := s[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != lower[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // readLoraName reports whether a lora_name carries LoRA context: any
-// non-nil value except the empty string does.
+// non-nil value except the empty string does. SGLang's older arrays hold
+// a metadata map at this position instead, read by readMetadata.
 func readLoraName(p []byte) (bool, []byte, error) {
 	if msgp.IsNil(p) {
 		return false, p[1:], nil
 	}
-	if msgp.NextType(p) == msgp.StrType {
+	switch msgp.NextType(p) {
+	case msgp.StrType:
 		s, o, err := msgp.ReadStringZC(p)
 		if err != nil {
 			return false, p, fmt.Errorf("%s: %w", keyLoraName, err)
 		}
 		return len(s) > 0, o, nil
+	case msgp.MapType:
+		return readMetadata(p)
 	}
 	o, err := skip(p, keyLoraName)
 	return true, o, err
 }
 
+// readMetadata reads SGLang's positional metadata map: a cache_salt,
+// lora_name or extra_keys in it is context; other keys are ignored.
+func readMetadata(p []byte) (bool, []byte, error) {
+	const field = "metadata"
+	n, p, err := readMapHeader(p, field)
+	if err != nil {
+		return false, p, err
+	}
+	ctx := false
+	for range n {
+		var key []byte
+		if key, p, err = readStr(p, "metadata: key"); err != nil {
+			return false, p, err
+		}
+		var c bool
+		switch string(key) {
+		case keyCacheSalt:
+			c, p, err = readNonEmpty(p, keyCacheSalt)
+		case keyLoraName:
+			c, p, err = readNonEmpty(p, keyLoraName)
+		case keyExtraKeys:
+			c, p, err = readExtraKeys(p)
+		default:
+			p, err = skip(p, field)
+		}
+		if err != nil {
+			return false, p, err
+		}
+		ctx = ctx || c
+	}
+	return ctx, p, nil
+}
+
+// readNonEmpty reports whether a value is context: anything but nil and
+// the empty string or bytes.
+func readNonEmpty(p []byte, field string) (bool, []byte, error) {
+	var (
+		v   []byte
+		o   []byte
+		err error
+	)
+	switch msgp.NextType(p) {
+	case msgp.NilType:
+		return false, p[1:], nil
+	case msgp.StrType:
+		v, o, err = msgp.ReadStringZC(p)
+	case msgp.BinType:
+		v, o, err = msgp.ReadBytesZC(p)
+	default:
+		o, err = skip(p, field)
+		return true, o, err
+	}
+	if err != nil {
+		return false, p, fmt.Errorf("%s: %w", field, err)
+	}
+	return len(v) > 0, o, nil
+}
+
+// readStrIs reports whether a value is context: a string other than
+// want (ASCII lower case; the value's case is ignored) or a value that is
+// not a string. nil is the default and is not.
+func readStrIs(p []byte, field, want string) (bool, []byte, error) {
+	if msgp.IsNil(p) {
+		return false, p[1:], nil
+	}
+	if msgp.NextType(p) == msgp.StrType {
+		s, o, err := readStr(p, field)
+		if err != nil {
+			return false, p, err
+		}
+		return !asciiEqualFold(s, want), o, nil
+	}
+	o, err := skip(p, field)
+	return true, o, err
+}
+
+// readGroupIdx reports whether a KV cache group index is context: group
+// 0 (or nil) is the model's main group; any other group, or a value that
+// is not an integer, is not a plain prefix of full attention KV.
+func readGroupIdx(p []byte) (bool, []byte, error) {
+	switch msgp.NextType(p) {
+	case msgp.NilType:
+		return false, p[1:], nil
+	case msgp.IntType, msgp.UintType:
+		if p[0] == 0x00 {
+			return false, p[1:], nil
+		}
+		if p[0] != 0xcf { // a uint64 is never 0 in a shortest encoding, but may not fit int64
+			v, o, err := msgp.ReadInt64Bytes(p)
+			if err != nil {
+				return false, p, fmt.Errorf("%s: %w", keyGroupIdx, err)
+			}
+			return v != 0, o, nil
+		}
+	}
+	o, err := skip(p, keyGroupIdx)
+	return true, o, err
+}
+
 // readExtraKeys reports whether extra_keys carries context. It is a list
-// with one entry per block; an entry that is nil or empty means the block
-// has none, so only a list with some non-empty entry makes the event
-// non-plain. Any other non-nil value is taken as context to stay on the
-// safe side of R-WIRE-5.
+// with one entry per block (vLLM sends [None] per block for plain text);
+// an entry that is nil or an empty tuple names no key, so only a list
+// with some other entry makes the event non-plain. Any other non-nil
+// value is taken as context to stay on the safe side of R-WIRE-5.
 func readExtraKeys(p []byte) (bool, []byte, error) {
 	if msgp.IsNil(p) {
 		return false, p[1:], nil
@@ -623,18 +818,18 @@ func readHashes(p []byte, b *Batch) ([]EngineHash, []byte, error) {
 }
 
 // readHash reads one engine hash: any msgpack integer, keeping its 64-bit
-// pattern, or a bin/str folded by FoldBytesHash. Callers name the field in
+// pattern, or a bin/str reduced by BytesHash. Callers name the field in
 // errors.
 func readHash(p []byte) (EngineHash, []byte, error) {
 	if len(p) == 0 {
-		return 0, p, msgp.ErrShortBytes
+		return EngineHash{}, p, msgp.ErrShortBytes
 	}
 	c := p[0]
 	switch {
 	case c <= 0x7f:
-		return EngineHash(c), p[1:], nil
+		return IntHash(uint64(c)), p[1:], nil
 	case c >= 0xe0:
-		return EngineHash(int64(int8(c))), p[1:], nil
+		return IntHash(uint64(int64(int8(c)))), p[1:], nil
 	}
 	var need int
 	switch c {
@@ -651,20 +846,20 @@ func readHash(p []byte) (EngineHash, []byte, error) {
 		case msgp.BinType:
 			v, o, err := msgp.ReadBytesZC(p)
 			if err != nil {
-				return 0, p, err
+				return EngineHash{}, p, err
 			}
-			return FoldBytesHash(v), o, nil
+			return BytesHash(v), o, nil
 		case msgp.StrType:
 			v, o, err := msgp.ReadStringZC(p)
 			if err != nil {
-				return 0, p, err
+				return EngineHash{}, p, err
 			}
-			return FoldBytesHash(v), o, nil
+			return BytesHash(v), o, nil
 		}
-		return 0, p, fmt.Errorf("expected int or bytes, got %s", typeName(p))
+		return EngineHash{}, p, fmt.Errorf("expected int or bytes, got %s", typeName(p))
 	}
 	if len(p) < need {
-		return 0, p, msgp.ErrShortBytes
+		return EngineHash{}, p, msgp.ErrShortBytes
 	}
 	var h uint64
 	switch c {
@@ -683,7 +878,7 @@ func readHash(p []byte) (EngineHash, []byte, error) {
 	case 0xd2:
 		h = uint64(int64(int32(binary.BigEndian.Uint32(p[1:]))))
 	}
-	return EngineHash(h), p[need:], nil
+	return IntHash(h), p[need:], nil
 }
 
 // readTokens is the hot loop of the decoder: a 128-token block is read
@@ -691,14 +886,17 @@ func readHash(p []byte) (EngineHash, []byte, error) {
 // (positive fixint, uint8, uint16, uint32). A table-driven, branch-free
 // variant measured three times slower: it chains every token's load on
 // the previous token's size, where branches let the CPU run ahead.
-func readTokens(p []byte, b *Batch) ([]uint32, []byte, error) {
+// ctx reports a token that is not a plain integer (SGLang's speculative
+// decoding sends token pairs): the blocks are then not plain text, and
+// the token's place is held by 0 so the count still checks.
+func readTokens(p []byte, b *Batch) (dst []uint32, ctx bool, rest []byte, err error) {
 	n, p, err := readArrayHeader(p, keyTokenIDs, 1)
 	if err != nil {
-		return nil, p, err
+		return nil, false, p, err
 	}
 	start := len(b.tokens)
 	b.tokens = slices.Grow(b.tokens, n)[:start+n]
-	dst := b.tokens[start : start+n : start+n]
+	dst = b.tokens[start : start+n : start+n]
 	for i := range dst {
 		if len(p) >= 5 {
 			switch c := p[0]; {
@@ -720,11 +918,18 @@ func readTokens(p []byte, b *Batch) ([]uint32, []byte, error) {
 				continue
 			}
 		}
+		if msgp.NextType(p) == msgp.ArrayType {
+			dst[i], ctx = 0, true
+			if p, err = skip(p, keyTokenIDs); err != nil {
+				return nil, false, p, err
+			}
+			continue
+		}
 		if dst[i], p, err = readTokenSlow(p); err != nil {
-			return nil, p, fmt.Errorf("%s[%d]: %w", keyTokenIDs, i, err)
+			return nil, false, p, fmt.Errorf("%s[%d]: %w", keyTokenIDs, i, err)
 		}
 	}
-	return dst, p, nil
+	return dst, ctx, p, nil
 }
 
 // readTokenSlow reads one token id in any integer encoding, range-checked,

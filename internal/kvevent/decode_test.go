@@ -11,7 +11,9 @@ import (
 	"github.com/zeebo/xxh3"
 )
 
-// allShapes enumerates every wire shape the encoder can produce.
+// allShapes enumerates the wire shapes the encoder can produce: every
+// combination of the seed's options, then the vLLM and SGLang dialects
+// over both event shapes and every hash form.
 func allShapes() []Shape {
 	var out []Shape
 	for _, m := range []bool{false, true} {
@@ -25,23 +27,70 @@ func allShapes() []Shape {
 			}
 		}
 	}
+	for _, a := range []bool{false, true} {
+		for _, h := range []HashForm{HashUint64, HashInt64, HashBytes8, HashDigest32} {
+			out = append(out,
+				Shape{EventsAsArrays: a, Hashes: h, UpperMedium: true, VLLMFields: true},
+				Shape{EventsAsArrays: a, Hashes: h, UpperMedium: true, PinnedHost: true, SGLangMeta: true, ZeroRootParent: true},
+				Shape{BatchAsMap: true, AttnDPRank: true, EventsAsArrays: a, Hashes: h, UpperMedium: true, PinnedHost: true},
+			)
+		}
+	}
+	return out
+}
+
+// decodedAs is what a decoder must read from AppendBatch(b, s): b without
+// its rank when s omits it, with every hash mapped by the hash form, and
+// with a parent that is the integer 0 read as a root in array events,
+// which is what 0 means there.
+func decodedAs(b *Batch, s Shape) *Batch {
+	c := b.Clone()
+	if s.OmitDPRank {
+		c.HasDPRank, c.DPRank = false, 0
+	}
+	for i := range c.Events {
+		ev := &c.Events[i]
+		for j, h := range ev.BlockHashes {
+			ev.BlockHashes[j] = s.Hashes.Decoded(h)
+		}
+		if !ev.HasParent {
+			continue
+		}
+		ev.ParentHash = s.Hashes.Decoded(ev.ParentHash)
+		if s.EventsAsArrays && ev.ParentHash == (EngineHash{}) {
+			ev.HasParent = false
+		}
+	}
+	return c
+}
+
+// ints builds integer engine hashes.
+func ints(vs ...uint64) []EngineHash {
+	out := make([]EngineHash, len(vs))
+	for i, v := range vs {
+		out[i] = IntHash(v)
+	}
 	return out
 }
 
 // sampleBatch covers every event kind, both media, root and child
-// blocks, hashes at the edges of the 64-bit range, a tokenless replica and
-// a non-plain (LoRA) event.
+// blocks, hashes at the edges of the 64-bit range and one beyond it (a
+// 128-bit hash, as a digest reduces to), a tokenless replica and a
+// non-plain (LoRA) event.
 func sampleBatch() *Batch {
 	b := &Batch{Timestamp: 1712345678.25, HasDPRank: true, DPRank: 1}
 	b.AddCleared()
-	b.AddStored([]EngineHash{math.MaxUint64, 1 << 63, 0}, 0, false,
+	b.AddStored(ints(math.MaxUint64, 1<<63, 0), EngineHash{}, false,
 		[]uint32{0, 1, 127, 128, 255, 256, 65535, 65536, 151935, math.MaxUint32, 7, 8}, 4, Device)
-	b.AddStored([]EngineHash{0x0123456789abcdef}, 0, true, []uint32{9, 10, 11, 12}, 4, Device)
-	b.AddStored([]EngineHash{math.MaxUint64, 1 << 63}, 0, false, nil, 0, Host)
-	b.AddStored([]EngineHash{42}, 7, true, []uint32{1, 2, 3, 4}, 4, Device)
+	b.AddStored(ints(0x0123456789abcdef), IntHash(math.MaxUint64), true, []uint32{9, 10, 11, 12}, 4, Device)
+	b.AddStored(ints(math.MaxUint64, 1<<63), EngineHash{}, false, nil, 0, Host)
+	b.AddStored(ints(42), IntHash(7), true, []uint32{1, 2, 3, 4}, 4, Device)
 	b.Events[len(b.Events)-1].PlainText = false
-	b.AddRemoved([]EngineHash{0x0123456789abcdef, 5}, Device)
-	b.AddRemoved([]EngineHash{1 << 63}, Host)
+	b.AddRemoved(ints(0x0123456789abcdef, 5), Device)
+	b.AddRemoved(ints(1<<63), Host)
+	wide := EngineHash{Hi: 0xfedcba9876543210, Lo: 7}
+	b.AddStored([]EngineHash{wide}, IntHash(42), true, []uint32{5, 6, 7, 8}, 4, Host)
+	b.AddRemoved([]EngineHash{wide}, Device)
 	return b
 }
 
@@ -53,8 +102,9 @@ func mustDecode(t testing.TB, d *Decoder, payload []byte, b *Batch) {
 }
 
 // R-WIRE-2, R-WIRE-5: every encoder shape decodes back to the same batch,
-// including hashes >= 2^63, negative int64 patterns, 8-byte bin hashes,
-// upper-case media, a missing or nil dp_rank and the non-plain mark.
+// including hashes >= 2^63, negative int64 patterns, 8-byte and 32-byte
+// bin hashes, 128-bit hashes, upper-case media, a missing or nil rank
+// under either name and the non-plain mark.
 func TestRoundTripAllShapes_RWIRE2(t *testing.T) {
 	src := sampleBatch()
 	noRank := src.Clone()
@@ -65,11 +115,7 @@ func TestRoundTripAllShapes_RWIRE2(t *testing.T) {
 		for _, in := range []*Batch{src, noRank} {
 			payload := AppendBatch(nil, in, s)
 			mustDecode(t, d, payload, &got)
-			want := in
-			if s.OmitDPRank {
-				want = noRank
-			}
-			if g, w := viewJSON(&got), viewJSON(want); g != w {
+			if g, w := viewJSON(&got), viewJSON(decodedAs(in, s)); g != w {
 				t.Fatalf("shape %+v:\n got %s\nwant %s", s, g, w)
 			}
 		}
@@ -83,7 +129,7 @@ func TestDecodeReusesBatch(t *testing.T) {
 	var b Batch
 	mustDecode(t, d, AppendBatch(nil, sampleBatch(), Shape{}), &b)
 	small := &Batch{Timestamp: 2}
-	small.AddRemoved([]EngineHash{3}, Host)
+	small.AddRemoved(ints(3), Host)
 	mustDecode(t, d, AppendBatch(nil, small, Shape{EventsAsArrays: true}), &b)
 	if g, w := viewJSON(&b), viewJSON(small); g != w {
 		t.Fatalf("got %s, want %s", g, w)
@@ -258,7 +304,7 @@ func TestPlainTextMarks_RWIRE5(t *testing.T) {
 func TestDecodeErrors(t *testing.T) {
 	stored := func(hashes int, tokens []uint32, bs int) []byte {
 		b := &Batch{}
-		b.AddStored(make([]EngineHash, hashes), 0, false, tokens, bs, Device)
+		b.AddStored(make([]EngineHash, hashes), EngineHash{}, false, tokens, bs, Device)
 		return AppendBatch(nil, b, Shape{})
 	}
 	cases := []struct {
@@ -293,20 +339,36 @@ func TestDecodeErrors(t *testing.T) {
 	}
 }
 
-// FoldBytesHash: 8 bytes are the big-endian integer, so HashBytes8 and
-// HashUint64 agree; other lengths go through XXH3-64.
-func TestFoldBytesHash(t *testing.T) {
+// BytesHash: 8 bytes are the big-endian integer, so HashBytes8 and
+// HashUint64 agree; 16 bytes are kept exactly; other lengths go through
+// XXH3-128, so a 32-byte digest is not truncated to 64 bits (item 9).
+func TestBytesHash(t *testing.T) {
 	raw := []byte{0x80, 1, 2, 3, 4, 5, 6, 7}
-	if got := FoldBytesHash(raw); got != 0x8001020304050607 {
-		t.Fatalf("8 bytes: got %#x", uint64(got))
+	if got := BytesHash(raw); got != IntHash(0x8001020304050607) {
+		t.Fatalf("8 bytes: got %v", got)
+	}
+	sixteen := []byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}
+	if got := BytesHash(sixteen); got != (EngineHash{Hi: 0x0102030405060708, Lo: 0x090a0b0c0d0e0f10}) {
+		t.Fatalf("16 bytes: got %v", got)
 	}
 	for _, b := range [][]byte{nil, {1}, []byte("abc"), make([]byte, 32)} {
-		if got, want := FoldBytesHash(b), EngineHash(xxh3.Hash(b)); got != want {
-			t.Fatalf("%x: got %#x want %#x", b, uint64(got), uint64(want))
+		u := xxh3.Hash128(b)
+		if got, want := BytesHash(b), (EngineHash{Hi: u.Hi, Lo: u.Lo}); got != want {
+			t.Fatalf("%x: got %v want %v", b, got, want)
 		}
 	}
-	if FoldBytesHash(make([]byte, 32)) == FoldBytesHash(make([]byte, 31)) {
-		t.Fatalf("distinct strings folded to one hash")
+	// Two sha256 digests that share their last 8 bytes (what a 64-bit
+	// reduction keeps) stay apart.
+	a, b := make([]byte, 32), make([]byte, 32)
+	a[0], b[0] = 1, 2
+	if BytesHash(a) == BytesHash(b) || BytesHash(make([]byte, 32)) == BytesHash(make([]byte, 31)) {
+		t.Fatalf("distinct strings reduced to one hash")
+	}
+	if got := IntHash(42).String(); got != "0x000000000000002a" {
+		t.Fatalf("String of an integer hash: %s", got)
+	}
+	if got := (EngineHash{Hi: 1, Lo: 2}).String(); got != "0x00000000000000010000000000000002" {
+		t.Fatalf("String of a 128-bit hash: %s", got)
 	}
 }
 
@@ -317,7 +379,7 @@ func TestCloneIsDeep(t *testing.T) {
 	c := b.Clone()
 	want := viewJSON(&b)
 	other := &Batch{}
-	other.AddStored([]EngineHash{9, 9, 9}, 0, false, make([]uint32, 3*4), 4, Host)
+	other.AddStored(ints(9, 9, 9), EngineHash{}, false, make([]uint32, 3*4), 4, Host)
 	mustDecode(t, d, AppendBatch(nil, other, Shape{}), &b)
 	if got := viewJSON(c); got != want {
 		t.Fatalf("clone changed after the source was reused:\n got %s\nwant %s", got, want)
@@ -336,7 +398,7 @@ func TestDecodedBytes(t *testing.T) {
 		blocks += len(ev.BlockHashes)
 		tokens += len(ev.TokenIDs)
 	}
-	want := len(b.Events)*eventSize + blocks*8 + tokens*4
+	want := len(b.Events)*eventSize + blocks*16 + tokens*4
 	if got := b.DecodedBytes(); got != want || got <= 0 {
 		t.Fatalf("DecodedBytes %d, want %d", got, want)
 	}

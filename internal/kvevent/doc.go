@@ -1,10 +1,24 @@
-// Package kvevent owns the KV event wire format of xLLM engines: the
-// 3-frame live envelope, the replay (snapshot) frames and the MessagePack
-// batches and events inside them, in every shape the engines send
-// (R-WIRE). It decodes into reusable typed values without generic
-// interfaces, bounded by a maximum message size before any allocation
-// proportional to a claimed length, and encodes the same shapes for the
-// engine emulator.
+// Package kvevent owns the KV event wire format of the engines: the
+// 3-frame live envelope, the replay frames (with and without a topic
+// frame) and the MessagePack batches and events inside them, in every
+// shape the seed's xLLM engine, vLLM and SGLang send (R-WIRE,
+// ../shared/spec/DIALECTS.md). It decodes into reusable typed values
+// without generic interfaces, bounded by a maximum message size before
+// any allocation proportional to a claimed length, and encodes the same
+// shapes for the engine emulator.
+//
+// The decoder's choices where the formats leave room:
+//   - engine hashes are 128-bit EngineHash values: integers exactly,
+//     8- and 16-byte strings exactly, other strings (vLLM's 32-byte
+//     sha256) through XXH3-128, so none is truncated into a collision;
+//   - media are read by name in any case into Device, Host, Disk,
+//     External or OtherMedium; only Device and Host are ever hits;
+//   - LoRA ids and names, non-nil extra_keys entries, a cache_salt, a KV
+//     cache group other than 0, a spec kind other than full attention,
+//     locality other than LOCAL and token ids that are not integers make
+//     an event not plain text (R-WIRE-5);
+//   - a parent of 0 is a root in the legacy array events, a hash in maps;
+//   - unknown keys and trailing elements are skipped.
 //
 // It must not know about streams, indexes or sockets: it turns bytes into
 // events and events into bytes, nothing more.

@@ -1,12 +1,15 @@
 package kvevent
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 
 	"github.com/tinylib/msgp/msgp"
 )
 
-// HashForm selects how AppendBatch writes engine hashes.
+// HashForm selects how AppendBatch writes engine hashes. Every form
+// writes a hash that is not an integer (EngineHash.IsInt false) as its
+// 16-byte big-endian form, which BytesHash maps back to it.
 type HashForm uint8
 
 const (
@@ -14,26 +17,65 @@ const (
 	// msgpack uint64).
 	HashUint64 HashForm = iota
 	// HashInt64 writes hashes as signed integers with the same 64-bit
-	// pattern, as engines with signed hashes do.
+	// pattern, as SGLang does.
 	HashInt64
 	// HashBytes8 writes hashes as 8-byte big-endian bin strings, which
-	// FoldBytesHash maps back to the same EngineHash.
+	// BytesHash maps back to the same EngineHash.
 	HashBytes8
+	// HashDigest32 writes each hash as a 32-byte bin string, the SHA-256
+	// of its 16-byte form, as vLLM sends its default sha256 block hashes.
+	// The decoder reads it as DigestHash(h), not as h.
+	HashDigest32
 )
 
-// Shape selects one of the wire shapes engines send (R-WIRE-2).
+// Digest32 is the 32-byte string HashDigest32 writes for h.
+func Digest32(h EngineHash) [32]byte {
+	var raw [16]byte
+	binary.BigEndian.PutUint64(raw[:8], h.Hi)
+	binary.BigEndian.PutUint64(raw[8:], h.Lo)
+	return sha256.Sum256(raw[:])
+}
+
+// Decoded returns the EngineHash a decoder reads for h written in form f:
+// h itself except for HashDigest32.
+func (f HashForm) Decoded(h EngineHash) EngineHash {
+	if f == HashDigest32 {
+		d := Digest32(h)
+		return BytesHash(d[:])
+	}
+	return h
+}
+
+// Shape selects one of the wire shapes engines send (R-WIRE-2 and the
+// dialects of vLLM and SGLang).
 type Shape struct {
 	// BatchAsMap writes {"ts","events","data_parallel_rank"} instead of
 	// [ts, events, dp_rank].
 	BatchAsMap bool
+	// AttnDPRank names the map batch's rank attn_dp_rank, as SGLang does.
+	AttnDPRank bool
 	// EventsAsArrays writes ["BlockStored", ...] instead of tagged maps.
 	EventsAsArrays bool
 	Hashes         HashForm
 	// UpperMedium writes "GPU"/"CPU" instead of "gpu"/"cpu".
 	UpperMedium bool
+	// PinnedHost writes Host as "CPU_PINNED", as SGLang does.
+	PinnedHost bool
 	// OmitDPRank leaves the rank out (2-element array or no map key);
 	// otherwise a batch without a rank carries nil.
 	OmitDPRank bool
+	// VLLMFields adds the fields vLLM sends with a plain-text
+	// BlockStored: lora_name nil, extra_keys [nil] per block, group_idx 0
+	// and kv_cache_spec_kind "full_attention" (arrays get all eleven
+	// positions, kv_cache_spec_sliding_window nil included).
+	VLLMFields bool
+	// SGLangMeta writes SGLang's older positional metadata map
+	// {"cache_salt": nil} as the eighth element of array BlockStored
+	// events, where vLLM has lora_name.
+	SGLangMeta bool
+	// ZeroRootParent writes a root's parent as 0 instead of nil in array
+	// events, as one legacy publisher does.
+	ZeroRootParent bool
 }
 
 // nonPlainLoraID is written for events that are not plain text so the
@@ -54,7 +96,11 @@ func AppendBatch(dst []byte, b *Batch, s Shape) []byte {
 		dst = msgp.AppendString(dst, keyEvents)
 		dst = appendEvents(dst, b.Events, s)
 		if withRank && b.HasDPRank {
-			dst = msgp.AppendString(dst, keyDPRank)
+			if s.AttnDPRank {
+				dst = msgp.AppendString(dst, keyAttnDPRank)
+			} else {
+				dst = msgp.AppendString(dst, keyDPRank)
+			}
 			dst = msgp.AppendInt(dst, b.DPRank)
 		}
 		return dst
@@ -91,13 +137,17 @@ func appendEvents(dst []byte, evs []Event, s Shape) []byte {
 func appendEventMap(dst []byte, ev *Event, s Shape) []byte {
 	switch ev.Kind {
 	case BlockStored:
-		dst = msgp.AppendMapHeader(dst, 7)
+		n := uint32(7)
+		if s.VLLMFields {
+			n += 4
+		}
+		dst = msgp.AppendMapHeader(dst, n)
 		dst = msgp.AppendString(dst, keyType)
 		dst = msgp.AppendString(dst, BlockStored.String())
 		dst = msgp.AppendString(dst, keyBlockHashes)
 		dst = appendHashes(dst, ev.BlockHashes, s.Hashes)
 		dst = msgp.AppendString(dst, keyParent)
-		dst = appendParent(dst, ev, s.Hashes)
+		dst = appendParent(dst, ev, s.Hashes, false)
 		dst = msgp.AppendString(dst, keyTokenIDs)
 		dst = appendTokens(dst, ev.TokenIDs)
 		dst = msgp.AppendString(dst, keyBlockSize)
@@ -105,7 +155,18 @@ func appendEventMap(dst []byte, ev *Event, s Shape) []byte {
 		dst = msgp.AppendString(dst, keyLoraID)
 		dst = appendLoraID(dst, ev)
 		dst = msgp.AppendString(dst, keyMedium)
-		return appendMedium(dst, ev.Medium, s.UpperMedium)
+		dst = appendMedium(dst, ev.Medium, s)
+		if s.VLLMFields {
+			dst = msgp.AppendString(dst, keyLoraName)
+			dst = msgp.AppendNil(dst)
+			dst = msgp.AppendString(dst, keyExtraKeys)
+			dst = appendNilPerBlock(dst, len(ev.BlockHashes))
+			dst = msgp.AppendString(dst, keyGroupIdx)
+			dst = msgp.AppendInt(dst, 0)
+			dst = msgp.AppendString(dst, keySpecKind)
+			dst = msgp.AppendString(dst, specFullAttention)
+		}
+		return dst
 	case BlockRemoved:
 		dst = msgp.AppendMapHeader(dst, 3)
 		dst = msgp.AppendString(dst, keyType)
@@ -113,7 +174,7 @@ func appendEventMap(dst []byte, ev *Event, s Shape) []byte {
 		dst = msgp.AppendString(dst, keyBlockHashes)
 		dst = appendHashes(dst, ev.BlockHashes, s.Hashes)
 		dst = msgp.AppendString(dst, keyMedium)
-		return appendMedium(dst, ev.Medium, s.UpperMedium)
+		return appendMedium(dst, ev.Medium, s)
 	default:
 		dst = msgp.AppendMapHeader(dst, 1)
 		dst = msgp.AppendString(dst, keyType)
@@ -124,35 +185,73 @@ func appendEventMap(dst []byte, ev *Event, s Shape) []byte {
 func appendEventArray(dst []byte, ev *Event, s Shape) []byte {
 	switch ev.Kind {
 	case BlockStored:
-		dst = msgp.AppendArrayHeader(dst, 7)
+		n := uint32(7)
+		switch {
+		case s.VLLMFields:
+			n = 12
+		case s.SGLangMeta:
+			n = 8
+		}
+		dst = msgp.AppendArrayHeader(dst, n)
 		dst = msgp.AppendString(dst, BlockStored.String())
 		dst = appendHashes(dst, ev.BlockHashes, s.Hashes)
-		dst = appendParent(dst, ev, s.Hashes)
+		dst = appendParent(dst, ev, s.Hashes, s.ZeroRootParent)
 		dst = appendTokens(dst, ev.TokenIDs)
 		dst = msgp.AppendInt(dst, ev.BlockSize)
 		dst = appendLoraID(dst, ev)
-		return appendMedium(dst, ev.Medium, s.UpperMedium)
+		dst = appendMedium(dst, ev.Medium, s)
+		switch {
+		case s.VLLMFields:
+			dst = msgp.AppendNil(dst) // lora_name
+			dst = appendNilPerBlock(dst, len(ev.BlockHashes))
+			dst = msgp.AppendInt(dst, 0) // group_idx
+			dst = msgp.AppendString(dst, specFullAttention)
+			dst = msgp.AppendNil(dst) // kv_cache_spec_sliding_window
+		case s.SGLangMeta:
+			dst = msgp.AppendMapHeader(dst, 1)
+			dst = msgp.AppendString(dst, keyCacheSalt)
+			dst = msgp.AppendNil(dst)
+		}
+		return dst
 	case BlockRemoved:
 		dst = msgp.AppendArrayHeader(dst, 3)
 		dst = msgp.AppendString(dst, BlockRemoved.String())
 		dst = appendHashes(dst, ev.BlockHashes, s.Hashes)
-		return appendMedium(dst, ev.Medium, s.UpperMedium)
+		return appendMedium(dst, ev.Medium, s)
 	default:
 		dst = msgp.AppendArrayHeader(dst, 1)
 		return msgp.AppendString(dst, ev.Kind.String())
 	}
 }
 
+func appendNilPerBlock(dst []byte, n int) []byte {
+	dst = msgp.AppendArrayHeader(dst, uint32(n))
+	for range n {
+		dst = msgp.AppendNil(dst)
+	}
+	return dst
+}
+
 func appendHash(dst []byte, h EngineHash, f HashForm) []byte {
+	if f == HashDigest32 {
+		d := Digest32(h)
+		return msgp.AppendBytes(dst, d[:])
+	}
+	if !h.IsInt() {
+		var raw [16]byte
+		binary.BigEndian.PutUint64(raw[:8], h.Hi)
+		binary.BigEndian.PutUint64(raw[8:], h.Lo)
+		return msgp.AppendBytes(dst, raw[:])
+	}
 	switch f {
 	case HashInt64:
-		return msgp.AppendInt64(dst, int64(h))
+		return msgp.AppendInt64(dst, int64(h.Lo))
 	case HashBytes8:
 		var raw [8]byte
-		binary.BigEndian.PutUint64(raw[:], uint64(h))
+		binary.BigEndian.PutUint64(raw[:], h.Lo)
 		return msgp.AppendBytes(dst, raw[:])
 	default:
-		return msgp.AppendUint64(dst, uint64(h))
+		return msgp.AppendUint64(dst, h.Lo)
 	}
 }
 
@@ -164,11 +263,14 @@ func appendHashes(dst []byte, hs []EngineHash, f HashForm) []byte {
 	return dst
 }
 
-func appendParent(dst []byte, ev *Event, f HashForm) []byte {
-	if !ev.HasParent {
-		return msgp.AppendNil(dst)
+func appendParent(dst []byte, ev *Event, f HashForm, zeroRoot bool) []byte {
+	switch {
+	case ev.HasParent:
+		return appendHash(dst, ev.ParentHash, f)
+	case zeroRoot:
+		return msgp.AppendInt(dst, 0)
 	}
-	return appendHash(dst, ev.ParentHash, f)
+	return msgp.AppendNil(dst)
 }
 
 func appendTokens(dst []byte, ts []uint32) []byte {
@@ -186,15 +288,24 @@ func appendLoraID(dst []byte, ev *Event) []byte {
 	return msgp.AppendInt(dst, nonPlainLoraID)
 }
 
-func appendMedium(dst []byte, m Medium, upper bool) []byte {
+func appendMedium(dst []byte, m Medium, s Shape) []byte {
+	name := m.String()
 	switch {
-	case m == Host && upper:
-		return msgp.AppendString(dst, "CPU")
-	case m == Host:
-		return msgp.AppendString(dst, "cpu")
-	case upper:
-		return msgp.AppendString(dst, "GPU")
-	default:
-		return msgp.AppendString(dst, "gpu")
+	case m == Host && s.PinnedHost:
+		name = "CPU_PINNED"
+	case s.UpperMedium:
+		switch m {
+		case Device:
+			name = "GPU"
+		case Host:
+			name = "CPU"
+		case Disk:
+			name = "DISK"
+		case External:
+			name = "EXTERNAL"
+		default:
+			name = "OTHER"
+		}
 	}
+	return msgp.AppendString(dst, name)
 }

@@ -68,6 +68,16 @@ func ParseReplay(frames [][]byte) (seq uint64, payload []byte, end bool, err err
 	return seq, payloadF, false, nil
 }
 
+// ReplayTopic returns the topic frame of a 4-frame replay reply; ok is
+// false for a 3-frame reply, which has none. The end marker of engines
+// that send topics carries an empty one.
+func ReplayTopic(frames [][]byte) (topic []byte, ok bool) {
+	if len(frames) != 4 {
+		return nil, false
+	}
+	return frames[1], true
+}
+
 // ParseReplayRequest reads the start sequence of a replay request as the
 // engine's ROUTER sees it after the identity frame: `empty | seq`.
 func ParseReplayRequest(frames [][]byte) (startSeq uint64, err error) {
@@ -99,4 +109,16 @@ func ReplayFrames(seq uint64, payload []byte) [][]byte {
 // ReplayEnd builds the replay end marker.
 func ReplayEnd() [][]byte {
 	return [][]byte{{}, seqFrame(ReplayEndSeq), {}}
+}
+
+// ReplayFramesTopic builds a replay reply with a topic frame, as vLLM
+// 0.26 and later send it. payload is not copied.
+func ReplayFramesTopic(topic string, seq uint64, payload []byte) [][]byte {
+	return [][]byte{{}, []byte(topic), seqFrame(seq), payload}
+}
+
+// ReplayEndTopic builds the end marker of engines that send topic frames:
+// its topic frame is empty.
+func ReplayEndTopic() [][]byte {
+	return [][]byte{{}, {}, seqFrame(ReplayEndSeq), {}}
 }

@@ -56,8 +56,18 @@ func TestParseReplay_RWIRE3(t *testing.T) {
 		{"with topic", [][]byte{{}, []byte("xllm-kv"), seq8(7), payload}, 7, payload, false},
 		{"end marker", ReplayEnd(), ReplayEndSeq, nil, true},
 		{"end marker with topic", [][]byte{{}, []byte("xllm-kv"), seq8(ReplayEndSeq), {}}, ReplayEndSeq, nil, true},
+		// Item 12: vLLM >= 0.26 frames, built by their own builders and
+		// spelled out.
+		{"vllm topic reply", ReplayFramesTopic("kv@pod-1@m", 9, payload), 9, payload, false},
+		{"vllm end marker", ReplayEndTopic(), ReplayEndSeq, nil, true},
+		{"vllm end marker spelled out", [][]byte{{}, {}, {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, {}}, ReplayEndSeq, nil, true},
+		{"older end marker spelled out", [][]byte{{}, {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, {}}, ReplayEndSeq, nil, true},
 	}
 	for _, tc := range cases {
+		topic, hasTopic := ReplayTopic(tc.frames)
+		if hasTopic != (len(tc.frames) == 4) || (hasTopic && !bytes.Equal(topic, tc.frames[1])) {
+			t.Errorf("%s: topic %q %v", tc.name, topic, hasTopic)
+		}
 		seq, p, end, err := ParseReplay(tc.frames)
 		if err != nil {
 			t.Errorf("%s: %v", tc.name, err)

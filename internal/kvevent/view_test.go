@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // batchView is the canonical, shape-independent form of a decoded batch.
@@ -25,10 +26,12 @@ type eventView struct {
 	PlainText   bool      `json:"plain_text"`
 }
 
+// hexHash writes an integer hash as 16 hex digits and a 128-bit one as
+// 32 (EngineHash.String).
 type hexHash EngineHash
 
 func (h hexHash) MarshalJSON() ([]byte, error) {
-	return json.Marshal(fmt.Sprintf("%#016x", uint64(h)))
+	return json.Marshal(EngineHash(h).String())
 }
 
 func (h *hexHash) UnmarshalJSON(b []byte) error {
@@ -36,10 +39,23 @@ func (h *hexHash) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &s); err != nil {
 		return err
 	}
-	v, err := strconv.ParseUint(s, 0, 64)
+	digits, ok := strings.CutPrefix(s, "0x")
+	if !ok || len(digits) == 0 || len(digits) > 32 {
+		return fmt.Errorf("hash %q: want 0x and up to 32 hex digits", s)
+	}
+	var v EngineHash
+	if len(digits) > 16 {
+		hi, err := strconv.ParseUint(digits[:len(digits)-16], 16, 64)
+		if err != nil {
+			return fmt.Errorf("hash %q: %w", s, err)
+		}
+		v.Hi, digits = hi, digits[len(digits)-16:]
+	}
+	lo, err := strconv.ParseUint(digits, 16, 64)
 	if err != nil {
 		return fmt.Errorf("hash %q: %w", s, err)
 	}
+	v.Lo = lo
 	*h = hexHash(v)
 	return nil
 }
@@ -79,10 +95,7 @@ func batchOf(v batchView) *Batch {
 		b.HasDPRank, b.DPRank = true, *v.DPRank
 	}
 	for _, e := range v.Events {
-		m := Device
-		if e.Medium == Host.String() {
-			m = Host
-		}
+		m := MediumOf([]byte(e.Medium))
 		hs := make([]EngineHash, len(e.BlockHashes))
 		for i, h := range e.BlockHashes {
 			hs[i] = EngineHash(h)

@@ -38,7 +38,7 @@ func newBenchStream(blocksPerEvent int) *benchStream {
 func (s *benchStream) advance() *kvevent.Event {
 	s.ev.TokenIDs[0] = uint32(s.next)
 	for i := range s.ev.BlockHashes {
-		s.ev.BlockHashes[i] = kvevent.EngineHash(s.next*uint64(len(s.ev.BlockHashes)) + uint64(i))
+		s.ev.BlockHashes[i] = kvevent.IntHash(s.next*uint64(len(s.ev.BlockHashes)) + uint64(i))
 	}
 	s.next++
 	return &s.ev
@@ -84,7 +84,7 @@ func BenchmarkApplySteadyState(b *testing.B) {
 		if s.next > lag {
 			old := s.next - 1 - lag
 			for j := range rm.BlockHashes {
-				rm.BlockHashes[j] = kvevent.EngineHash(old*perEvent + uint64(j))
+				rm.BlockHashes[j] = kvevent.IntHash(uint64(old*perEvent + uint64(j)))
 			}
 			if err := ix.Apply(rm, Delta); err != nil {
 				b.Fatal(err)

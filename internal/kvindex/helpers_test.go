@@ -16,30 +16,39 @@ func newTestIndex(maxBlocks int) *Index {
 	return New(Config{BlockSize: testBlockSize, HashSeed: testSeed, MaxBlocks: maxBlocks})
 }
 
+// hs builds integer engine hashes.
+func hs(vs ...uint64) []kvevent.EngineHash {
+	out := make([]kvevent.EngineHash, len(vs))
+	for i, v := range vs {
+		out[i] = kvevent.IntHash(v)
+	}
+	return out
+}
+
 // storedEv builds a BlockStored event with tokens; parent < 0 means a root.
-func storedEv(m kvevent.Medium, parent int64, tokens []uint32, hashes ...kvevent.EngineHash) *kvevent.Event {
+func storedEv(m kvevent.Medium, parent int64, tokens []uint32, hashes ...uint64) *kvevent.Event {
 	ev := &kvevent.Event{
 		Kind:        kvevent.BlockStored,
 		Medium:      m,
-		BlockHashes: hashes,
+		BlockHashes: hs(hashes...),
 		TokenIDs:    tokens,
 		BlockSize:   testBlockSize,
 		PlainText:   true,
 	}
 	if parent >= 0 {
-		ev.HasParent, ev.ParentHash = true, kvevent.EngineHash(parent)
+		ev.HasParent, ev.ParentHash = true, kvevent.IntHash(uint64(parent))
 	}
 	return ev
 }
 
 // tokenlessEv builds a hash-only BlockStored as engines send for Host
 // offload copies: no tokens, no parent, block size 0.
-func tokenlessEv(m kvevent.Medium, hashes ...kvevent.EngineHash) *kvevent.Event {
-	return &kvevent.Event{Kind: kvevent.BlockStored, Medium: m, BlockHashes: hashes, PlainText: true}
+func tokenlessEv(m kvevent.Medium, hashes ...uint64) *kvevent.Event {
+	return &kvevent.Event{Kind: kvevent.BlockStored, Medium: m, BlockHashes: hs(hashes...), PlainText: true}
 }
 
-func removedEv(m kvevent.Medium, hashes ...kvevent.EngineHash) *kvevent.Event {
-	return &kvevent.Event{Kind: kvevent.BlockRemoved, Medium: m, BlockHashes: hashes}
+func removedEv(m kvevent.Medium, hashes ...uint64) *kvevent.Event {
+	return &kvevent.Event{Kind: kvevent.BlockRemoved, Medium: m, BlockHashes: hs(hashes...)}
 }
 
 // seq returns n tokens start, start+1, ...
@@ -71,10 +80,12 @@ type entryState struct {
 	dev, host bool
 }
 
-func snapshotState(ix *Index) map[kvevent.EngineHash]entryState {
-	m := make(map[kvevent.EngineHash]entryState)
+// snapshotState maps every entry's integer hash to its state; the tests
+// that use it store integer hashes only.
+func snapshotState(ix *Index) map[uint64]entryState {
+	m := make(map[uint64]entryState)
 	ix.ForEach(func(h kvevent.EngineHash, k Key, d, hst bool) {
-		m[h] = entryState{key: k, dev: d, host: hst}
+		m[h.Lo] = entryState{key: k, dev: d, host: hst}
 	})
 	return m
 }

@@ -42,11 +42,19 @@ const (
 	// Snapshot is a replayed full state, parent first: an unknown parent
 	// is a suffix orphaned by eviction and is skipped (R-IDX-5).
 	Snapshot
+	// History is a delta applied to a view that may lack blocks stored
+	// before it began (a history window or a live-only stream): an
+	// unknown parent is such a block, and its children are orphans,
+	// skipped and counted like a snapshot's, not a lost event.
+	History
 )
 
 func (m Mode) String() string {
-	if m == Snapshot {
+	switch m {
+	case Snapshot:
 		return "snapshot"
+	case History:
+		return "history"
 	}
 	return "delta"
 }
@@ -81,8 +89,8 @@ func (m Match) Blocks() int { return m.DeviceBlocks + m.HostOnlyBlocks }
 // without changing its state. Counters are cumulative over the index's
 // life, Clear included.
 type Stats struct {
-	// OrphanBlocks counts snapshot blocks skipped because their parent
-	// was unknown (R-IDX-5).
+	// OrphanBlocks counts snapshot and history blocks skipped because
+	// their parent was unknown (R-IDX-5).
 	OrphanBlocks uint64
 	// UnresolvedReplicas counts tokenless BlockStored hashes that the
 	// index did not know, so it could not attach the replica to a key.
@@ -92,9 +100,14 @@ type Stats struct {
 	UnknownRemovals uint64
 	// GhostEvictions counts ghosts dropped to make room for new entries.
 	GhostEvictions uint64
-	// NonPlainBlocks counts blocks of LoRA or multimodal BlockStored
-	// events, which are not indexed (R-WIRE-5).
+	// NonPlainBlocks counts blocks of BlockStored events that are not
+	// plain text (LoRA, multimodal, salted, other KV cache groups,
+	// remote), which are not indexed (R-WIRE-5).
 	NonPlainBlocks uint64
+	// UnservedBlocks counts blocks stored on a tier that is neither
+	// Device nor Host (disk, external, unknown): they are kept as
+	// mappings so their children resolve, never as hits.
+	UnservedBlocks uint64
 }
 
 // Tier bits of an entry; bit i is kvevent.Medium i.
@@ -111,7 +124,7 @@ const flagDup uint8 = 1 << 2
 // noSlot terminates the ghost list; it is one past the largest slot.
 const noSlot uint32 = slotMask
 
-// entry is one engine block, 32 bytes. An entry on neither tier is a
+// entry is one engine block, 40 bytes. An entry on neither tier is a
 // ghost: it keeps its engine hash → key mapping so that children and
 // tokenless replicas can still resolve it, but it is not a hit, and it
 // sits on the ghost list in the order it became a ghost. Slots fit in 24
@@ -277,11 +290,16 @@ func (ix *Index) Apply(ev *kvevent.Event, mode Mode) error {
 	return fmt.Errorf("kvindex: event kind %d: %w", ev.Kind, ErrEvent)
 }
 
+// tierOf returns the tier bit of a served medium and 0 for the others
+// (disk, external, unknown), whose replicas are never hits.
 func tierOf(m kvevent.Medium) (uint8, error) {
-	if m > kvevent.Host {
-		return 0, fmt.Errorf("kvindex: medium %d: %w", m, ErrEvent)
+	switch {
+	case m.Served():
+		return 1 << m, nil
+	case m <= kvevent.OtherMedium:
+		return 0, nil
 	}
-	return 1 << m, nil
+	return 0, fmt.Errorf("kvindex: medium %d: %w", m, ErrEvent)
 }
 
 func (ix *Index) applyStored(ev *kvevent.Event, mode Mode) error {
@@ -292,6 +310,12 @@ func (ix *Index) applyStored(ev *kvevent.Event, mode Mode) error {
 	tier, err := tierOf(ev.Medium)
 	if err != nil {
 		return err
+	}
+	if tier == 0 {
+		ix.stats.UnservedBlocks += uint64(len(ev.BlockHashes))
+		if len(ev.TokenIDs) == 0 {
+			return nil // a copy of known blocks on a tier with no hits
+		}
 	}
 	if len(ev.TokenIDs) == 0 {
 		ix.warmEngine(ev.BlockHashes)
@@ -317,11 +341,11 @@ func (ix *Index) applyStored(ev *kvevent.Event, mode Mode) error {
 	if ev.HasParent {
 		s, ok := ix.findEngine(ev.ParentHash)
 		if !ok {
-			if mode == Snapshot {
+			if mode != Delta {
 				ix.stats.OrphanBlocks += uint64(len(ev.BlockHashes))
 				return nil
 			}
-			return fmt.Errorf("kvindex: parent %#x of %d stored blocks: %w", uint64(ev.ParentHash), len(ev.BlockHashes), ErrUnknownParent)
+			return fmt.Errorf("kvindex: parent %v of %d stored blocks: %w", ev.ParentHash, len(ev.BlockHashes), ErrUnknownParent)
 		}
 		parent, hasParent = ix.entries[s].key, true
 	}
@@ -340,7 +364,7 @@ func (ix *Index) applyStored(ev *kvevent.Event, mode Mode) error {
 		ix.warmKeys(keys)
 		for j, h := range hashes {
 			if err := ix.store(h, keys[j], tier); err != nil {
-				return fmt.Errorf("kvindex: stored block %d of %d (hash %#x): %w", base+j, len(ev.BlockHashes), uint64(h), err)
+				return fmt.Errorf("kvindex: stored block %d of %d (hash %v): %w", base+j, len(ev.BlockHashes), h, err)
 			}
 		}
 	}
@@ -349,7 +373,7 @@ func (ix *Index) applyStored(ev *kvevent.Event, mode Mode) error {
 
 func (ix *Index) applyRemoved(ev *kvevent.Event) error {
 	tier, err := tierOf(ev.Medium)
-	if err != nil {
+	if err != nil || tier == 0 {
 		return err
 	}
 	ix.warmEngine(ev.BlockHashes)
@@ -362,7 +386,9 @@ func (ix *Index) applyRemoved(ev *kvevent.Event) error {
 	return nil
 }
 
-// store maps h to k and sets tier on it, creating the entry if needed. It
+// store maps h to k and sets tier on it, creating the entry if needed.
+// Tier 0 (a medium with no hits) only keeps the mapping, as a ghost when
+// the entry is new, so that children stored on a served tier resolve. It
 // changes nothing when it fails.
 func (ix *Index) store(h kvevent.EngineHash, k Key, tier uint8) error {
 	if s, ok := ix.findEngine(h); ok {
@@ -375,7 +401,9 @@ func (ix *Index) store(h kvevent.EngineHash, k Key, tier uint8) error {
 			e.setMeta(e.meta() &^ flagDup)
 			ix.insertKey(s)
 		}
-		ix.setTier(s, tier)
+		if tier != 0 {
+			ix.setTier(s, tier)
+		}
 		return nil
 	}
 	s, err := ix.allocSlot()
@@ -385,6 +413,9 @@ func (ix *Index) store(h kvevent.EngineHash, k Key, tier uint8) error {
 	ix.entries[s] = newEntry(k, h, tier)
 	ix.insertEngine(s)
 	ix.insertKey(s)
+	if tier == 0 {
+		ix.pushGhost(s)
+	}
 	ix.addCount(tier, 1)
 	return nil
 }

@@ -366,9 +366,9 @@ func TestConfigDefaults(t *testing.T) {
 func TestGrowthKeepsState(t *testing.T) {
 	ix := newTestIndex(0)
 	tokens := seq(1, 1000*testBlockSize)
-	hashes := make([]kvevent.EngineHash, 1000)
+	hashes := make([]uint64, 1000)
 	for i := range hashes {
-		hashes[i] = kvevent.EngineHash(i)
+		hashes[i] = uint64(i)
 	}
 	mustApply(t, ix, storedEv(kvevent.Device, -1, tokens, hashes...), Snapshot)
 	if m := ix.Match(keysOf(tokens)); m.DeviceBlocks != 1000 {
@@ -382,9 +382,9 @@ func TestGrowthKeepsState(t *testing.T) {
 func TestMatchNoAllocs_RIDX3(t *testing.T) {
 	ix := newTestIndex(0)
 	tokens := seq(1, 64*testBlockSize)
-	hashes := make([]kvevent.EngineHash, 64)
+	hashes := make([]uint64, 64)
 	for i := range hashes {
-		hashes[i] = kvevent.EngineHash(i + 1)
+		hashes[i] = uint64(i + 1)
 	}
 	mustApply(t, ix, storedEv(kvevent.Device, -1, tokens, hashes...), Delta)
 	keys := keysOf(tokens)
@@ -399,9 +399,9 @@ func TestMatchNoAllocs_RIDX3(t *testing.T) {
 func TestCapacityAcrossChunks_RCFG2(t *testing.T) {
 	ix := newTestIndex(20)
 	tokens := seq(1, 40*testBlockSize)
-	hashes := make([]kvevent.EngineHash, 40)
+	hashes := make([]uint64, 40)
 	for i := range hashes {
-		hashes[i] = kvevent.EngineHash(1000 + i)
+		hashes[i] = uint64(1000 + i)
 	}
 	err := ix.Apply(storedEv(kvevent.Host, -1, tokens, hashes...), Delta)
 	if !errors.Is(err, ErrCapacity) {
@@ -424,24 +424,24 @@ func TestCapacityAcrossChunks_RCFG2(t *testing.T) {
 func TestLookupByEngineHash(t *testing.T) {
 	ix := New(Config{BlockSize: 4, HashSeed: 1024, MaxBlocks: 16})
 	toks := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
-	stored := kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Device, BlockHashes: []kvevent.EngineHash{10, 11},
+	stored := kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Device, BlockHashes: hs(10, 11),
 		TokenIDs: toks, BlockSize: 4, PlainText: true}
 	if err := ix.Apply(&stored, Delta); err != nil {
 		t.Fatal(err)
 	}
-	host := kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Host, BlockHashes: []kvevent.EngineHash{11}, PlainText: true}
+	host := kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Host, BlockHashes: hs(11), PlainText: true}
 	if err := ix.Apply(&host, Delta); err != nil {
 		t.Fatal(err)
 	}
-	removed := kvevent.Event{Kind: kvevent.BlockRemoved, Medium: kvevent.Device, BlockHashes: []kvevent.EngineHash{10}, PlainText: true}
+	removed := kvevent.Event{Kind: kvevent.BlockRemoved, Medium: kvevent.Device, BlockHashes: hs(10), PlainText: true}
 	if err := ix.Apply(&removed, Delta); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
-		h              kvevent.EngineHash
+		h              uint64
 		dev, host, has bool
 	}{{10, false, false, true}, {11, true, true, true}, {12, false, false, false}} {
-		d, h, ok := ix.Lookup(tc.h)
+		d, h, ok := ix.Lookup(kvevent.IntHash(tc.h))
 		if d != tc.dev || h != tc.host || ok != tc.has {
 			t.Errorf("Lookup(%d) = %v %v %v, want %v %v %v", tc.h, d, h, ok, tc.dev, tc.host, tc.has)
 		}
@@ -460,7 +460,7 @@ func TestStorageBound_RCFG2(t *testing.T) {
 		limit := cfg.MaxStorageBytes()
 		var parent int64 = -1
 		for i := range 2 * maxBlocks {
-			h := kvevent.EngineHash(i + 1)
+			h := uint64(i + 1)
 			var ev *kvevent.Event
 			if i%3 == 2 {
 				ev = tokenlessEv(kvevent.Host, h)
@@ -480,5 +480,100 @@ func TestStorageBound_RCFG2(t *testing.T) {
 		}
 		t.Logf("max_blocks %d: %d bytes at the limit (%.1f per block), bound %d", maxBlocks, ix.StorageBytes(),
 			float64(ix.StorageBytes())/float64(maxBlocks), limit)
+	}
+}
+
+// TestUnservedTiers (item 8): a block stored on a tier that is neither
+// Device nor Host (disk, external, unknown) is never a hit, but its
+// mapping is kept so that children stored on Device resolve their parent;
+// a removal on such a tier changes nothing.
+func TestUnservedTiers(t *testing.T) {
+	for _, m := range []kvevent.Medium{kvevent.Disk, kvevent.External, kvevent.OtherMedium} {
+		ix := newTestIndex(0)
+		a, b := seq(1, testBlockSize), seq(50, testBlockSize)
+		mustApply(t, ix, storedEv(m, -1, a, 1), Delta)
+		if mt := ix.Match(keysOf(a)); mt.Blocks() != 0 {
+			t.Fatalf("%v: block on an unserved tier matched: %+v", m, mt)
+		}
+		if d, h := ix.Counts(); d != 0 || h != 0 {
+			t.Fatalf("%v: counts %d/%d", m, d, h)
+		}
+		mustApply(t, ix, storedEv(kvevent.Device, 1, b, 2), Delta)
+		// The child is keyed under its parent's content, so the prefix
+		// a+b finds it only past a block that is no hit: nothing matches,
+		// and the child's own key is the one of the whole prefix.
+		if mt := ix.Match(keysOf(cat(a, b))); mt.Blocks() != 0 {
+			t.Fatalf("%v: prefix through an unserved parent matched: %+v", m, mt)
+		}
+		if st := snapshotState(ix)[2]; st.key != keysOf(cat(a, b))[1] || !st.dev {
+			t.Fatalf("%v: child state %+v", m, st)
+		}
+		// The parent comes to Device: the whole prefix matches.
+		mustApply(t, ix, tokenlessEv(kvevent.Device, 1), Delta)
+		if mt := ix.Match(keysOf(cat(a, b))); mt != (Match{DeviceBlocks: 2}) {
+			t.Fatalf("%v: after the Device copy: %+v", m, mt)
+		}
+		mustApply(t, ix, removedEv(m, 1, 2), Delta)
+		if mt := ix.Match(keysOf(cat(a, b))); mt != (Match{DeviceBlocks: 2}) {
+			t.Fatalf("%v: a removal on an unserved tier changed Device: %+v", m, mt)
+		}
+		mustApply(t, ix, tokenlessEv(m, 1, 2, 3), Delta)
+		if st := ix.Stats(); st.UnservedBlocks != 4 || st.UnresolvedReplicas != 0 {
+			t.Fatalf("%v: stats %+v", m, st)
+		}
+		if err := checkInvariants(ix); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestWideEngineHashes (item 9): 128-bit engine hashes (byte-string
+// hashes reduced by kvevent.BytesHash) are kept whole: two hashes that
+// share their low 64 bits are different blocks.
+func TestWideEngineHashes(t *testing.T) {
+	ix := newTestIndex(0)
+	a, b := seq(1, testBlockSize), seq(50, testBlockSize)
+	h1 := kvevent.EngineHash{Hi: 1, Lo: 7}
+	h2 := kvevent.EngineHash{Hi: 2, Lo: 7}
+	stored := func(h kvevent.EngineHash, tokens []uint32) *kvevent.Event {
+		return &kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Device, BlockHashes: []kvevent.EngineHash{h},
+			TokenIDs: tokens, BlockSize: testBlockSize, PlainText: true}
+	}
+	mustApply(t, ix, stored(h1, a), Delta)
+	mustApply(t, ix, stored(h2, b), Delta)
+	mustApply(t, ix, stored(kvevent.IntHash(7), seq(90, testBlockSize)), Delta)
+	if ix.Len() != 3 {
+		t.Fatalf("Len %d, want 3 distinct blocks", ix.Len())
+	}
+	rm := &kvevent.Event{Kind: kvevent.BlockRemoved, Medium: kvevent.Device, BlockHashes: []kvevent.EngineHash{h2}}
+	mustApply(t, ix, rm, Delta)
+	if m := ix.Match(keysOf(a)); m != (Match{DeviceBlocks: 1}) {
+		t.Fatalf("removing %v touched %v: %+v", h2, h1, m)
+	}
+	if m := ix.Match(keysOf(b)); m.Blocks() != 0 {
+		t.Fatalf("removed block still matches: %+v", m)
+	}
+	if err := checkInvariants(ix); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestHistoryModeOrphans: in History mode an unknown parent is a block
+// stored before the view began; its children are skipped as orphans, not
+// an error, and are never hits.
+func TestHistoryModeOrphans(t *testing.T) {
+	ix := newTestIndex(0)
+	a, b := seq(1, testBlockSize), seq(50, 2*testBlockSize)
+	mustApply(t, ix, storedEv(kvevent.Device, 77, b, 2, 3), History)
+	mustApply(t, ix, storedEv(kvevent.Device, 3, seq(90, testBlockSize), 4), History)
+	mustApply(t, ix, storedEv(kvevent.Device, -1, a, 1), History)
+	if st := ix.Stats(); st.OrphanBlocks != 3 || ix.Len() != 1 {
+		t.Fatalf("stats %+v, len %d", st, ix.Len())
+	}
+	if m := ix.Match(keysOf(cat(a, b))); m != (Match{DeviceBlocks: 1}) {
+		t.Fatalf("Match = %+v", m)
+	}
+	if err := ix.Apply(storedEv(kvevent.Device, 77, b, 2, 3), Delta); !errors.Is(err, ErrUnknownParent) {
+		t.Fatalf("Delta mode: %v, want ErrUnknownParent", err)
 	}
 }

@@ -47,11 +47,18 @@ func (r *refModel) key(parent *Key, tokens []uint32) Key {
 }
 
 func (r *refModel) set(e *refEntry, m kvevent.Medium) {
-	if m == kvevent.Host {
+	switch m {
+	case kvevent.Host:
 		e.host = true
-	} else {
+	case kvevent.Device:
 		e.dev = true
 	}
+}
+
+// ghost makes e the newest ghost.
+func (r *refModel) ghost(e *refEntry) {
+	r.clock++
+	e.ghostAt = r.clock
 }
 
 // clear drops the replica and reports whether it was there.
@@ -65,8 +72,7 @@ func (r *refModel) clear(e *refEntry, m kvevent.Medium) bool {
 	}
 	*p = false
 	if !e.dev && !e.host {
-		r.clock++
-		e.ghostAt = r.clock
+		r.ghost(e)
 	}
 	return true
 }
@@ -77,6 +83,9 @@ func (r *refModel) apply(ev *kvevent.Event, mode Mode) error {
 		clear(r.entries)
 		return nil
 	case kvevent.BlockRemoved:
+		if !ev.Medium.Served() {
+			return nil
+		}
 		for _, h := range ev.BlockHashes {
 			e, ok := r.entries[h]
 			if !ok || !r.clear(e, ev.Medium) {
@@ -88,6 +97,12 @@ func (r *refModel) apply(ev *kvevent.Event, mode Mode) error {
 	if !ev.PlainText {
 		r.stats.NonPlainBlocks += uint64(len(ev.BlockHashes))
 		return nil
+	}
+	if !ev.Medium.Served() {
+		r.stats.UnservedBlocks += uint64(len(ev.BlockHashes))
+		if len(ev.TokenIDs) == 0 {
+			return nil
+		}
 	}
 	if len(ev.TokenIDs) == 0 {
 		for _, h := range ev.BlockHashes {
@@ -139,6 +154,9 @@ func (r *refModel) apply(ev *kvevent.Event, mode Mode) error {
 		}
 		e := &refEntry{key: k}
 		r.set(e, ev.Medium)
+		if !e.dev && !e.host {
+			r.ghost(e)
+		}
 		r.entries[h] = e
 	}
 	return nil
@@ -195,11 +213,24 @@ func randomEvent(rng *rand.Rand, r *refModel, bs int) (*kvevent.Event, Mode) {
 	if rng.IntN(3) == 0 {
 		mode = Snapshot
 	}
+	// Mostly the two served tiers; disk and unknown tiers now and then.
 	medium := kvevent.Medium(rng.IntN(2))
+	if rng.IntN(10) == 0 {
+		medium = kvevent.Disk + kvevent.Medium(rng.IntN(3))
+	}
+	// A quarter of the universe is 128-bit hashes whose low half equals
+	// an integer hash's, so the tables must keep the halves apart.
+	hash := func() kvevent.EngineHash {
+		v := uint64(rng.IntN(40))
+		if v >= 30 {
+			return kvevent.EngineHash{Hi: v, Lo: v - 30}
+		}
+		return kvevent.IntHash(v)
+	}
 	hashes := func(n int) []kvevent.EngineHash {
 		hs := make([]kvevent.EngineHash, n)
 		for i := range hs {
-			hs[i] = kvevent.EngineHash(rng.IntN(40))
+			hs[i] = hash()
 		}
 		return hs
 	}
@@ -229,7 +260,7 @@ func randomEvent(rng *rand.Rand, r *refModel, bs int) (*kvevent.Event, Mode) {
 	switch rng.IntN(5) {
 	case 0: // root
 	case 1, 2: // a random hash, known or not
-		ev.HasParent, ev.ParentHash = true, kvevent.EngineHash(rng.IntN(40))
+		ev.HasParent, ev.ParentHash = true, hash()
 	default: // a hash the model holds, to grow chains
 		for h := range r.entries {
 			ev.HasParent, ev.ParentHash = true, h
@@ -246,11 +277,12 @@ func compareWithModel(ix *Index, r *refModel, rng *rand.Rand, bs int) error {
 	if ix.Len() != len(r.entries) {
 		return fmt.Errorf("Len %d, model %d", ix.Len(), len(r.entries))
 	}
-	got := snapshotState(ix)
+	got := map[kvevent.EngineHash]entryState{}
+	ix.ForEach(func(h kvevent.EngineHash, k Key, d, hst bool) { got[h] = entryState{key: k, dev: d, host: hst} })
 	for h, e := range r.entries {
 		g, ok := got[h]
 		if !ok || g != (entryState{key: e.key, dev: e.dev, host: e.host}) {
-			return fmt.Errorf("hash %d: index %+v (present %v), model %+v", h, g, ok, *e)
+			return fmt.Errorf("hash %v: index %+v (present %v), model %+v", h, g, ok, *e)
 		}
 	}
 	if d, h := ix.Counts(); true {
@@ -308,13 +340,14 @@ func TestAgainstReferenceModel(t *testing.T) {
 		seen["ghost eviction"] += int(st.GhostEvictions)
 		seen["orphan"] += int(st.OrphanBlocks)
 		seen["unresolved replica"] += int(st.UnresolvedReplicas)
+		seen["unserved tier"] += int(st.UnservedBlocks)
 		if hits == 0 {
 			t.Fatalf("seed %d: the sequence never held a replica", seed)
 		}
 	}
 	// The sequences must have reached the cases the model exists to check.
 	for _, c := range []string{ErrCapacity.Error(), ErrUnknownParent.Error(), ErrBlockSize.Error(),
-		"ghost eviction", "orphan", "unresolved replica", "shared content key"} {
+		"ghost eviction", "orphan", "unresolved replica", "unserved tier", "shared content key"} {
 		if seen[c] == 0 {
 			t.Errorf("random sequences never produced %q", c)
 		}

@@ -47,9 +47,10 @@ func (t *table) alloc(size int) {
 
 // engineHash spreads engine hashes, which may be small consecutive
 // integers, with a Fibonacci multiplier: the high bits pick the home cell,
-// middle bits (folded with the top half) give the fingerprint.
+// middle bits (folded with the top half) give the fingerprint. The high
+// half of a 128-bit hash is folded in first; it is zero for integers.
 func (t *table) engineHash(h kvevent.EngineHash) (home uint64, fp uint32) {
-	m := uint64(h) * 0x9E3779B97F4A7C15
+	m := (h.Lo ^ h.Hi*0xC2B2AE3D27D4EB4F) * 0x9E3779B97F4A7C15
 	return m >> t.shift, uint32(uint8(m>>8 ^ m>>32))
 }
 

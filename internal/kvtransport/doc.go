@@ -1,9 +1,11 @@
 // Package kvtransport owns the ZeroMQ sockets of the KV event channels:
-// the SUB (live) and DEALER (replay) sides that kvcar uses, and the XPUB
-// and ROUTER sides that an engine, or the engine emulator, binds. It wraps
-// github.com/pebbe/zmq4 over libzmq so that the rest of the project sees
-// frames, timeouts and link events rather than socket options.
+// the SUB (live) and DEALER (replay) sides that kvcar uses, a SUB that
+// kvcar binds for publishers that dial it, and the XPUB and ROUTER sides
+// that an engine, or the engine emulator, binds (or, for a publisher that
+// dials, connects). It wraps github.com/pebbe/zmq4 over libzmq so that
+// the rest of the project sees frames, timeouts and link events rather
+// than socket options.
 //
-// Every socket is used from the one goroutine that created it. The package
+// Every socket is used from the one goroutine that owns it. The package
 // must not decode payloads or keep any stream state.
 package kvtransport

@@ -26,6 +26,35 @@ type Publisher struct {
 	sock          *zmq.Socket
 	endpoint      string
 	subscriptions uint64
+
+	// waitPoller polls the XPUB with waitWaker's receiving end, for an
+	// engine without a replay server; built once per waker.
+	waitPoller *zmq.Poller
+	waitWaker  *Waker
+}
+
+// Wait blocks up to timeout until a subscription reached the publisher or
+// w was woken: the wait of an engine that has no replay server.
+func (p *Publisher) Wait(w *Waker, timeout time.Duration) error {
+	if p.waitPoller == nil || p.waitWaker != w {
+		pl := zmq.NewPoller()
+		pl.Add(p.sock, zmq.POLLIN)
+		pl.Add(w.recv, zmq.POLLIN)
+		p.waitPoller, p.waitWaker = pl, w
+	}
+	ready, err := p.waitPoller.Poll(timeout)
+	if err != nil {
+		if isInterrupted(err) {
+			return nil
+		}
+		return fmt.Errorf("kvtransport: publisher wait: %w", err)
+	}
+	for _, pl := range ready {
+		if pl.Socket == w.recv {
+			return w.drain()
+		}
+	}
+	return nil
 }
 
 // BindPublisher binds an XPUB on endpoint. Binding port 0 picks a free

@@ -7,8 +7,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
+	"sync"
 	"testing"
+	"time"
 )
 
 func tokenBody(n int) []byte {
@@ -137,5 +140,70 @@ func BenchmarkInferenceHandler(b *testing.B) {
 				serve()
 			}
 		})
+	}
+}
+
+// BenchmarkDispatchOverhead measures what a request costs to pass
+// through kvcar to an engine and back, by the two ways kvcar reaches
+// engines: baidu_std to an xLLM engine (Completions, then the output
+// through one Generations call to kvcar's rpc port) and the HTTP relay to
+// a vLLM engine. The whole path is real: an HTTP client on loopback,
+// kvcar's public handler with an RR router (the instance's backend_type
+// picks the path), and engines that do the least their protocol allows
+// (frugalXLLMEngine, answeringEngine), so that the latency is kvcar's and
+// the protocols'. A 2048-id prompt, one output token; p50 and p99 of the
+// client's round trip at concurrency 1 and 64.
+func BenchmarkDispatchOverhead(b *testing.B) {
+	xl := frugalXLLMEngine(b)
+	vl := answeringEngine(b)
+	body := idsCompletion(2048)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}}
+	b.Cleanup(client.CloseIdleConnections)
+	for _, path := range []struct{ name, engine, backend string }{
+		{"baidu_std", xl, ""}, {"http_relay", vl, "vllm"},
+	} {
+		router, reg := backendRouter(b, map[string]string{path.engine: path.backend})
+		x := startXLLMSide(b, reg)
+		s := New(Options{Router: router, Dispatcher: x.disp})
+		s.SetReady(true)
+		ts := httptest.NewServer(s.Handler())
+		b.Cleanup(ts.Close)
+		for _, conc := range []int{1, 64} {
+			b.Run(fmt.Sprintf("%s/concurrency=%d", path.name, conc), func(b *testing.B) {
+				lat := make([]time.Duration, b.N)
+				next := make(chan int, b.N)
+				for i := range b.N {
+					next <- i
+				}
+				close(next)
+				var wg sync.WaitGroup
+				b.ReportAllocs()
+				b.ResetTimer()
+				for range conc {
+					wg.Go(func() {
+						for i := range next {
+							t0 := time.Now()
+							resp, err := client.Post(ts.URL+CompletionsPath, "application/json", bytes.NewReader(body))
+							if err != nil {
+								b.Error(err)
+								return
+							}
+							_, _ = io.Copy(io.Discard, resp.Body)
+							resp.Body.Close()
+							if resp.StatusCode != http.StatusOK {
+								b.Errorf("status %d", resp.StatusCode)
+								return
+							}
+							lat[i] = time.Since(t0)
+						}
+					})
+				}
+				wg.Wait()
+				b.StopTimer()
+				slices.Sort(lat)
+				b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+			})
+		}
 	}
 }

@@ -30,16 +30,21 @@
 //
 // The request path (/v1/completions, /v1/chat/completions) reads a body
 // once, as a stream, with the same scanner: prompt ids go into reused
-// storage, other members are checked for syntax only, and the body is
-// relayed to the engine byte for byte except for the value of a top-level
-// "routing" member, which kvcar replaces with its own decision. Body size,
-// prompt ids, tokenized text and the body bytes held across requests are
-// all bounded (Options), and the decision goes back to the client only
-// when ExposeRoutingHeaders asks for it.
+// storage, other members are checked for syntax only. After the routing
+// decision, a request for an instance the Dispatcher serves (an xLLM
+// engine) is handed to it with what the parse found (the prompt's span,
+// text or messages, the ids) and reused encoding buffers, which are given
+// back with the body's budget once the engine has the request; any other
+// is relayed to the engine over HTTP byte for byte except for the value
+// of a top-level "routing" member, which kvcar replaces with its own
+// decision. Body size, prompt ids, tokenized text and the body bytes held
+// across requests are all bounded (Options), and the decision goes back
+// to the client only when ExposeRoutingHeaders asks for it.
 //
 // Every error, on every route, has the body
 // {"error":{"code":<status>,"message":"<text>"}}.
 //
 // The package must not subscribe to engines, decode KV events or hold
-// directory state: it validates, asks the directory, and encodes.
+// directory state: it validates, asks the directory, and encodes. It
+// speaks no baidu_std itself: the Dispatcher does.
 package server

@@ -12,7 +12,7 @@ import (
 // with every R-API-4 field and the values it was given.
 func TestAppendMatches(t *testing.T) {
 	in := []Match{
-		{InstanceName: "p-0", DPRank: 0, Synchronized: true, Sequence: 18446744073709551615,
+		{InstanceName: "p-0", DPRank: 0, Synchronized: true, Complete: true, Sequence: 18446744073709551615,
 			DeviceHitTokens: 256, HostOnlyHitTokens: 128, ReusablePrefixTokens: 384, DeviceBlocks: 262144, HostBlocks: 7},
 		{InstanceName: "p\"1\\\n\t\x00\u2028é", DPRank: 1023, Error: "snapshot pending: \"replay\" timed out <after> 2s"},
 		{InstanceName: "bad\xffutf8", DPRank: 3, Error: "x"},
@@ -25,6 +25,7 @@ func TestAppendMatches(t *testing.T) {
 			InstanceName         *string `json:"instance_name"`
 			DPRank               *int    `json:"dp_rank"`
 			Synchronized         *bool   `json:"synchronized"`
+			Complete             *bool   `json:"complete"`
 			Sequence             *uint64 `json:"sequence"`
 			DeviceHitTokens      *int    `json:"device_hit_tokens"`
 			HostOnlyHitTokens    *int    `json:"host_only_hit_tokens"`
@@ -41,14 +42,14 @@ func TestAppendMatches(t *testing.T) {
 		t.Fatalf("%d matches, want %d", len(got.Matches), len(in))
 	}
 	for i, m := range got.Matches {
-		if m.InstanceName == nil || m.DPRank == nil || m.Synchronized == nil || m.Sequence == nil ||
+		if m.InstanceName == nil || m.DPRank == nil || m.Synchronized == nil || m.Complete == nil || m.Sequence == nil ||
 			m.DeviceHitTokens == nil || m.HostOnlyHitTokens == nil || m.ReusablePrefixTokens == nil ||
 			m.DeviceBlocks == nil || m.HostBlocks == nil || m.Error == nil {
 			t.Fatalf("match %d lacks a field: %s", i, out)
 		}
 		want := in[i]
 		want.InstanceName = strings.ToValidUTF8(want.InstanceName, "\uFFFD")
-		decoded := Match{InstanceName: *m.InstanceName, DPRank: *m.DPRank, Synchronized: *m.Synchronized,
+		decoded := Match{InstanceName: *m.InstanceName, DPRank: *m.DPRank, Synchronized: *m.Synchronized, Complete: *m.Complete,
 			Sequence: *m.Sequence, DeviceHitTokens: *m.DeviceHitTokens, HostOnlyHitTokens: *m.HostOnlyHitTokens,
 			ReusablePrefixTokens: *m.ReusablePrefixTokens, DeviceBlocks: *m.DeviceBlocks, HostBlocks: *m.HostBlocks, Error: *m.Error}
 		if decoded != want {

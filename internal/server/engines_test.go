@@ -1,17 +1,27 @@
 package server
 
 import (
+	"bufio"
 	"bytes"
+	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/kvcar/kvcar/internal/baidustd"
+	"github.com/kvcar/kvcar/internal/baidustd/metapb"
 	"github.com/kvcar/kvcar/internal/instance"
 	"github.com/kvcar/kvcar/internal/lb"
+	"github.com/kvcar/kvcar/internal/xllmpb"
 )
 
 // policyRouter routes with a real policy over a registry snapshot, as
@@ -93,4 +103,111 @@ func completionLoop(tb testing.TB, h http.Handler, body []byte) func() {
 			tb.Fatalf("status %d", w.code)
 		}
 	}
+}
+
+// completionServiceIDField is CompletionRequest.service_request_id.
+const completionServiceIDField = 23
+
+// frugalXLLMEngine is an xLLM engine on loopback that costs the same per
+// request whatever the prompt's length, so that a measurement of the
+// whole process counts kvcar's allocations: it reads each Completions
+// frame into one reused buffer, finds service_request_id in the message
+// without decoding the rest, answers the call and sends one finished
+// Generation back.
+func frugalXLLMEngine(tb testing.TB) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			tb.Cleanup(func() { c.Close() })
+			go serveFrugal(tb, c)
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func serveFrugal(tb testing.TB, c net.Conn) {
+	r := bufio.NewReaderSize(c, 64<<10)
+	var head [baidustd.HeaderSize]byte
+	var buf, out []byte
+	var service *baidustd.Client
+	defer func() {
+		if service != nil {
+			service.Close()
+		}
+	}()
+	var sends sync.WaitGroup
+	defer sends.Wait()
+	for {
+		if _, err := io.ReadFull(r, head[:]); err != nil {
+			return
+		}
+		body, metaSize, err := baidustd.ParseHeader(head[:], baidustd.DefaultMaxBodySize)
+		if err != nil {
+			tb.Error(err)
+			return
+		}
+		if cap(buf) < int(body) {
+			buf = make([]byte, body)
+		}
+		buf = buf[:body]
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return
+		}
+		var meta metapb.RpcMeta
+		if err := baidustd.DecodeMeta(buf[:metaSize], &meta); err != nil {
+			tb.Error(err)
+			return
+		}
+		var id, source []byte
+		for msg := buf[metaSize:]; len(msg) > 0; {
+			num, typ, n := protowire.ConsumeTag(msg)
+			m := protowire.ConsumeFieldValue(num, typ, msg[n:])
+			if n < 0 || m < 0 {
+				tb.Error("bad message")
+				return
+			}
+			switch num {
+			case completionServiceIDField:
+				id, _ = protowire.ConsumeBytes(msg[n:])
+			case 38: // source_xservice_addr
+				source, _ = protowire.ConsumeBytes(msg[n:])
+			}
+			msg = msg[n+m:]
+		}
+		out, _ = baidustd.AppendFrame(out[:0], &metapb.RpcMeta{Response: &metapb.RpcResponseMeta{ErrorCode: new(int32)},
+			CompressType: new(int32), CorrelationId: meta.CorrelationId}, nil, nil)
+		if _, err := c.Write(out); err != nil {
+			return
+		}
+		if service == nil {
+			service = baidustd.NewClient(string(source), baidustd.ClientOptions{})
+		}
+		// The output goes back while the next call is read, as an engine
+		// serves its requests at once.
+		sid := string(id) // id lies in buf, which the next frame overwrites
+		sends.Go(func() { sendOne(service, sid) })
+	}
+}
+
+// sendOne sends a request's whole output, one token, as one Generation.
+// A Generation that does not arrive fails the request at kvcar, which is
+// where the test sees it.
+func sendOne(service *baidustd.Client, id string) {
+	gen := &xllmpb.DisaggStreamGeneration{ReqId: "cmpl-1", ServiceReqId: id, GenStatus: &xllmpb.GenerationStatus{},
+		Outputs: []*xllmpb.SequenceOutput{{Text: "ok", FinishReason: "length"}}, Finished: true,
+		Usage: &xllmpb.OutputUsage{NumPromptTokens: 1, NumGeneratedTokens: 1, NumTotalTokens: 2}}
+	var st xllmpb.StatusSet
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = service.CallProto(ctx, xllmpb.RPCService, xllmpb.MethodGenerations,
+		&xllmpb.DisaggStreamGenerations{Gens: []*xllmpb.DisaggStreamGeneration{gen}}, &st, nil)
 }

@@ -38,6 +38,8 @@ func appendMatches(b []byte, ms []Match) []byte {
 		b = strconv.AppendInt(b, int64(m.DPRank), 10)
 		b = append(b, `,"synchronized":`...)
 		b = strconv.AppendBool(b, m.Synchronized)
+		b = append(b, `,"complete":`...)
+		b = strconv.AppendBool(b, m.Complete)
 		b = append(b, `,"sequence":`...)
 		b = strconv.AppendUint(b, m.Sequence, 10)
 		b = append(b, `,"device_hit_tokens":`...)

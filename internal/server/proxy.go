@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvcar/kvcar/internal/lb"
+	"github.com/kvcar/kvcar/internal/xllmrpc"
 )
 
 // Routes of the OpenAI-compatible request path.
@@ -78,6 +79,21 @@ type Tokenizer interface {
 	EncodeChat(ctx context.Context, messages []ChatMessage, dst []uint32) ([]uint32, error)
 }
 
+// Dispatcher sends requests to the engines that take them over xLLM's own
+// RPC (brpc baidu_std Completions and ChatCompletions, output back
+// through Generations) instead of OpenAI HTTP, and writes their answer;
+// *xllmrpc.Dispatcher is one.
+type Dispatcher interface {
+	// Serves reports whether the instance's requests go through the
+	// Dispatcher: an xLLM engine, by its registered backend_type.
+	Serves(instance string) bool
+	// Serve sends req and writes the OpenAI answer, or an error that
+	// names no engine, to w. It calls req.Sent once it no longer reads
+	// req's body, prompt or ids, and returns what ended the request
+	// early.
+	Serve(ctx context.Context, req xllmrpc.Request, w http.ResponseWriter) error
+}
+
 // ChatMessage is one chat turn with its text content.
 type ChatMessage struct {
 	Role, Content string
@@ -87,6 +103,7 @@ type ChatMessage struct {
 type proxy struct {
 	router          Router
 	tokenizer       Tokenizer
+	dispatcher      Dispatcher
 	client          *http.Client
 	log             *slog.Logger
 	warnNoTokenizer sync.Once
@@ -122,14 +139,21 @@ type inferenceBuffers struct {
 	in      inference
 	routing []byte
 	msgs    []ChatMessage
+	// prompt and xmsgs are what a dispatched request's prompt is handed
+	// over in.
+	prompt xllmrpc.Prompt
+	xmsgs  []xllmrpc.Message
+	// enc is where a dispatched request's message is encoded.
+	enc xllmrpc.Buffers
 	// held is what the body took from the in-flight budget.
 	held int64
 }
 
 func newProxy(opts Options, maxIDs int, log *slog.Logger) *proxy {
 	p := &proxy{
-		router:    opts.Router,
-		tokenizer: opts.Tokenizer,
+		router:     opts.Router,
+		tokenizer:  opts.Tokenizer,
+		dispatcher: opts.Dispatcher,
 		// Redirects are relayed, not followed: kvcar sends requests only
 		// to the engine it chose.
 		client: &http.Client{Transport: opts.EngineTransport, CheckRedirect: func(*http.Request, []*http.Request) error {
@@ -221,13 +245,22 @@ func (p *proxy) release(b *inferenceBuffers) {
 	}
 	clear(b.msgs[:cap(b.msgs)])
 	b.msgs = b.msgs[:0]
+	clear(b.xmsgs[:cap(b.xmsgs)])
+	if cap(b.xmsgs) > 1024 {
+		b.xmsgs = nil
+	}
+	b.xmsgs = b.xmsgs[:0]
+	b.prompt = xllmrpc.Prompt{}
+	if b.enc.Size() > maxPooledBody {
+		b.enc = xllmrpc.Buffers{}
+	}
 	p.buffers.put(b)
 }
 
 // size is about the memory b keeps.
 func (b *inferenceBuffers) size() int64 {
-	return int64(cap(b.body) + 4*cap(b.in.ids) + cap(b.in.text) + 32*cap(b.in.msgs) + cap(b.in.stack) +
-		cap(b.routing) + 32*cap(b.msgs))
+	return int64(cap(b.body) + 4*cap(b.in.ids) + cap(b.in.text) + 48*cap(b.in.msgs) + cap(b.in.stack) +
+		cap(b.routing) + 32*cap(b.msgs) + 72*cap(b.xmsgs) + b.enc.Size())
 }
 
 // handleInference serves /v1/completions and /v1/chat/completions.
@@ -265,7 +298,13 @@ func (s *Server) handleInference(w http.ResponseWriter, r *http.Request) {
 	}
 	b.in.reset()
 	chat := r.URL.Path == ChatCompletionsPath
-	perr := parseInference(&sc, &b.in, chat, inferenceLimits{maxIDs: p.maxIDs, keepText: p.tokenizer != nil, maxText: p.maxText})
+	// The text is kept for the tokenizer, bounded by its limit, and for an
+	// xLLM engine, whose message carries it.
+	lim := inferenceLimits{maxIDs: p.maxIDs, keepText: p.tokenizer != nil || p.dispatcher != nil, maxText: p.maxText}
+	if p.tokenizer == nil {
+		lim.maxText = int(p.maxBody)
+	}
+	perr := parseInference(&sc, &b.in, chat, lim)
 	b.body, b.held = sc.buf, sc.held
 	if perr != nil {
 		p.release(b)
@@ -308,7 +347,51 @@ func (s *Server) handleInference(w http.ResponseWriter, r *http.Request) {
 		h.Set(DecisionMicrosHeader, strconv.FormatInt(took.Microseconds(), 10))
 		h.Set(HitRatioHeader, strconv.FormatFloat(d.HitRatio, 'f', 4, 64))
 	}
+	if p.dispatcher != nil && p.dispatcher.Serves(d.Prefill) {
+		p.dispatch(w, r, d, b, sc.end, ids, chat)
+		return
+	}
 	p.forward(w, r, d, r.URL.Path, b, sc.end)
+}
+
+// dispatch hands the request to the dispatcher with what the parse
+// found, so that the prompt is copied once, into the engine's message. b
+// holds the body (its first n bytes) and ids; it is released, its budget
+// with it, as soon as the dispatcher has written the request to the
+// engine, so that a long answer holds none of it.
+func (p *proxy) dispatch(w http.ResponseWriter, r *http.Request, d lb.Decision, b *inferenceBuffers, n int, ids []uint32, chat bool) {
+	in := &b.in
+	body := b.body[:n]
+	b.prompt = xllmrpc.Prompt{Start: in.promptStart, End: in.promptEnd, Count: in.prompts}
+	if chat {
+		msgs := b.xmsgs[:0]
+		for _, m := range in.msgs {
+			xm := xllmrpc.Message{Role: in.text[m.roleStart:m.roleEnd], Content: in.text[m.contentStart:m.contentEnd]}
+			if m.other {
+				xm.Raw = body[m.objStart:m.objEnd]
+			}
+			msgs = append(msgs, xm)
+		}
+		b.xmsgs = msgs
+		b.prompt.Messages = msgs
+	} else if !in.hasIDs {
+		b.prompt.Text = in.text
+	}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			p.release(b)
+		}
+	}
+	defer release()
+	err := p.dispatcher.Serve(r.Context(), xllmrpc.Request{Chat: chat, Body: body, Prompt: &b.prompt, TokenIDs: ids,
+		Prefill: d.Prefill, Decode: d.Decode, Buffers: &b.enc, Sent: release}, w)
+	if err != nil {
+		// The dispatcher has logged the engine's failures; what is left is
+		// the client's doing.
+		p.log.Debug("dispatched request ended early", "engine", d.Prefill, "err", err)
+	}
 }
 
 // busy refuses a request the in-flight budget cannot take.
@@ -512,10 +595,14 @@ func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, p
 		return
 	}
 	defer resp.Body.Close()
-	// Once the engine has the whole body it is not needed any more, and
-	// a long answer should not hold it.
-	if a.wrote.Load() && out.done() {
-		release()
+	// Once the engine answers, the body is not needed any more, and a
+	// long answer should not hold it. The transport may report the write
+	// (and close the body) just after the answer's headers arrive, so the
+	// budget goes back now and the storage, for reuse, when forward
+	// returns.
+	if b != nil {
+		p.budget.give(b.held)
+		b.held = 0
 	}
 	for _, k := range []string{"Content-Type", "Cache-Control"} {
 		if v := resp.Header.Get(k); v != "" {

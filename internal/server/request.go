@@ -24,14 +24,25 @@ type inference struct {
 	// routingStart and routingEnd are the body offsets of the value of a
 	// top-level "routing" member; routingStart is -1 when there is none.
 	routingStart, routingEnd int
+	// promptStart and promptEnd are the body offsets of the value of
+	// "prompt" (completions) or "messages" (chat).
+	promptStart, promptEnd int
+	// prompts is the number of prompts of a completion: 1, or the length
+	// of a batch, of which the first is kept.
+	prompts int
 	// stack is skipValue's scratch.
 	stack []byte
 }
 
-// chatSpan locates one message's role and content in inference.text.
+// chatSpan locates one message's role and content in inference.text,
+// and the message object in the body.
 type chatSpan struct {
 	roleStart, roleEnd       int
 	contentStart, contentEnd int
+	objStart, objEnd         int
+	// other is set when the message has members besides role and
+	// content (tool_calls, reasoning_content, …), which the body holds.
+	other bool
 }
 
 // inferenceLimits are what one completion body may make kvcar keep.
@@ -50,6 +61,7 @@ func (in *inference) reset() {
 	in.msgs = in.msgs[:0]
 	in.textLen = 0
 	in.routingStart, in.routingEnd = -1, -1
+	in.promptStart, in.promptEnd, in.prompts = 0, 0, 0
 	in.stack = in.stack[:0]
 }
 
@@ -97,11 +109,16 @@ func parseInference(s *scanner, in *inference, chat bool, lim inferenceLimits) *
 					return badRequest("%s: given more than once", key)
 				}
 				seenPrompt = true
+				if _, ok := s.skipSpace(); !ok {
+					return s.endError()
+				}
+				in.promptStart = int(s.offset())
 				if chat {
 					err = s.readMessages(in, lim)
 				} else {
 					err = s.readPrompt(in, lim)
 				}
+				in.promptEnd = int(s.offset())
 			case string(key) == "routing":
 				if seenRouting {
 					return badRequest("routing: given more than once")
@@ -164,6 +181,7 @@ func (s *scanner) readPrompt(in *inference, lim inferenceLimits) *requestError {
 	if c, ok = s.skipSpace(); !ok {
 		return s.endError()
 	}
+	in.prompts = 1
 	var err *requestError
 	switch {
 	case c == ']' || c == '-' || (c >= '0' && c <= '9'):
@@ -190,6 +208,7 @@ func (s *scanner) readPrompt(in *inference, lim inferenceLimits) *requestError {
 		if err != nil || !more {
 			return err
 		}
+		in.prompts++
 		if in.stack, err = s.skipValue(in.stack); err != nil {
 			return err
 		}
@@ -197,6 +216,7 @@ func (s *scanner) readPrompt(in *inference, lim inferenceLimits) *requestError {
 }
 
 func (s *scanner) readPromptText(in *inference, lim inferenceLimits) *requestError {
+	in.prompts = max(in.prompts, 1)
 	var n int
 	var err *requestError
 	in.text, n, err = s.readString(in.text, lim.keepText, lim.maxText, "prompt")
@@ -253,7 +273,7 @@ func (s *scanner) readMessages(in *inference, lim inferenceLimits) *requestError
 // null, "content" is readContent's; other members are checked only. A
 // repeated member counts by its last occurrence, as JSON parsers take it.
 func (s *scanner) readMessage(in *inference, lim inferenceLimits, i int) (chatSpan, *requestError) {
-	var span chatSpan
+	span := chatSpan{objStart: int(s.offset())}
 	s.pos++
 	c, ok := s.skipSpace()
 	if !ok {
@@ -261,6 +281,7 @@ func (s *scanner) readMessage(in *inference, lim inferenceLimits, i int) (chatSp
 	}
 	if c == '}' {
 		s.pos++
+		span.objEnd = int(s.offset())
 		return span, nil
 	}
 	for {
@@ -298,12 +319,14 @@ func (s *scanner) readMessage(in *inference, lim inferenceLimits, i int) (chatSp
 			}
 			span.contentStart, span.contentEnd = start, len(in.text)
 		default:
+			span.other = true
 			if in.stack, err = s.skipValue(in.stack); err != nil {
 				return span, err
 			}
 		}
 		var more bool
 		if c, more, err = s.afterElement('}'); err != nil || !more {
+			span.objEnd = int(s.offset())
 			return span, err
 		}
 	}
@@ -313,7 +336,8 @@ const contentForms = "messages[%d].content: must be a string, null or an array o
 
 // readContent reads a message's content: a string, null, or an array of
 // parts of which the {"type":"text","text":…} ones contribute their text,
-// concatenated; other parts (images) contribute none.
+// one line each, as xllm-service joins them; other parts (images)
+// contribute none.
 func (s *scanner) readContent(in *inference, lim inferenceLimits, i int) *requestError {
 	c, ok := s.skipSpace()
 	if !ok {
@@ -345,6 +369,7 @@ func (s *scanner) readContent(in *inference, lim inferenceLimits, i int) *reques
 		s.pos++
 		return nil
 	}
+	texts := 0
 	for j := 0; ; j++ {
 		if c != '{' {
 			k, err := s.kindAt(c)
@@ -353,11 +378,14 @@ func (s *scanner) readContent(in *inference, lim inferenceLimits, i int) *reques
 			}
 			return badRequest("messages[%d].content[%d]: must be an object, got %s", i, j, k)
 		}
-		if err := s.readPart(in, lim, i, j); err != nil {
+		isText, err := s.readPart(in, lim, i, j, texts > 0)
+		if err != nil {
 			return err
 		}
+		if isText {
+			texts++
+		}
 		var more bool
-		var err *requestError
 		if c, more, err = s.afterElement(']'); err != nil || !more {
 			return err
 		}
@@ -366,69 +394,73 @@ func (s *scanner) readContent(in *inference, lim inferenceLimits, i int) *reques
 
 // readPart reads content part j of message i from its '{'. Its text is
 // kept tentatively and dropped at the end unless its type is "text",
-// which may come before or after it.
-func (s *scanner) readPart(in *inference, lim inferenceLimits, i, j int) *requestError {
+// which may come before or after it; after an earlier text part it
+// starts a new line. It reports whether the part is a text part.
+func (s *scanner) readPart(in *inference, lim inferenceLimits, i, j int, after bool) (bool, *requestError) {
 	s.pos++
 	start := len(in.text)
 	isText := false
 	textLen := 0
 	c, ok := s.skipSpace()
 	if !ok {
-		return s.endError()
+		return false, s.endError()
 	}
 	if c == '}' {
 		s.pos++
-		return nil
+		return false, nil
 	}
 	for {
 		var kb [maxKeyShown]byte
 		n, err := s.memberKey(c, &kb)
 		if err != nil {
-			return err
+			return false, err
 		}
 		switch string(kb[:n]) {
 		case "type":
 			c, ok := s.skipSpace()
 			if !ok {
-				return s.endError()
+				return false, s.endError()
 			}
 			if c != '"' {
 				k, err := s.kindAt(c)
 				if err != nil {
-					return err
+					return false, err
 				}
-				return badRequest("messages[%d].content[%d].type: must be a string, got %s", i, j, k)
+				return false, badRequest("messages[%d].content[%d].type: must be a string, got %s", i, j, k)
 			}
 			var tb [maxKeyShown]byte
 			n, err := s.readKey(&tb)
 			if err != nil {
-				return err
+				return false, err
 			}
 			isText = string(tb[:n]) == "text"
 		case "text":
 			c, ok := s.skipSpace()
 			if !ok {
-				return s.endError()
+				return false, s.endError()
 			}
 			if c != '"' {
 				if in.stack, err = s.skipValue(in.stack); err != nil {
-					return err
+					return false, err
 				}
 				break
 			}
 			// A repeated "text" counts by its last occurrence.
 			in.text = in.text[:start]
+			if after && lim.keepText {
+				in.text = append(in.text, '\n')
+			}
 			if in.text, textLen, err = s.readString(in.text, lim.keepText, lim.maxText, "messages"); err != nil {
-				return err
+				return false, err
 			}
 		default:
 			if in.stack, err = s.skipValue(in.stack); err != nil {
-				return err
+				return false, err
 			}
 		}
 		var more bool
 		if c, more, err = s.afterElement('}'); err != nil {
-			return err
+			return false, err
 		}
 		if !more {
 			if isText {
@@ -436,7 +468,7 @@ func (s *scanner) readPart(in *inference, lim inferenceLimits, i, j int) *reques
 			} else {
 				in.text = in.text[:start]
 			}
-			return nil
+			return isText, nil
 		}
 	}
 }

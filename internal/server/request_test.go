@@ -39,15 +39,19 @@ func TestParseCompletionForms(t *testing.T) {
 		body string
 		ids  []uint32
 		text string
+		// value is the prompt's value as written; count the prompts in it.
+		value string
+		count int
 	}{
-		{`{"prompt":[1,2,3]}`, []uint32{1, 2, 3}, ""},
-		{` { "model" : "m" , "prompt" : [ 0 , 4294967295 ] , "n" : [ {"a":[true,false,null,-1.5e+3]} ] } `, []uint32{0, 4294967295}, ""},
-		{`{"prompt":[]}`, []uint32{}, ""},
-		{`{"prompt":[[5,6],[7]]}`, []uint32{5, 6}, ""},
-		{`{"prompt":"hi \"there\"\n\u00e9\ud83d\ude00"}`, nil, "hi \"there\"\n\u00e9\U0001F600"},
-		{`{"prompt":["first","second"]}`, nil, "first"},
+		{`{"prompt":[1,2,3]}`, []uint32{1, 2, 3}, "", `[1,2,3]`, 1},
+		{` { "model" : "m" , "prompt" : [ 0 , 4294967295 ] , "n" : [ {"a":[true,false,null,-1.5e+3]} ] } `, []uint32{0, 4294967295}, "",
+			`[ 0 , 4294967295 ]`, 1},
+		{`{"prompt":[]}`, []uint32{}, "", `[]`, 1},
+		{`{"prompt":[[5,6],[7]]}`, []uint32{5, 6}, "", `[[5,6],[7]]`, 2},
+		{`{"prompt":"hi \"there\"\n\u00e9\ud83d\ude00"}`, nil, "hi \"there\"\n\u00e9\U0001F600", `"hi \"there\"\n\u00e9\ud83d\ude00"`, 1},
+		{`{"prompt":["first","second","third"],"x":1}`, nil, "first", `["first","second","third"]`, 3},
 		// Lone surrogate halves decode to U+FFFD, as encoding/json does.
-		{`{"prompt":"a\ud800b\udc00\ud800\ud800\udc00"}`, nil, "a\ufffdb\ufffd\ufffd\U00010000"},
+		{`{"prompt":"a\ud800b\udc00\ud800\ud800\udc00"}`, nil, "a\ufffdb\ufffd\ufffd\U00010000", `"a\ud800b\udc00\ud800\ud800\udc00"`, 1},
 	} {
 		for _, n := range []int{1, 3, 4096} {
 			in, body, err := parseBody([]byte(tc.body), false, n, 1<<20)
@@ -63,13 +67,17 @@ func TestParseCompletionForms(t *testing.T) {
 			if tc.ids == nil && (in.hasIDs || string(in.text) != tc.text) {
 				t.Fatalf("%s: text %q, want %q", tc.body, in.text, tc.text)
 			}
+			if v := tc.body[in.promptStart:in.promptEnd]; v != tc.value || in.prompts != tc.count {
+				t.Fatalf("%s: prompt value %q holding %d, want %q holding %d", tc.body, v, in.prompts, tc.value, tc.count)
+			}
 		}
 	}
 }
 
 // TestParseChatForms covers messages: string, null and part-array
-// contents, the text parts kept whatever the key order, other parts
-// dropped.
+// contents, the text parts kept whatever the key order and joined one per
+// line as xllm-service joins them, other parts dropped; the spans of the
+// messages in the body, and which have members besides role and content.
 func TestParseChatForms(t *testing.T) {
 	body := `{"model":"m","messages":[{"role":"system","content":"be brief"},` +
 		`{"content":[{"text":"look: ","type":"text"},{"type":"image_url","image_url":{"url":"x"},"text":"no"},{"type":"text","text":"this"}],"role":"user"},` +
@@ -82,9 +90,18 @@ func TestParseChatForms(t *testing.T) {
 	for _, m := range in.msgs {
 		got = append(got, [2]string{string(in.text[m.roleStart:m.roleEnd]), string(in.text[m.contentStart:m.contentEnd])})
 	}
-	want := [][2]string{{"system", "be brief"}, {"user", "look: this"}, {"assistant", ""}}
+	want := [][2]string{{"system", "be brief"}, {"user", "look: \nthis"}, {"assistant", ""}}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("messages %q, want %q", got, want)
+	}
+	if v := body[in.promptStart:in.promptEnd]; !strings.HasPrefix(v, `[{"role":"system"`) || !strings.HasSuffix(v, `[]}]`) {
+		t.Fatalf("messages value %q", v)
+	}
+	for i, m := range in.msgs {
+		obj := body[m.objStart:m.objEnd]
+		if obj[0] != '{' || obj[len(obj)-1] != '}' || m.other != (i == 2) {
+			t.Errorf("message %d: object %q, other members %v", i, obj, m.other)
+		}
 	}
 	if in.textLen != len("be brief")+len("look: ")+len("this") {
 		t.Fatalf("text length %d", in.textLen)
@@ -231,6 +248,11 @@ func FuzzInferenceRequest(f *testing.F) {
 			if err := json.Unmarshal(raw, &text); err != nil || text != string(in.text) {
 				t.Fatalf("%q: text %q, encoding/json %q, %v", body, in.text, text, err)
 			}
+		}
+		// The prompt's span is its value as encoding/json reads it, which
+		// the dispatcher cuts out of the body.
+		if v := body[in.promptStart:in.promptEnd]; !bytes.Equal(v, members["prompt"]) {
+			t.Fatalf("%q: prompt value %q, encoding/json %q", body, v, members["prompt"])
 		}
 		if in.routingStart >= 0 {
 			if !json.Valid(body[in.routingStart:in.routingEnd]) {

@@ -55,6 +55,10 @@ type Options struct {
 	// Tokenizer, when set, gives text and chat prompts their token ids
 	// so they are routed by prefix too.
 	Tokenizer Tokenizer
+	// Dispatcher, when set, serves the requests whose prefill instance it
+	// Serves (xLLM engines) over their own RPC; the others, and every
+	// request without it, are relayed as OpenAI HTTP.
+	Dispatcher Dispatcher
 	// EngineTransport carries requests to the engines; nil uses a
 	// pooled transport with a 10 minute response-header timeout.
 	EngineTransport http.RoundTripper

@@ -26,9 +26,20 @@ type queryBody struct {
 // and the operator routes are.
 func startServer(t *testing.T, opts Options, ready bool) *httptest.Server {
 	t.Helper()
+	return serveRoutes(t, opts, ready, (*Server).InternalHandler)
+}
+
+// startPublicServer serves the public routes of a Server made from
+// opts, ready: the request path.
+func startPublicServer(t *testing.T, opts Options) *httptest.Server {
+	t.Helper()
+	return serveRoutes(t, opts, true, (*Server).Handler)
+}
+
+func serveRoutes(t *testing.T, opts Options, ready bool, routes func(*Server) http.Handler) *httptest.Server {
 	s := New(opts)
 	s.SetReady(ready)
-	ts := httptest.NewServer(s.InternalHandler())
+	ts := httptest.NewServer(routes(s))
 	t.Cleanup(ts.Close)
 	return ts
 }

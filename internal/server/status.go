@@ -84,7 +84,10 @@ type streamJSON struct {
 	Endpoint           string   `json:"endpoint"`
 	ReplayEndpoint     string   `json:"replay_endpoint"`
 	Incarnation        string   `json:"incarnation"`
+	SyncMode           string   `json:"sync_mode"`
+	Topic              string   `json:"topic"`
 	Synchronized       bool     `json:"synchronized"`
+	Complete           bool     `json:"complete"`
 	Sequence           uint64   `json:"sequence"`
 	Error              string   `json:"error"`
 	DeviceBlocks       int      `json:"device_blocks"`
@@ -97,6 +100,8 @@ type streamJSON struct {
 	SnapshotsStarted   uint64   `json:"snapshots_started"`
 	SnapshotsSucceeded uint64   `json:"snapshots_succeeded"`
 	SnapshotsFailed    uint64   `json:"snapshots_failed"`
+	PartialStarts      uint64   `json:"partial_starts"`
+	TailRepairs        uint64   `json:"tail_repairs"`
 	BufferedBytes      int64    `json:"buffered_bytes"`
 	LastSnapshotMs     *float64 `json:"last_snapshot_ms"`
 	LastEventAgeMs     *float64 `json:"last_event_age_ms"`
@@ -230,7 +235,10 @@ func streamToJSON(st kvdir.StreamStatus) streamJSON {
 		Endpoint:           st.Endpoint,
 		ReplayEndpoint:     st.ReplayEndpoint,
 		Incarnation:        st.Incarnation,
+		SyncMode:           st.SyncMode,
+		Topic:              st.Topic,
 		Synchronized:       st.Synchronized,
+		Complete:           st.Complete,
 		Sequence:           st.Sequence,
 		Error:              st.Error,
 		DeviceBlocks:       st.DeviceBlocks,
@@ -243,6 +251,8 @@ func streamToJSON(st kvdir.StreamStatus) streamJSON {
 		SnapshotsStarted:   st.SnapshotsStarted,
 		SnapshotsSucceeded: st.SnapshotsOK,
 		SnapshotsFailed:    st.SnapshotsFailed,
+		PartialStarts:      st.PartialStarts,
+		TailRepairs:        st.TailRepairs,
 		BufferedBytes:      st.BufferedBytes,
 		LastSnapshotMs:     optionalMs(st.LastSnapshot),
 		LastEventAgeMs:     optionalMs(st.LastEventAge),

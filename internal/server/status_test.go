@@ -69,9 +69,10 @@ func TestStreamsAndInstancesJSON(t *testing.T) {
 	if !got.IndexEnabled || len(got.Streams) != 2 {
 		t.Fatalf("streams: %s", body)
 	}
-	want := []string{"instance_name", "dp_rank", "endpoint", "replay_endpoint", "incarnation", "synchronized", "sequence",
-		"error", "device_blocks", "host_blocks", "batches_applied", "events_applied", "decode_errors", "gaps", "disconnects",
-		"snapshots_started", "snapshots_succeeded", "snapshots_failed", "buffered_bytes", "last_snapshot_ms", "last_event_age_ms"}
+	want := []string{"instance_name", "dp_rank", "endpoint", "replay_endpoint", "incarnation", "sync_mode", "topic",
+		"synchronized", "complete", "sequence", "error", "device_blocks", "host_blocks", "batches_applied", "events_applied",
+		"decode_errors", "gaps", "disconnects", "snapshots_started", "snapshots_succeeded", "snapshots_failed",
+		"partial_starts", "tail_repairs", "buffered_bytes", "last_snapshot_ms", "last_event_age_ms"}
 	for _, st := range got.Streams {
 		if len(st) != len(want) {
 			t.Errorf("stream has %d fields, want %d: %v", len(st), len(want), st)

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -111,92 +112,210 @@ type Request struct {
 	Chat bool
 	// Body is the client's JSON body.
 	Body []byte
-	// TokenIDs are the prompt's token ids as kvcar's tokenizer made them
-	// (chat template applied), sent as token_ids as xllm-service sends its
-	// own; empty leaves the tokenization to the engine (a completions
-	// prompt given as token ids is sent as such).
+	// Prompt is the body's prompt or messages as the caller has read
+	// them; nil makes the dispatcher read them from Body itself.
+	Prompt *Prompt
+	// TokenIDs are the prompt's token ids: a completions prompt given as
+	// token ids, or kvcar's tokenizer's ids of a text or chat prompt
+	// (chat template applied), sent as token_ids as xllm-service sends
+	// its own. Empty sends the text alone, which the engine tokenizes.
+	// A chat's ids are taken to be rendered from the messages' roles and
+	// contents alone, so they are not sent when the request has tools
+	// (unless tool_choice is "none"), chat_template_kwargs, or messages
+	// with tool calls, tool call ids or reasoning, which xllm-service
+	// renders and such ids leave out: the engine then renders and
+	// tokenizes the chat itself.
 	TokenIDs []uint32
 	// Prefill is the instance the request is sent to (its name,
 	// "ip:http_port", where it serves baidu_std); Decode the decode
 	// instance, "" when the prefill instance decodes too.
 	Prefill string
 	Decode  string
+	// Buffers, when set, are where the request is encoded; nil takes
+	// buffers of the dispatcher's own.
+	Buffers *Buffers
+	// Sent, when set, is called once Body, Prompt, TokenIDs and Buffers
+	// are no longer needed: the request has been written to the engine,
+	// or failed before. The caller may then reuse their storage.
+	Sent func()
+}
+
+// Client-facing texts of the failures that are the engine's, not the
+// request's: which engine failed and why goes to the log only, as on the
+// HTTP relay.
+const (
+	msgEngineFailed   = "upstream engine failed"
+	msgEngineTimedOut = "upstream engine timed out"
+)
+
+// BackendXLLM is the backend_type of instances that take requests over
+// baidu_std; it is the default when an instance names none.
+const BackendXLLM = "xllm"
+
+// Serves reports whether requests for the instance go through the
+// Dispatcher: an xLLM engine, whose registered backend_type is "xllm" or
+// absent. Others (backend_type "vllm", behind xllm-service's sidecar)
+// take OpenAI HTTP. Without a Registry, or for an instance it does not
+// know, the default backend is assumed.
+func (d *Dispatcher) Serves(name string) bool {
+	if d.opts.Registry == nil {
+		return true
+	}
+	in, ok := d.opts.Registry.Snapshot().Lookup(name)
+	return !ok || in.Meta.BackendType == "" || strings.EqualFold(in.Meta.BackendType, BackendXLLM)
 }
 
 // Serve sends req to its prefill instance and writes the OpenAI response
 // to w as the output arrives: one JSON body, or SSE chunks and "data:
 // [DONE]" when the request streams. A failure before any output is an
-// HTTP error with a {"error":{"code","message"}} body (400 for a body
-// that cannot be sent, 502 for an instance that cannot be reached or left,
-// 504 for one that stopped reporting, the engine's gen_status mapped as
-// HTTPStatus maps it); after the stream began, it is an SSE error event
-// that ends the stream. When ctx ends (the client went away) the request
-// is abandoned and its engine told so at its next Generations call. Serve
-// returns what ended the request early, nil when it completed.
+// HTTP error with a {"error":{"code","message"}} body: 400 for a body
+// that cannot be sent (naming what is wrong), 502 for an instance that
+// cannot be reached or left, 504 for one that stopped reporting, the
+// engine's gen_status mapped as HTTPStatus maps it; after the stream
+// began, it is an SSE error event that ends the stream. The texts name no
+// engine; the details go to the log. When ctx ends (the client went
+// away) the request is abandoned and its engine told so at its next
+// Generations call. Serve returns what ended the request early, nil when
+// it completed.
 func (d *Dispatcher) Serve(ctx context.Context, req Request, w http.ResponseWriter) error {
-	pr, err := d.build(req)
+	sent := false
+	done := func() {
+		if !sent {
+			sent = true
+			if req.Sent != nil {
+				req.Sent()
+			}
+		}
+	}
+	defer done()
+	id := d.prefix + strconv.FormatUint(d.seq.Add(1), 10)
+	enc := req.Buffers
+	if enc == nil {
+		enc = getEncoder()
+		defer putEncoder(enc)
+	} else {
+		enc.reset()
+	}
+	pr, err := d.build(req, id, enc)
 	if err != nil {
-		writeHTTPError(w, http.StatusBadRequest, err.Error())
+		var bad *BadRequestError
+		if errors.As(err, &bad) {
+			writeHTTPError(w, http.StatusBadRequest, err.Error())
+			return err
+		}
+		d.log.Error("encoding a request for an xLLM engine failed", "err", err)
+		writeHTTPError(w, http.StatusInternalServerError, "internal error")
 		return err
 	}
-	id := d.prefix + strconv.FormatUint(d.seq.Add(1), 10)
 	q, err := d.opts.Outputs.open(id)
 	if err != nil {
-		writeHTTPError(w, http.StatusInternalServerError, err.Error())
+		d.log.Error("request id already waiting", "err", err)
+		writeHTTPError(w, http.StatusInternalServerError, "internal error")
 		return err
 	}
 	defer d.opts.Outputs.close(id, q)
 
 	watch, err := d.bind(req)
-	if err != nil {
-		writeHTTPError(w, http.StatusBadGateway, err.Error())
-		return err
+	if err == nil {
+		err = d.send(ctx, req, pr, id, enc.msg)
 	}
-	if err := d.send(ctx, req, pr, id); err != nil {
+	done()
+	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		writeHTTPError(w, http.StatusBadGateway, err.Error())
+		d.log.Warn("engine request failed", "engine", req.Prefill, "service_request_id", id, "err", err)
+		code, msg := http.StatusBadGateway, msgEngineFailed
+		if baidustd.CodeOf(err) == baidustd.ERPCTIMEDOUT {
+			code, msg = http.StatusGatewayTimeout, msgEngineTimedOut
+		}
+		writeHTTPError(w, code, msg)
 		return err
 	}
 	out := newResponder(w, pr, time.Now().Unix())
-	return d.collect(ctx, req, q, watch, out)
+	return d.collect(ctx, req, id, q, watch, out)
 }
 
-// build turns the body into the xLLM request message.
-func (d *Dispatcher) build(req Request) (*parsedRequest, error) {
-	var pr *parsedRequest
-	var promptIDs []int32
-	var err error
-	if req.Chat {
-		pr, err = parseChat(req.Body)
-	} else {
-		pr, promptIDs, err = parseCompletion(req.Body)
-	}
-	if err != nil {
-		return nil, err
-	}
-	ids := promptIDs
-	if len(req.TokenIDs) > 0 {
-		ids = make([]int32, len(req.TokenIDs))
-		for i, t := range req.TokenIDs {
-			if t > 1<<31-1 {
-				return nil, badRequest("token id %d does not fit xLLM's int32 token_ids", t)
-			}
-			ids[i] = int32(t)
-		}
-	}
+// build turns the request into its xLLM message, in enc.msg.
+func (d *Dispatcher) build(req Request, id string, enc *encoder) (*parsedRequest, error) {
 	if req.Prefill == "" {
 		return nil, badRequest("no prefill instance in the routing decision")
 	}
+	p, ids := req.Prompt, req.TokenIDs
+	if p == nil {
+		var own []uint32
+		var err error
+		if p, own, err = readPrompt(req.Chat, req.Body); err != nil {
+			return nil, err
+		}
+		if len(ids) == 0 {
+			ids = own
+		}
+	}
+	if p.Start < 0 || p.End < p.Start || p.End > len(req.Body) {
+		return nil, fmt.Errorf("prompt span [%d, %d) outside a body of %d bytes", p.Start, p.End, len(req.Body))
+	}
+	if err := checkIDs(ids); err != nil {
+		return nil, err
+	}
+	// The other members are read from the body without the prompt, which
+	// is the bulk of it and is read already.
+	enc.rest = append(append(append(enc.rest[:0], req.Body[:p.Start]...), "null"...), req.Body[p.End:]...)
 	routing := &xllmpb.Routing{PrefillName: req.Prefill, DecodeName: req.Decode}
 	self := d.opts.Self
-	if pr.chat != nil {
-		pr.chat.TokenIds, pr.chat.Routing, pr.chat.SourceXserviceAddr = ids, routing, &self
-	} else {
-		pr.completion.TokenIds, pr.completion.Routing, pr.completion.SourceXserviceAddr = ids, routing, &self
+	if req.Chat {
+		small, pr, err := chatMessage(enc.rest)
+		if err != nil {
+			return nil, err
+		}
+		if len(p.Messages) == 0 {
+			return nil, badRequest("messages is required and must not be empty")
+		}
+		for i, m := range p.Messages {
+			if len(m.Role) == 0 {
+				return nil, badRequest("messages[%d].role is required", i)
+			}
+			var extra *xllmpb.ChatMessage
+			if m.Raw != nil {
+				if extra, err = extrasOf(m.Raw, i); err != nil {
+					return nil, err
+				}
+			}
+			enc.extras = append(enc.extras, extra)
+		}
+		if !renderedFromMessages(small, enc.extras) {
+			ids = nil
+		}
+		small.ServiceRequestId, small.Routing, small.SourceXserviceAddr = &id, routing, &self
+		return pr, enc.encodeChat(small, p.Messages, ids)
 	}
-	return pr, nil
+	small, pr, err := completionMessage(enc.rest)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case p.Count > 1:
+		return nil, badRequest("prompt holds %d prompts: send one per request", p.Count)
+	case len(p.Text) == 0 && len(ids) == 0:
+		return nil, badRequest("prompt is empty")
+	}
+	small.ServiceRequestId, small.Routing, small.SourceXserviceAddr = &id, routing, &self
+	return pr, enc.encodeCompletion(small, p.Text, ids)
+}
+
+// renderedFromMessages reports whether the chat's prompt is rendered from
+// its messages' roles and contents alone: no tools for the template, no
+// template arguments, no message members the template may render.
+func renderedFromMessages(small *xllmpb.ChatRequest, extras []*xllmpb.ChatMessage) bool {
+	if (len(small.GetTools()) > 0 && small.GetToolChoice() != "none") || small.GetChatTemplateKwargs() != nil {
+		return false
+	}
+	for _, e := range extras {
+		if e != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // watched is an instance a request depends on, in the incarnation it
@@ -253,24 +372,21 @@ func (d *Dispatcher) gone(watch []watched, prefillDone bool) string {
 	return ""
 }
 
-// send makes the Completions or ChatCompletions call; the engine answers
-// it at once and sends the output later.
-func (d *Dispatcher) send(ctx context.Context, req Request, pr *parsedRequest, id string) error {
+// send makes the Completions or ChatCompletions call with the encoded
+// message; the engine answers it at once and sends the output later.
+func (d *Dispatcher) send(ctx context.Context, req Request, pr *parsedRequest, id string, msg []byte) error {
 	c, err := d.client(req.Prefill)
 	if err != nil {
 		return err
 	}
 	cctx, cancel := context.WithTimeout(ctx, d.opts.CallTimeout)
 	defer cancel()
-	if pr.chat != nil {
-		pr.chat.ServiceRequestId = &id
-		err = c.CallProto(cctx, xllmpb.APIService, xllmpb.MethodChatCompletions, pr.chat, nil, nil)
-	} else {
-		pr.completion.ServiceRequestId = &id
-		err = c.CallProto(cctx, xllmpb.APIService, xllmpb.MethodCompletions, pr.completion, nil, nil)
+	method := xllmpb.MethodCompletions
+	if pr.chat {
+		method = xllmpb.MethodChatCompletions
 	}
-	if err != nil {
-		return fmt.Errorf("instance %s: %w", req.Prefill, err)
+	if _, err := c.Call(cctx, xllmpb.APIService, method, msg, nil); err != nil {
+		return fmt.Errorf("instance %s, %s: %w", req.Prefill, method, err)
 	}
 	return nil
 }
@@ -311,7 +427,7 @@ func (d *Dispatcher) pruneLocked() {
 
 // collect turns the request's generations into the response until it
 // finishes, fails, times out or its client goes.
-func (d *Dispatcher) collect(ctx context.Context, req Request, q *outputQueue, watch []watched, out *responder) error {
+func (d *Dispatcher) collect(ctx context.Context, req Request, id string, q *outputQueue, watch []watched, out *responder) error {
 	timeout := time.NewTimer(d.opts.OutputTimeout)
 	defer timeout.Stop()
 	var tick <-chan time.Time
@@ -322,25 +438,34 @@ func (d *Dispatcher) collect(ctx context.Context, req Request, q *outputQueue, w
 	}
 	prefillDone := false
 	source := req.Prefill
+	// fail ends the response with the client's text and logs the detail.
+	fail := func(code int, public, detail string) error {
+		d.log.Warn("engine request failed", "engine", source, "service_request_id", id, "status", code, "err", detail)
+		out.fail(code, public)
+		return fmt.Errorf("%s (HTTP %d)", detail, code)
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-timeout.C:
-			return out.fail(http.StatusGatewayTimeout, fmt.Sprintf("no output from instance %s for %v", source, d.opts.OutputTimeout))
+			return fail(http.StatusGatewayTimeout, msgEngineTimedOut,
+				fmt.Sprintf("no output from instance %s for %v", source, d.opts.OutputTimeout))
 		case <-tick:
 			if why := d.gone(watch, prefillDone); why != "" {
-				return out.fail(http.StatusBadGateway, why)
+				return fail(http.StatusBadGateway, msgEngineFailed, why)
 			}
 		case <-q.notify:
 			gens, err := q.take()
 			if err != nil {
-				return out.fail(http.StatusInternalServerError, err.Error())
+				// The client's own doing: it names no engine.
+				return fail(http.StatusInternalServerError, err.Error(), err.Error())
 			}
 			for _, g := range gens {
 				if st := g.GetGenStatus(); st.GetStatusCode() != 0 {
-					return out.fail(HTTPStatus(st.GetStatusCode()), fmt.Sprintf("instance %s: %s (status %d %s)",
-						source, st.GetStatusMsg(), st.GetStatusCode(), statusName(st.GetStatusCode())))
+					code := st.GetStatusCode()
+					return fail(HTTPStatus(code), genStatusText(code, st.GetStatusMsg()),
+						fmt.Sprintf("instance %s: %s (status %d %s)", source, st.GetStatusMsg(), code, statusName(code)))
 				}
 				if g.GetFinishedOnPrefillInstance() && !prefillDone {
 					prefillDone = true
@@ -362,6 +487,18 @@ func (d *Dispatcher) collect(ctx context.Context, req Request, q *outputQueue, w
 			timeout.Reset(d.opts.OutputTimeout)
 		}
 	}
+}
+
+// genStatusText is what the client is told of an engine's error status.
+// An INVALID_ARGUMENT is about the request ("Prompt is too long"), so the
+// engine's words go with it, as xllm-service passes them on; the others
+// are the engine's own trouble and may name instances, so only the
+// status's name goes.
+func genStatusText(code int32, msg string) string {
+	if code == 3 && msg != "" {
+		return "the engine refused the request: " + msg
+	}
+	return msgEngineFailed + " (" + statusName(code) + ")"
 }
 
 // HTTPStatus maps an engine's gen_status code (xllm::StatusCode) to the

@@ -6,9 +6,11 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,6 +28,7 @@ import (
 // address, take Completions over baidu_std and return Generations.
 type e2e struct {
 	*cluster
+	logs     *logBuffer
 	disp     *Dispatcher
 	http     *httptest.Server
 	policy   lb.Policy
@@ -34,10 +37,10 @@ type e2e struct {
 
 func startE2E(t testing.TB, outputTimeout time.Duration) *e2e {
 	t.Helper()
-	x := &e2e{cluster: startCluster(t, ""), lastPick: make(chan lb.Decision, 64)}
+	x := &e2e{cluster: startCluster(t, ""), lastPick: make(chan lb.Decision, 64), logs: &logBuffer{}}
 	var err error
 	x.disp, err = NewDispatcher(DispatcherOptions{Self: x.rpcAddr, Outputs: x.outputs, Registry: x.reg,
-		OutputTimeout: outputTimeout, Logger: testLogger()})
+		OutputTimeout: outputTimeout, Logger: slog.New(slog.NewTextHandler(x.logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,9 +320,28 @@ func TestDispatchClientCancellation(t *testing.T) {
 	waitEngine(t, e, "request stopped", func(st enginesim.EngineStats) bool { return st.Cancelled == 1 && st.Running == 0 })
 }
 
+// logBuffer collects a logger's output for a test to read.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 // Errors reach the client: the engine's gen_status as an HTTP error, an
 // engine that never reports as a timeout, a body kvcar cannot send as
-// 400; no request is left behind.
+// 400; the client's texts name no engine, the log does; no request is
+// left behind.
 func TestDispatchErrors(t *testing.T) {
 	x := startE2E(t, 300*time.Millisecond)
 	e := x.engine(t, enginesim.TypeDefault, nil)
@@ -328,9 +350,11 @@ func TestDispatchErrors(t *testing.T) {
 	e.SetFailRequests(http.StatusServiceUnavailable)
 	r := decodeWhole(t, x.post(t, ctx, "/v1/completions", map[string]any{"prompt": "x", "max_tokens": 2}))
 	<-x.lastPick
-	if r.Error == nil || r.Error.Code != http.StatusServiceUnavailable || !strings.Contains(r.Error.Message, "injected engine failure") ||
-		!strings.Contains(r.Error.Message, "UNAVAILABLE") {
+	if r.Error == nil || r.Error.Code != http.StatusServiceUnavailable || r.Error.Message != "upstream engine failed (UNAVAILABLE)" {
 		t.Errorf("engine failure: %+v", r.Error)
+	}
+	if l := x.logs.String(); !strings.Contains(l, "injected engine failure") || !strings.Contains(l, e.Name()) {
+		t.Errorf("the log lacks the engine's failure: %s", l)
 	}
 	e.SetFailRequests(0)
 
@@ -345,7 +369,8 @@ func TestDispatchErrors(t *testing.T) {
 	slow := x.engine(t, enginesim.TypeDefault, func(c *enginesim.Config) { c.DecodePerToken = time.Hour })
 	rec := httptest.NewRecorder()
 	err := x.disp.Serve(ctx, Request{Body: []byte(`{"prompt":"a","max_tokens":2}`), Prefill: slow.Name()}, rec)
-	if rec.Code != http.StatusGatewayTimeout || err == nil || !strings.Contains(rec.Body.String(), "no output from instance "+slow.Name()+" for 300ms") {
+	if rec.Code != http.StatusGatewayTimeout || err == nil || !strings.Contains(rec.Body.String(), `"upstream engine timed out"`) ||
+		strings.Contains(rec.Body.String(), slow.Name()) || !strings.Contains(err.Error(), "no output from instance "+slow.Name()+" for 300ms") {
 		t.Fatalf("silent engine: %d %s (%v)", rec.Code, rec.Body.String(), err)
 	}
 	waitOutputsEmpty(t, x)
@@ -366,8 +391,11 @@ func TestDispatchDeadEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := decodeWhole(t, answer.get(t))
-	if r.Error == nil || r.Error.Code != http.StatusBadGateway || !strings.Contains(r.Error.Message, dying.Name()) {
+	if r.Error == nil || r.Error.Code != http.StatusBadGateway || r.Error.Message != "upstream engine failed" {
 		t.Errorf("dead engine: %+v", r.Error)
+	}
+	if l := x2.logs.String(); !strings.Contains(l, "engine request failed") || !strings.Contains(l, "instance "+dying.Name()) {
+		t.Errorf("the log does not say the engine left: %s", l)
 	}
 	if el := time.Since(began); el > 10*time.Second {
 		t.Errorf("dead engine noticed after %v", el)

@@ -14,6 +14,11 @@
 // Completions or ChatCompletions over baidu_std to the prefill instance,
 // with service_request_id, token_ids, routing and source_xservice_addr,
 // then turns the Generations that come back into the OpenAI response.
+// Serves tells which instances take requests this way (backend_type
+// "xllm" or none). The message is written in field order from a prompt
+// the caller has already parsed (Prompt), copied once from the caller's
+// storage into reused Buffers, or from the body alone; the client's
+// error texts name no engine, the log does.
 //
 // The package owns its RPC clients and per-request state; it reads the
 // instance registry through an interface and must not import the HTTP

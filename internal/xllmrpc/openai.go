@@ -37,32 +37,34 @@ type samplingJSON struct {
 	} `json:"stream_options"`
 }
 
-type completionJSON struct {
+// completionFields are the members of a /v1/completions body besides
+// its prompt.
+type completionFields struct {
 	samplingJSON
-	Prompt   json.RawMessage `json:"prompt"`
-	Logprobs *uint32         `json:"logprobs"`
-	Echo     *bool           `json:"echo"`
+	Logprobs *uint32 `json:"logprobs"`
+	Echo     *bool   `json:"echo"`
 }
 
-type chatJSON struct {
+// chatFields are the members of a /v1/chat/completions body besides its
+// messages.
+type chatFields struct {
 	samplingJSON
-	Messages            []chatMessageJSON `json:"messages"`
-	MaxCompletionTokens *uint32           `json:"max_completion_tokens"`
-	Logprobs            *bool             `json:"logprobs"`
-	TopLogprobs         *int32            `json:"top_logprobs"`
-	Tools               []toolJSON        `json:"tools"`
-	ToolChoice          json.RawMessage   `json:"tool_choice"`
-	ChatTemplateKwargs  map[string]any    `json:"chat_template_kwargs"`
+	MaxCompletionTokens *uint32         `json:"max_completion_tokens"`
+	Logprobs            *bool           `json:"logprobs"`
+	TopLogprobs         *int32          `json:"top_logprobs"`
+	Tools               []toolJSON      `json:"tools"`
+	ToolChoice          json.RawMessage `json:"tool_choice"`
+	ChatTemplateKwargs  map[string]any  `json:"chat_template_kwargs"`
 	ResponseFormat      *struct {
 		Type *string `json:"type"`
 	} `json:"response_format"`
 }
 
-type chatMessageJSON struct {
-	Role             *string         `json:"role"`
-	Content          json.RawMessage `json:"content"`
-	ReasoningContent *string         `json:"reasoning_content"`
-	ToolCallID       *string         `json:"tool_call_id"`
+// messageExtras are the members of a chat message besides its role and
+// content.
+type messageExtras struct {
+	ReasoningContent *string `json:"reasoning_content"`
+	ToolCallID       *string `json:"tool_call_id"`
 	ToolCalls        []struct {
 		ID       *string `json:"id"`
 		Type     string  `json:"type"`
@@ -82,19 +84,20 @@ type toolJSON struct {
 	} `json:"function"`
 }
 
-// badRequestError is a request kvcar cannot send: HTTP 400.
-type badRequestError struct{ msg string }
+// BadRequestError is a request kvcar cannot send as it is: HTTP 400. Its
+// text is about the client's body and names no engine.
+type BadRequestError struct{ msg string }
 
-func (e *badRequestError) Error() string { return e.msg }
+func (e *BadRequestError) Error() string { return e.msg }
 
 func badRequest(format string, args ...any) error {
-	return &badRequestError{msg: fmt.Sprintf(format, args...)}
+	return &BadRequestError{msg: fmt.Sprintf(format, args...)}
 }
 
-// parsedRequest is an OpenAI request turned into its xLLM message.
+// parsedRequest is what answering a request needs to know of it once its
+// xLLM message is sent.
 type parsedRequest struct {
-	completion   *xllmpb.CompletionRequest
-	chat         *xllmpb.ChatRequest
+	chat         bool
 	model        string
 	stream       bool
 	includeUsage bool
@@ -127,12 +130,12 @@ func stopList(raw json.RawMessage) ([]string, error) {
 	return ss, nil
 }
 
-// parseCompletion maps a /v1/completions body onto CompletionRequest. A
-// prompt of token ids is sent as token_ids; batches of prompts are
-// refused, as one service request is one sequence.
-func parseCompletion(body []byte) (*parsedRequest, []int32, error) {
-	var j completionJSON
-	if err := decodeBody(body, &j); err != nil {
+// completionMessage maps the members of a /v1/completions body besides
+// its prompt onto CompletionRequest, field for field as xllm-service
+// fills them.
+func completionMessage(rest []byte) (*xllmpb.CompletionRequest, *parsedRequest, error) {
+	var j completionFields
+	if err := decodeBody(rest, &j); err != nil {
 		return nil, nil, err
 	}
 	stop, err := stopList(j.Stop)
@@ -148,62 +151,20 @@ func parseCompletion(body []byte) (*parsedRequest, []int32, error) {
 	if j.StreamOptions != nil {
 		req.StreamOptions = &xllmpb.StreamOptions{IncludeUsage: j.StreamOptions.IncludeUsage}
 	}
-	var promptIDs []int32
-	req.Prompt, promptIDs, err = promptOf(j.Prompt)
-	if err != nil {
+	return req, &parsedRequest{model: j.Model, stream: j.Stream != nil && *j.Stream,
+		includeUsage: req.GetStreamOptions().GetIncludeUsage()}, nil
+}
+
+// chatMessage maps the members of a /v1/chat/completions body besides
+// its messages onto ChatRequest.
+func chatMessage(rest []byte) (*xllmpb.ChatRequest, *parsedRequest, error) {
+	var j chatFields
+	if err := decodeBody(rest, &j); err != nil {
 		return nil, nil, err
-	}
-	return &parsedRequest{completion: req, model: j.Model, stream: j.Stream != nil && *j.Stream,
-		includeUsage: req.GetStreamOptions().GetIncludeUsage()}, promptIDs, nil
-}
-
-// promptOf reads a completion prompt: a string, a one-element array of
-// strings, or token ids (flat or a one-element batch).
-func promptOf(raw json.RawMessage) (string, []int32, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || string(raw) == "null" {
-		return "", nil, badRequest("prompt is required")
-	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		return s, nil, nil
-	}
-	var ss []string
-	if json.Unmarshal(raw, &ss) == nil {
-		if len(ss) != 1 {
-			return "", nil, badRequest("prompt holds %d prompts: send one per request", len(ss))
-		}
-		return ss[0], nil, nil
-	}
-	var ids []int32
-	if json.Unmarshal(raw, &ids) == nil {
-		if len(ids) == 0 {
-			return "", nil, badRequest("prompt is empty")
-		}
-		return "", ids, nil
-	}
-	var batch [][]int32
-	if json.Unmarshal(raw, &batch) == nil {
-		if len(batch) != 1 || len(batch[0]) == 0 {
-			return "", nil, badRequest("prompt holds %d token id prompts: send one per request", len(batch))
-		}
-		return "", batch[0], nil
-	}
-	return "", nil, badRequest("prompt must be a string or an array of token ids in [0, 2^31)")
-}
-
-// parseChat maps a /v1/chat/completions body onto ChatRequest.
-func parseChat(body []byte) (*parsedRequest, error) {
-	var j chatJSON
-	if err := decodeBody(body, &j); err != nil {
-		return nil, err
-	}
-	if len(j.Messages) == 0 {
-		return nil, badRequest("messages is required and must not be empty")
 	}
 	stop, err := stopList(j.Stop)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	req := &xllmpb.ChatRequest{
 		Model: j.Model, BestOf: j.BestOf, Temperature: j.Temperature, TopP: j.TopP, N: j.N, Stream: j.Stream, Stop: stop,
@@ -220,25 +181,10 @@ func parseChat(body []byte) (*parsedRequest, error) {
 	if j.ResponseFormat != nil {
 		req.ResponseFormat = &xllmpb.ResponseFormat{Type: j.ResponseFormat.Type}
 	}
-	for i, m := range j.Messages {
-		if m.Role == nil || *m.Role == "" {
-			return nil, badRequest("messages[%d].role is required", i)
-		}
-		text, err := contentText(m.Content)
-		if err != nil {
-			return nil, badRequest("messages[%d].content: %v", i, err)
-		}
-		pm := &xllmpb.ChatMessage{Role: m.Role, Content: &text, ReasoningContent: m.ReasoningContent, ToolCallId: m.ToolCallID}
-		for _, tc := range m.ToolCalls {
-			pm.ToolCalls = append(pm.ToolCalls, &xllmpb.ToolCall{Id: tc.ID, Type: tc.Type,
-				Function: &xllmpb.FunctionCall{Name: tc.Function.Name, Arguments: tc.Function.Arguments}})
-		}
-		req.Messages = append(req.Messages, pm)
-	}
 	for i, t := range j.Tools {
 		params, err := structpb.NewStruct(t.Function.Parameters)
 		if err != nil {
-			return nil, badRequest("tools[%d].function.parameters: %v", i, err)
+			return nil, nil, badRequest("tools[%d].function.parameters: %v", i, err)
 		}
 		req.Tools = append(req.Tools, &xllmpb.Tool{Type: t.Type,
 			Function: &xllmpb.Function{Name: t.Function.Name, Description: t.Function.Description, Parameters: params}})
@@ -253,16 +199,143 @@ func parseChat(body []byte) (*parsedRequest, error) {
 	if j.ChatTemplateKwargs != nil {
 		kw, err := structpb.NewStruct(j.ChatTemplateKwargs)
 		if err != nil {
-			return nil, badRequest("chat_template_kwargs: %v", err)
+			return nil, nil, badRequest("chat_template_kwargs: %v", err)
 		}
 		req.ChatTemplateKwargs = kw
 	}
-	return &parsedRequest{chat: req, model: j.Model, stream: j.Stream != nil && *j.Stream,
+	return req, &parsedRequest{chat: true, model: j.Model, stream: j.Stream != nil && *j.Stream,
 		includeUsage: req.GetStreamOptions().GetIncludeUsage()}, nil
 }
 
+// extrasOf reads the members of message i besides role and content into
+// an xLLM ChatMessage holding only those; nil when it has none.
+func extrasOf(raw []byte, i int) (*xllmpb.ChatMessage, error) {
+	var j messageExtras
+	if err := json.Unmarshal(raw, &j); err != nil {
+		return nil, badRequest("messages[%d]: %v", i, err)
+	}
+	if j.ReasoningContent == nil && j.ToolCallID == nil && len(j.ToolCalls) == 0 {
+		return nil, nil
+	}
+	m := &xllmpb.ChatMessage{ReasoningContent: j.ReasoningContent, ToolCallId: j.ToolCallID}
+	for _, tc := range j.ToolCalls {
+		m.ToolCalls = append(m.ToolCalls, &xllmpb.ToolCall{Id: tc.ID, Type: tc.Type,
+			Function: &xllmpb.FunctionCall{Name: tc.Function.Name, Arguments: tc.Function.Arguments}})
+	}
+	return m, nil
+}
+
+// readPrompt finds the prompt (completions) or the messages (chat) of
+// body with encoding/json, for a caller that has not read them itself;
+// it returns the prompt's token ids when they are given as ids.
+func readPrompt(chat bool, body []byte) (*Prompt, []uint32, error) {
+	want := "prompt"
+	if chat {
+		want = "messages"
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, nil, badRequest("request body must be a JSON object")
+	}
+	p := &Prompt{Start: -1}
+	var raw json.RawMessage
+	for dec.More() {
+		kt, err := dec.Token()
+		if err != nil {
+			return nil, nil, badRequest("invalid JSON body: %v", err)
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, nil, badRequest("invalid JSON body: %v", err)
+		}
+		if key, _ := kt.(string); key == want {
+			end := int(dec.InputOffset())
+			p.Start, p.End, raw = end-len(v), end, v
+		}
+	}
+	if p.Start < 0 {
+		if chat {
+			return nil, nil, badRequest("messages is required and must not be empty")
+		}
+		return nil, nil, badRequest("prompt is required")
+	}
+	if chat {
+		var err error
+		p.Messages, err = messagesOf(raw)
+		return p, nil, err
+	}
+	var ids []uint32
+	var err error
+	p.Text, ids, p.Count, err = promptOf(raw)
+	return p, ids, err
+}
+
+// promptOf reads a completion prompt: a string, an array of strings, an
+// array of token ids, or an array of those; count is the number of
+// prompts, of which the first is returned.
+func promptOf(raw json.RawMessage) (text []byte, ids []uint32, count int, err error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil, 0, badRequest("prompt is required")
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return []byte(s), nil, 1, nil
+	}
+	var ss []string
+	if json.Unmarshal(raw, &ss) == nil {
+		if len(ss) == 0 {
+			return nil, nil, 0, badRequest("prompt is empty")
+		}
+		return []byte(ss[0]), nil, len(ss), nil
+	}
+	if json.Unmarshal(raw, &ids) == nil {
+		return nil, ids, 1, nil
+	}
+	var batch [][]uint32
+	if json.Unmarshal(raw, &batch) == nil && len(batch) > 0 {
+		return nil, batch[0], len(batch), nil
+	}
+	return nil, nil, 0, badRequest("prompt must be a string, an array of token ids, or an array of those")
+}
+
+// messagesOf reads a chat's messages array.
+func messagesOf(raw json.RawMessage) ([]Message, error) {
+	var elems []json.RawMessage
+	if err := json.Unmarshal(raw, &elems); err != nil {
+		return nil, badRequest("messages must be an array of objects")
+	}
+	out := make([]Message, len(elems))
+	for i, e := range elems {
+		var members map[string]json.RawMessage
+		if err := json.Unmarshal(e, &members); err != nil {
+			return nil, badRequest("messages[%d] must be an object", i)
+		}
+		var role *string
+		if r, ok := members["role"]; ok {
+			if err := json.Unmarshal(r, &role); err != nil {
+				return nil, badRequest("messages[%d].role must be a string", i)
+			}
+		}
+		if role != nil {
+			out[i].Role = []byte(*role)
+		}
+		text, err := contentText(members["content"])
+		if err != nil {
+			return nil, badRequest("messages[%d].content: %v", i, err)
+		}
+		out[i].Content = []byte(text)
+		delete(members, "role")
+		delete(members, "content")
+		if len(members) > 0 {
+			out[i].Raw = e
+		}
+	}
+	return out, nil
+}
+
 // contentText joins a message's text: a string, or the text parts of an
-// array of content parts.
+// array of content parts, one line each, as xllm-service joins them.
 func contentText(raw json.RawMessage) (string, error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
@@ -313,14 +386,25 @@ type messageJSON struct {
 }
 
 type usageJSON struct {
-	PromptTokens     int32 `json:"prompt_tokens"`
-	CompletionTokens int32 `json:"completion_tokens"`
-	TotalTokens      int32 `json:"total_tokens"`
+	PromptTokens        int32                `json:"prompt_tokens"`
+	CompletionTokens    int32                `json:"completion_tokens"`
+	TotalTokens         int32                `json:"total_tokens"`
+	PromptTokensDetails *promptTokensDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+// promptTokensDetails is OpenAI's, and xLLM's Usage's, account of the
+// prompt tokens the engine found in its KV cache.
+type promptTokensDetails struct {
+	CachedTokens int32 `json:"cached_tokens"`
 }
 
 func usageOf(u *xllmpb.OutputUsage) *usageJSON {
 	if u == nil {
 		return nil
 	}
-	return &usageJSON{PromptTokens: u.NumPromptTokens, CompletionTokens: u.NumGeneratedTokens, TotalTokens: u.NumTotalTokens}
+	out := &usageJSON{PromptTokens: u.NumPromptTokens, CompletionTokens: u.NumGeneratedTokens, TotalTokens: u.NumTotalTokens}
+	if u.NumCachedTokens > 0 {
+		out.PromptTokensDetails = &promptTokensDetails{CachedTokens: u.NumCachedTokens}
+	}
+	return out
 }

@@ -39,9 +39,9 @@ func newResponder(w http.ResponseWriter, pr *parsedRequest, created int64) *resp
 
 func (r *responder) object() string {
 	switch {
-	case r.pr.chat != nil && r.pr.stream:
+	case r.pr.chat && r.pr.stream:
 		return "chat.completion.chunk"
-	case r.pr.chat != nil:
+	case r.pr.chat:
 		return "chat.completion"
 	}
 	return "text_completion"
@@ -89,7 +89,7 @@ func (r *responder) add(g *xllmpb.DisaggStreamGeneration) (done bool, err error)
 		if f, ok := r.finish[i]; ok {
 			c.FinishReason = &f
 		}
-		if r.pr.chat != nil {
+		if r.pr.chat {
 			c.Message = &messageJSON{Role: "assistant", Content: &text}
 		} else {
 			c.Text = &text
@@ -113,7 +113,7 @@ func (r *responder) add(g *xllmpb.DisaggStreamGeneration) (done bool, err error)
 func (r *responder) stream(g *xllmpb.DisaggStreamGeneration) (bool, error) {
 	for _, o := range g.GetOutputs() {
 		i := o.GetIndex()
-		if r.pr.chat != nil && !r.roleSent[i] {
+		if r.pr.chat && !r.roleSent[i] {
 			empty := ""
 			if err := r.chunk(choiceJSON{Index: i, Delta: &messageJSON{Role: "assistant", Content: &empty}}, nil); err != nil {
 				return true, err
@@ -122,7 +122,7 @@ func (r *responder) stream(g *xllmpb.DisaggStreamGeneration) (bool, error) {
 		}
 		if text := o.GetText(); text != "" {
 			c := choiceJSON{Index: i}
-			if r.pr.chat != nil {
+			if r.pr.chat {
 				c.Delta = &messageJSON{Content: &text}
 			} else {
 				c.Text = &text
@@ -133,7 +133,7 @@ func (r *responder) stream(g *xllmpb.DisaggStreamGeneration) (bool, error) {
 		}
 		if f := o.GetFinishReason(); f != "" {
 			c := choiceJSON{Index: i, FinishReason: &f}
-			if r.pr.chat != nil {
+			if r.pr.chat {
 				c.Delta = &messageJSON{}
 			} else {
 				empty := ""

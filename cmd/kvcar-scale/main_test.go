@@ -1,0 +1,81 @@
+package main
+
+import (
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/kvcar/kvcar/internal/devcluster"
+)
+
+// TestQueriesDuringLoadHit runs a small scale measurement on the real
+// binary: the queries are sent while the engines prefill, are built on
+// prompts the engines served, and hit (R-API-4: the instance that served
+// a prompt reports it held; the others the shared system prompt).
+func TestQueriesDuringLoadHit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds kvcar and runs it as a process")
+	}
+	bin, err := devcluster.BuildKVCar(t.Context(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := parse([]string{"--kvcar=" + bin, "--port=0", "--internal_port=0", "--streams=4", "--rate=10",
+		"--duration=3s", "--block_size=16", "--prompt_blocks=4", "--query_rate=40", "--query_tokens=512"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := measure(t.Context(), o, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	r.print(&out, o)
+	t.Log(out.String())
+	q := r.queries
+	if r.synced != o.streams || r.blocks == 0 || len(q.server) == 0 || q.failed != 0 {
+		t.Fatalf("load or queries did not run: %d of %d streams synchronised, %d blocks, %d answered, %d failed",
+			r.synced, o.streams, r.blocks, len(q.server), q.failed)
+	}
+	// The window is 3 s at 40 queries a second; the first 200 ms have no
+	// settled prompt.
+	if q.withPrompt < 60 || q.hits < q.withPrompt*9/10 || q.sharedHits < q.withPrompt*9/10 {
+		t.Fatalf("of %d queries on served prompts, %d hit the serving engine and %d the system prompt on the others",
+			q.withPrompt, q.hits, q.sharedHits)
+	}
+	if r.promptTokensMax != (systemBlocks+4)*16 {
+		t.Fatalf("held prompt reported as %d tokens", r.promptTokensMax)
+	}
+}
+
+func TestHitAllNeedsTheServingInstanceAndTheSharedPrefix(t *testing.T) {
+	ms := []match{
+		{InstanceName: "a", Synchronized: true, DeviceHitTokens: 128},
+		{InstanceName: "b", Synchronized: true, DeviceHitTokens: 64},
+		{InstanceName: "c", Synchronized: false},
+	}
+	for _, c := range []struct {
+		instance     string
+		want, shared int
+		own, others  bool
+	}{
+		{"a", 128, 64, true, true},
+		{"a", 192, 64, false, true},  // the serving instance misses part of its prompt
+		{"a", 128, 128, true, false}, // another one misses the shared prefix
+		{"c", 0, 0, false, true},     // unsynchronised: holds nothing
+		{"x", 0, 0, false, true},     // not in the answer
+	} {
+		if own, others := hitAll(ms, c.instance, c.want, c.shared); own != c.own || others != c.others {
+			t.Errorf("hitAll(%s, %d, %d) = %v, %v, want %v, %v", c.instance, c.want, c.shared, own, others, c.own, c.others)
+		}
+	}
+}
+
+func TestParseRejectsBadFlags(t *testing.T) {
+	for _, args := range [][]string{{"--streams=0"}, {"--streams=129"}, {"--query_rate=-1"}, {"--query_tokens=0"},
+		{"--rate=0"}, {"--duration=0s"}, {"--prompt_blocks=0"}} {
+		if _, err := parse(args); err == nil {
+			t.Errorf("%v accepted", args)
+		}
+	}
+}
