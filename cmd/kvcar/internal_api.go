@@ -33,11 +33,12 @@ func isLoopback(a net.Addr) bool {
 }
 
 // advertisedAddr is the host:port written to XLLM:SERVICE:MASTER and
-// XLLM:SERVICE:<self>, where engines send heartbeats: the internal
-// listener's port, at --advertise_host, else --internal_host when it
-// names one address, else this machine's first non-loopback address.
-// An address engines elsewhere would be given but could never reach
-// (a non-loopback host for a listener on loopback) is refused.
+// XLLM:SERVICE:<self>, where engines send heartbeats: the port of bound
+// (the rpc listener, on --internal_host), at --advertise_host, else
+// --internal_host when it names one address, else this machine's first
+// non-loopback address. An address engines elsewhere would be given but
+// could never reach (a non-loopback host for a listener on loopback) is
+// refused.
 func advertisedAddr(f *flags, internal net.Addr) (string, error) {
 	_, port, _ := net.SplitHostPort(internal.String())
 	host := f.advertiseHost

@@ -143,19 +143,18 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
-	portFlag := "--http_server_port"
 	if set["port"] {
 		if set["http_server_port"] && oldPort != f.port {
 			return nil, fmt.Errorf("--port = %d and --http_server_port = %d: --port is a deprecated alias, give only --http_server_port", oldPort, f.port)
 		}
-		f.port, f.portAlias, portFlag = oldPort, true, "--port"
+		f.port, f.portAlias = oldPort, true
 	}
 	for _, r := range []struct {
 		name     string
 		val      int
 		min, max int
 	}{
-		{portFlag, f.port, 0, 65535},
+		{portFlagName(f), f.port, 0, 65535},
 		{"--internal_port", f.internalPort, 0, 65535},
 		{"--rpc_server_port", f.rpcPort, 0, 65535},
 		{"--lease_lost_heartbeat_timeout_ms", f.leaseLostMs, 100, 600000},
