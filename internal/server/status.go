@@ -392,17 +392,22 @@ type streamRow struct {
 	IncarnationShort string
 	Synced           bool
 	Reason           string
-	Sequence         uint64
-	Lag              string
-	DeviceBlocks     int
-	HostBlocks       int
-	Events           uint64
-	SnapshotsOK      uint64
-	SnapshotsBad     uint64
-	LastSnapshot     string
-	Gaps             uint64
-	DecodeErrors     uint64
-	Buffered         string
+	// SyncMode and Complete tell an operator whether a synchronised
+	// view can lack blocks the engine stored before kvcar joined
+	// (history and live modes start partial).
+	SyncMode     string
+	Complete     bool
+	Sequence     uint64
+	Lag          string
+	DeviceBlocks int
+	HostBlocks   int
+	Events       uint64
+	SnapshotsOK  uint64
+	SnapshotsBad uint64
+	LastSnapshot string
+	Gaps         uint64
+	DecodeErrors uint64
+	Buffered     string
 }
 
 type instanceRow struct {
@@ -458,6 +463,8 @@ func (s *Server) pageData() statusPage {
 			IncarnationShort: shorten(st.Incarnation),
 			Synced:           st.Synchronized,
 			Reason:           st.Error,
+			SyncMode:         st.SyncMode,
+			Complete:         st.Complete,
 			Sequence:         st.Sequence,
 			Lag:              ageOrDash(st.LastEventAge),
 			DeviceBlocks:     st.DeviceBlocks,

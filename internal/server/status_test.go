@@ -32,7 +32,7 @@ func statusFixture() Options {
 	return Options{
 		Streams: fixedStreams{
 			{InstanceName: "10.0.0.1:8000", DPRank: 0, Endpoint: "tcp://10.0.0.1:18000", ReplayEndpoint: "tcp://10.0.0.1:38000",
-				Incarnation: "inc-a", Synchronized: true, Sequence: 41, DeviceBlocks: 1200, HostBlocks: 800,
+				Incarnation: "inc-a", Synchronized: true, SyncMode: "live", Sequence: 41, DeviceBlocks: 1200, HostBlocks: 800,
 				BatchesApplied: 40, EventsApplied: 90, SnapshotsStarted: 2, SnapshotsOK: 2,
 				LastSnapshot: 12500 * time.Microsecond, LastEventAge: 1500 * time.Millisecond},
 			{InstanceName: hostile, DPRank: 1, Error: "sequence gap: expected 7, got 10 <b>", Gaps: 1, SnapshotsStarted: 3,
@@ -214,7 +214,7 @@ func TestStatusPage(t *testing.T) {
 		`<meta http-equiv="refresh" content="5">`,
 		`policy<b>CAR</b>`, `<span class="badge ok">master</span>`, `<span class="badge ok">ready</span>`,
 		`1 of 2 streams synchronised`, `2 instances`,
-		`10.0.0.1:8000 <b>dp 0</b>`, `<span class="badge ok">synchronised</span>`,
+		`10.0.0.1:8000 <b>dp 0</b>`, `<span class="badge ok">synchronised</span><span class="reason">live · partial view</span>`,
 		`<span class="badge bad">unsynchronised</span><span class="reason">sequence gap: expected 7, got 10 &lt;b&gt;</span>`,
 		`&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;&amp;`,
 		`1.5 s ago`, `12 ms`, `3.0 MiB`, `<td class="num">1200 / 800</td>`, `title="incarnation inc-a"`,
