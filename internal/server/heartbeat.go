@@ -67,8 +67,11 @@ func (s *Server) handleHeartbeat(w http.ResponseWriter, r *http.Request) {
 			// The body tells the sender only to register again: neither
 			// which of the two it was nor the registered incarnation,
 			// which would let anyone who can reach this route learn
-			// identities and forge heartbeats for them.
-			s.log.Info("heartbeat refused", "remote", r.RemoteAddr, "instance", hb.Name, "err", err)
+			// identities and forge heartbeats for them. Logged at Debug,
+			// like the rpc intake: an engine re-registers after one
+			// refusal, and anyone who can reach the route could otherwise
+			// fill the log; kvcar_http_requests_total{code="409"} counts them.
+			s.log.Debug("heartbeat refused", "remote", r.RemoteAddr, "instance", hb.Name, "err", err)
 			writeError(w, http.StatusConflict, heartbeatConflict)
 		default:
 			s.reject(w, r, http.StatusInternalServerError, err.Error())
