@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,31 +10,12 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvcar/kvcar/internal/devcluster"
+	"github.com/kvcar/kvcar/internal/testlog"
 )
-
-// syncBuffer collects the demo's output, written by the demo and by the
-// goroutine copying kvcar's, while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestPrintedCommandsWork runs the demo as make run does and then every
 // command it prints for a new user to copy, against the live kvcar
@@ -50,7 +30,7 @@ func TestPrintedCommandsWork(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out syncBuffer
+	var out testlog.Buffer
 	ctx, cancel := context.WithCancel(t.Context())
 	errc := make(chan error, 1)
 	go func() {
@@ -271,7 +251,7 @@ func TestDemoRoutesChatWithTokenizer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out syncBuffer
+	var out testlog.Buffer
 	err = run(ctx, []string{"--kvcar=" + bin, "--port=0", "--internal_port=0", "--requests=3", "--duration=1ms",
 		"--tokenizer_path=../../internal/tokenizer/testdata/qwen2like"}, &out)
 	if err != nil {

@@ -1,38 +1,20 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvcar/kvcar/internal/testlog"
 )
-
-// syncBuffer is a log sink a test may read while kvcar writes to it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // startAndStop runs kvcar with args until it listens, then stops it, and
 // returns its log and its start-up error (nil if it served).
 func startAndStop(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	var log syncBuffer
+	var log testlog.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ready := make(chan listening, 1)

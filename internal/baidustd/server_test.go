@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvcar/kvcar/internal/baidustd/metapb"
+	"github.com/kvcar/kvcar/internal/testlog"
 )
 
 const testSvc = "kvcar.test.Echo"
@@ -255,7 +256,7 @@ func TestBadAttachmentSizeAnsweredOnTheCall(t *testing.T) {
 // A bad frame closes its own connection, with the reason logged, and no
 // other.
 func TestBadFrameClosesOnlyItsConnection(t *testing.T) {
-	var logs syncBuffer
+	var logs testlog.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	addr, _ := startServer(t, ServerOptions{MaxBodySize: 1024, Logger: log}, map[string]Handler{"Echo": echo})
 	good := newClient(t, addr, ClientOptions{})
@@ -296,25 +297,8 @@ func TestBadFrameClosesOnlyItsConnection(t *testing.T) {
 	}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestIdleConnectionReapedAndClientRedials(t *testing.T) {
-	var logs syncBuffer
+	var logs testlog.Buffer
 	addr, _ := startServer(t, ServerOptions{IdleTimeout: 100 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))},
 		map[string]Handler{"Echo": echo})
 	c := newClient(t, addr, ClientOptions{})

@@ -8,10 +8,10 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/testlog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -450,7 +450,7 @@ func TestStallAcrossRestart(t *testing.T) {
 // noise etcd writes on every start and stop is filtered, so that an
 // error in a test log means something.
 func TestQuietLog(t *testing.T) {
-	var buf lockedBuffer
+	var buf testlog.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelError}))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -480,21 +480,4 @@ func TestQuietLog(t *testing.T) {
 	if out := buf.String(); out != "" {
 		t.Errorf("a healthy start, restart and close logged:\n%s", out)
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

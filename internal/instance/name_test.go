@@ -3,10 +3,12 @@ package instance
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 
 	"github.com/kvcar/kvcar/internal/config"
+	"github.com/kvcar/kvcar/internal/testlog"
 )
 
 // Issue 10 item 5: only business addresses host:port are instance names.
@@ -108,9 +110,9 @@ func TestMaxDPSizeIsConfigRange(t *testing.T) {
 func TestBadRegistrationsRefused(t *testing.T) {
 	srv := startEtcd(t)
 	cli := newClient(t, srv.Endpoint())
-	logs := &logBuffer{}
+	logs := &testlog.Buffer{}
 	opts := fastOptions()
-	opts.Logger = logs.logger()
+	opts.Logger = logs.Logger(slog.LevelWarn)
 	reg := startRegistry(t, cli, opts)
 
 	badNames := []string{"127.0.0.1:4500/steal?x=", "user@10.0.0.1:80", "::1:8000", "10.0.0.1:0", "engine 1:80"}
@@ -130,15 +132,15 @@ func TestBadRegistrationsRefused(t *testing.T) {
 		t.Fatalf("%d instances, want only the valid one:\n%s", n, dump(reg.Snapshot()))
 	}
 	for _, name := range badNames {
-		if logs.count(name) == 0 {
+		if logs.Count(name) == 0 {
 			t.Errorf("no warning names %q:\n%s", name, logs.String())
 		}
 	}
-	if n := logs.count("ignoring instance registration"); n != len(badNames) {
+	if n := logs.Count("ignoring instance registration"); n != len(badNames) {
 		t.Errorf("%d name warnings for %d bad names:\n%s", n, len(badNames), logs.String())
 	}
 	for _, want := range []string{"dp_size 1025 is outside [0, 1024]", "dp_size 35534 is outside [0, 1024]", "instance=127.0.0.1:9025", "instance=127.0.0.1:9534"} {
-		if logs.count(want) != 1 {
+		if logs.Count(want) != 1 {
 			t.Errorf("no single warning with %q:\n%s", want, logs.String())
 		}
 	}
@@ -153,16 +155,10 @@ func TestBadRegistrationsRefused(t *testing.T) {
 	if in, ok := reg.Lookup(most); ok {
 		t.Errorf("an instance whose registration was replaced by a refused one is still listed: %+v", in)
 	}
-	if logs.count("instance withdrawn") != 1 {
+	if logs.Count("instance withdrawn") != 1 {
 		t.Errorf("no single withdrawal warning:\n%s", logs.String())
 	}
 	// A valid registration at the same address registers again.
 	put(t, cli, engineKey("", Prefill, most), engineMeta(most, Prefill, "m3").json(t))
 	waitInst(t, reg.Registry, most, "re-registration after the withdrawal", inState(Active))
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
 }

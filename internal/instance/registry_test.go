@@ -2,11 +2,13 @@ package instance
 
 import (
 	"errors"
+	"log/slog"
 	"math"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/testlog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -362,9 +364,9 @@ func TestMixRole(t *testing.T) {
 func TestInvalidValuesIgnored(t *testing.T) {
 	srv := startEtcd(t)
 	cli := newClient(t, srv.Endpoint())
-	logs := &logBuffer{}
+	logs := &testlog.Buffer{}
 	opts := fastOptions()
-	opts.Logger = logs.logger()
+	opts.Logger = logs.Logger(slog.LevelWarn)
 	reg := startRegistry(t, cli, opts)
 
 	bad := map[string]string{
@@ -387,7 +389,7 @@ func TestInvalidValuesIgnored(t *testing.T) {
 	if n := len(reg.Snapshot().Instances); n != 1 {
 		t.Fatalf("%d instances, want only the valid one:\n%s", n, dump(reg.Snapshot()))
 	}
-	if n := logs.count("ignoring instance value"); n != len(bad) {
+	if n := logs.Count("ignoring instance value"); n != len(bad) {
 		t.Errorf("%d warnings for %d bad values, want one each", n, len(bad))
 	}
 

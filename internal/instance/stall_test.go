@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/testlog"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -63,8 +64,8 @@ func gathered(t *testing.T, reg *Registry) map[string]float64 {
 
 // teeLogger sends warnings to logs and everything the test log level
 // asks for to the test's own log.
-func teeLogger(logs *logBuffer) *slog.Logger {
-	return slog.New(teeHandler{logs.logger().Handler(), testLogger().Handler()})
+func teeLogger(logs *testlog.Buffer) *slog.Logger {
+	return slog.New(teeHandler{logs.Logger(slog.LevelWarn).Handler(), testLogger().Handler()})
 }
 
 type teeHandler struct{ a, b slog.Handler }
@@ -116,7 +117,7 @@ func TestWatchStallDetectedAndConverges(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := startEtcd(t)
 			direct := newClient(t, srv.DirectEndpoint())
-			logs := &logBuffer{}
+			logs := &testlog.Buffer{}
 			opts := tc.opts()
 			opts.Logger = teeLogger(logs)
 			reg := startRegistry(t, newClient(t, srv.Endpoint()), opts)
@@ -175,7 +176,7 @@ func TestWatchStallDetectedAndConverges(t *testing.T) {
 			if ws := reg.WatchState(); ws.Stalls != 1 {
 				t.Errorf("%d stalls counted for one", ws.Stalls)
 			}
-			if n := logs.count("instance watch stalled"); n != 1 {
+			if n := logs.Count("instance watch stalled"); n != 1 {
 				t.Errorf("stall logged %d times, want once", n)
 			}
 

@@ -99,6 +99,7 @@ var layout = map[string]place{
 	"internal/xllmpb":            {layer: 0, forbid: slices.Concat(sockets, routing)},
 	"internal/xllmpb/xservicepb": {layer: 1, forbid: slices.Concat(sockets, routing)},
 	"internal/leakcheck":         {layer: 0, testOnly: true},
+	"internal/testlog":           {layer: 0, testOnly: true},
 	"internal/layout":            {layer: 0, testOnly: true},
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/kvcar/kvcar/internal/baidustd"
 	"github.com/kvcar/kvcar/internal/instance"
 	"github.com/kvcar/kvcar/internal/lb"
+	"github.com/kvcar/kvcar/internal/testlog"
 	"github.com/kvcar/kvcar/internal/tokenizer"
 	"github.com/kvcar/kvcar/internal/xllmpb"
 	"github.com/kvcar/kvcar/internal/xllmrpc"
@@ -57,7 +58,7 @@ func backendRouter(tb testing.TB, backends map[string]string) (policyRouter, sna
 type xllmSide struct {
 	outputs *xllmrpc.Outputs
 	disp    *xllmrpc.Dispatcher
-	logs    *syncBuffer
+	logs    *testlog.Buffer
 }
 
 func startXLLMSide(tb testing.TB, reg xllmrpc.Registry) *xllmSide {
@@ -66,7 +67,7 @@ func startXLLMSide(tb testing.TB, reg xllmrpc.Registry) *xllmSide {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	x := &xllmSide{outputs: xllmrpc.NewOutputs(0), logs: &syncBuffer{}}
+	x := &xllmSide{outputs: xllmrpc.NewOutputs(0), logs: &testlog.Buffer{}}
 	log := slog.New(slog.NewTextHandler(x.logs, nil))
 	srv := baidustd.NewServer(baidustd.ServerOptions{Identity: ln.Addr().String()})
 	if err := xllmrpc.NewService(reg, x.outputs, log).Register(srv); err != nil {

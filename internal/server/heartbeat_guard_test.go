@@ -6,30 +6,12 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvcar/kvcar/internal/instance"
+	"github.com/kvcar/kvcar/internal/testlog"
 )
-
-// lockedLog collects a server's log lines for assertions.
-type lockedLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
 
 // Issue 10 item 2: a heartbeat with a load or latency out of range gets
 // 400 naming the field, and the instance keeps its last good load.
@@ -76,7 +58,7 @@ func TestHeartbeatOutOfRangeRefused(t *testing.T) {
 // keeps the detail, at Debug.
 func TestHeartbeatConflictIsGeneric(t *testing.T) {
 	reg, names := heartbeatRegistry(t, 1)
-	var logs lockedLog
+	var logs testlog.Buffer
 	ts := startServer(t, Options{Heartbeats: reg, Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}, true)
 
 	unknown := `{"name":"10.9.9.9:1","incarnation_id":"inc"}`

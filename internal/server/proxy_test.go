@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/testlog"
 	"github.com/kvcar/kvcar/internal/tokenizer"
 )
 
@@ -119,7 +120,7 @@ func TestBadGatewayIsGeneric(t *testing.T) {
 			conn.Close()
 		}
 	})
-	var logs syncBuffer
+	var logs testlog.Buffer
 	ts := routedServer(t, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), ExposeRoutingHeaders: false}, engine)
 	resp, b := do(t, ts, http.MethodPost, CompletionsPath, strings.NewReader(`{"prompt":[1,2]}`))
 	checkError(t, resp, b, http.StatusBadGateway, "upstream engine failed")
@@ -267,7 +268,7 @@ func TestPromptTextLimit(t *testing.T) {
 func TestTokenizingStopsWhenClientGoes(t *testing.T) {
 	var engineCalls atomic.Int32
 	engine := startEngine(t, func(w http.ResponseWriter, r *http.Request) { engineCalls.Add(1) })
-	var logs syncBuffer
+	var logs testlog.Buffer
 	tok := loadTokenizer(t)
 	tok.started = make(chan struct{}, 1)
 	s := New(Options{Router: routerFor(t, engine), Tokenizer: tok, MaxPromptTextBytes: 4 << 20,
@@ -324,24 +325,6 @@ func TestTokenizingStopsWhenClientGoes(t *testing.T) {
 	if n := engineCalls.Load(); n != 0 {
 		t.Errorf("the abandoned request reached the engine %d times", n)
 	}
-}
-
-// syncBuffer is a log sink safe for the server's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestRetryOfUnwrittenRequest covers issue 13's 502s on reused

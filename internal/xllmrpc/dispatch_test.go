@@ -10,13 +10,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvcar/kvcar/internal/enginesim"
 	"github.com/kvcar/kvcar/internal/instance"
 	"github.com/kvcar/kvcar/internal/lb"
+	"github.com/kvcar/kvcar/internal/testlog"
 )
 
 // e2e is kvcar's RPC side as kvcar runs it: a real embedded etcd, the
@@ -28,7 +28,7 @@ import (
 // address, take Completions over baidu_std and return Generations.
 type e2e struct {
 	*cluster
-	logs     *logBuffer
+	logs     *testlog.Buffer
 	disp     *Dispatcher
 	http     *httptest.Server
 	policy   lb.Policy
@@ -37,7 +37,7 @@ type e2e struct {
 
 func startE2E(t testing.TB, outputTimeout time.Duration) *e2e {
 	t.Helper()
-	x := &e2e{cluster: startCluster(t, ""), lastPick: make(chan lb.Decision, 64), logs: &logBuffer{}}
+	x := &e2e{cluster: startCluster(t, ""), lastPick: make(chan lb.Decision, 64), logs: &testlog.Buffer{}}
 	var err error
 	x.disp, err = NewDispatcher(DispatcherOptions{Self: x.rpcAddr, Outputs: x.outputs, Registry: x.reg,
 		OutputTimeout: outputTimeout, Logger: slog.New(slog.NewTextHandler(x.logs, nil))})
@@ -318,24 +318,6 @@ func TestDispatchClientCancellation(t *testing.T) {
 	resp.Body.Close()
 	waitOutputsEmpty(t, x)
 	waitEngine(t, e, "request stopped", func(st enginesim.EngineStats) bool { return st.Cancelled == 1 && st.Running == 0 })
-}
-
-// logBuffer collects a logger's output for a test to read.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // Errors reach the client: the engine's gen_status as an HTTP error, an
