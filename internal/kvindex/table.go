@@ -129,6 +129,33 @@ func (ix *Index) keyTiers(k Key) uint8 {
 	}
 }
 
+// keyTiersAll returns the union of the tiers of all entries holding k.
+func (ix *Index) keyTiersAll(k Key) uint8 {
+	t := &ix.byKey
+	if len(t.cells) == 0 {
+		return 0
+	}
+	var tiers uint8
+	i, fp := t.keyHash(k)
+	for ; ; i = (i + 1) & t.mask {
+		c := t.cells[i]
+		if c == 0 {
+			return tiers
+		}
+		if c>>slotBits != fp {
+			continue
+		}
+		e := &ix.entries[cellSlot(c)]
+		if e.key == k {
+			m := e.meta()
+			tiers |= m & (tierDevice | tierHost)
+			if m&flagDup == 0 {
+				return tiers
+			}
+		}
+	}
+}
+
 func (ix *Index) insertEngine(s uint32) {
 	t := &ix.byEngine
 	home, fp := t.engineHash(ix.entries[s].engine)
