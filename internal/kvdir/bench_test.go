@@ -48,6 +48,7 @@ func storedBatch(tokens []uint32, hashBase uint64, blocksPerEvent int) *kvevent.
 func syncedStreams(tb testing.TB, n, shared, total int) []*stream {
 	tb.Helper()
 	streams := make([]*stream, n)
+	t := newKeyTable(benchBlockSize, 1024)
 	for i := range streams {
 		tokens := slices.Concat(promptTokens(0, shared*benchBlockSize), promptTokens(i+1, (total-shared)*benchBlockSize))
 		ix := kvindex.New(kvindex.Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: 262144})
@@ -58,6 +59,7 @@ func syncedStreams(tb testing.TB, n, shared, total int) []*stream {
 			}
 		}
 		s := newStream(StreamSpec{InstanceName: fmt.Sprintf("10.0.0.%d:8000", i), BlockSize: benchBlockSize, HashSeed: 1024})
+		s.attach(t)
 		s.publish(ix, 1, true, true)
 		streams[i] = s
 	}
@@ -66,7 +68,8 @@ func syncedStreams(tb testing.TB, n, shared, total int) []*stream {
 
 func viewOf(streams []*stream) *Directory {
 	d := &Directory{}
-	set := &streamSet{streams: streams, groups: []keyGroup{{benchBlockSize, 1024}}, groupOf: make([]int, len(streams))}
+	set := &streamSet{streams: streams, groups: []keyGroup{{benchBlockSize, 1024}}, groupOf: make([]int, len(streams)),
+		tables: []*keyTable{streams[0].keys}}
 	d.set.Store(set)
 	d.scratch.New = func() any { return &queryScratch{} }
 	return d

@@ -251,12 +251,11 @@ func (y *syncer) orderedApply(seq uint64, b *kvevent.Batch, fromReplay bool) {
 func (y *syncer) applyOrdered(b *kvevent.Batch) error {
 	h := &y.ord
 	for i := range b.Events {
+		var err error
 		if h.serving {
-			y.s.mu.Lock()
-		}
-		err := h.idx.Apply(&b.Events[i], kvindex.History)
-		if h.serving {
-			y.s.mu.Unlock()
+			err = y.s.applyPublished(h.idx, &b.Events[i], kvindex.History)
+		} else {
+			err = h.idx.Apply(&b.Events[i], kvindex.History)
 		}
 		if err != nil {
 			return fmt.Errorf("event %d (%v): %w", i, b.Events[i].Kind, y.limitErr(err))

@@ -17,6 +17,15 @@ type stream struct {
 	// relay is the loopback endpoint of the hub of a bound stream, set
 	// before the goroutine starts.
 	relay string
+	// keys is the shared key table of the stream's key group and slot
+	// its place in the table's bitsets, set before the goroutine starts;
+	// keys is nil for a stream outside a directory. pending holds the
+	// published index's key changes not yet written to keys; it belongs
+	// to the goroutine that applies events, like the index.
+	keys      *keyTable
+	slot      int
+	pending   []keyChange
+	observeFn func(kvindex.Key, bool, bool)
 
 	mu sync.RWMutex
 	// idx is nil whenever the stream is not synchronised, so a stale view
@@ -103,9 +112,44 @@ func newStream(spec StreamSpec) *stream {
 	}
 }
 
-// match fills m with the stream's view for keys. It holds the read lock
-// only for the walk over the index.
-func (s *stream) match(keys []kvindex.Key, m *Match) {
+// attach gives the stream its slot in the shared key table of its group.
+func (s *stream) attach(t *keyTable) {
+	s.keys, s.slot = t, t.allocSlot()
+	s.observeFn = s.observe
+}
+
+// observe queues a key change of the published index for the shared
+// table; a full queue is written at once, so a large event (a clear of
+// the whole index) holds a bounded queue.
+func (s *stream) observe(k kvindex.Key, dev, host bool) {
+	s.pending = append(s.pending, keyChange{k, dev, host})
+	if len(s.pending) >= keyChunk {
+		s.flushKeys()
+	}
+}
+
+// flushKeys writes the queued key changes to the shared table. Whoever
+// applies an event to the published index calls it after the event,
+// whether the event applied or failed part way.
+func (s *stream) flushKeys() {
+	if s.keys != nil {
+		s.keys.flush(s.slot, &s.pending)
+	}
+}
+
+// applyPublished applies ev to ix, the stream's published index, under
+// the stream lock, and writes its key changes to the shared table.
+func (s *stream) applyPublished(ix *kvindex.Index, ev *kvevent.Event, mode kvindex.Mode) error {
+	s.mu.Lock()
+	err := ix.Apply(ev, mode)
+	s.mu.Unlock()
+	s.flushKeys()
+	return err
+}
+
+// match fills m with the stream's view, with the prefix found for it by
+// the walk over its key group's shared table (nil for a status query).
+func (s *stream) match(wr *walkResult, m *Match) {
 	// Every field is written: callers reuse one Match across streams.
 	*m = Match{InstanceName: s.spec.InstanceName, DPRank: s.spec.DPRank, Incarnation: s.spec.Incarnation, Discovered: s.spec.Discovered}
 	s.mu.RLock()
@@ -114,12 +158,14 @@ func (s *stream) match(keys []kvindex.Key, m *Match) {
 	m.Sequence = s.seq
 	m.Error = s.reason
 	if s.synced && s.idx != nil {
-		if len(keys) > 0 {
-			hit := s.idx.Match(keys)
+		// A view withdrawn after the walk reads unsynchronised here and
+		// reports nothing; one published after it was not in the walk's
+		// published mask and reports nothing either (R-REC-1).
+		if blocks, hostOnly, ok := wr.resultOf(s.slot); ok {
 			bs := s.spec.BlockSize
-			m.DeviceHitTokens = hit.DeviceBlocks * bs
-			m.HostOnlyHitTokens = hit.HostOnlyBlocks * bs
-			m.ReusablePrefixTokens = m.DeviceHitTokens + m.HostOnlyHitTokens
+			m.DeviceHitTokens = (blocks - hostOnly) * bs
+			m.HostOnlyHitTokens = hostOnly * bs
+			m.ReusablePrefixTokens = blocks * bs
 		}
 		m.DeviceBlocks, m.HostBlocks = s.idx.Counts()
 	}
@@ -129,17 +175,50 @@ func (s *stream) match(keys []kvindex.Key, m *Match) {
 // publish makes idx the stream's view at sequence seq (R-REC-2: the whole
 // snapshot becomes visible at once); complete says whether it may lack
 // blocks stored before it began.
+//
+// The shared table follows: a stream with no view writes the new view's
+// keys while its slot is unpublished, then publishes the slot with the
+// view; a stream replacing a served view (a calibration) swaps the keys
+// in place, never showing more than one of the two views
+// (keyTable.replace). Only the goroutine that owns the stream's index
+// calls publish and invalidate, so s.idx is read here without the lock.
 func (s *stream) publish(idx *kvindex.Index, seq uint64, hasSeq, complete bool) {
+	old := s.idx
+	if s.keys != nil && idx != old {
+		if old != nil {
+			old.SetObserver(nil)
+			s.flushKeys()
+			s.keys.replace(s.slot, old, idx, &s.pending)
+		} else {
+			s.keys.fill(s.slot, idx, &s.pending)
+		}
+		idx.SetObserver(s.observeFn)
+	}
 	s.mu.Lock()
 	s.idx, s.synced, s.seq, s.hasSeq, s.complete, s.reason = idx, true, seq, hasSeq, complete, ""
 	s.mu.Unlock()
+	if s.keys != nil {
+		s.keys.setPublished(s.slot, true)
+	}
 }
 
 // invalidate withdraws the view: queries report zero hits and reason.
+// The slot leaves the shared table's published mask before anything else,
+// so no query counts its bits from then on (R-REC-1); the bits are
+// cleared after, for the next view to start from none.
 func (s *stream) invalidate(reason string) {
+	if s.keys != nil {
+		s.keys.setPublished(s.slot, false)
+	}
 	s.mu.Lock()
+	old := s.idx
 	s.idx, s.synced, s.reason = nil, false, reason
 	s.mu.Unlock()
+	if old != nil && s.keys != nil {
+		old.SetObserver(nil)
+		s.flushKeys()
+		s.keys.withdraw(s.slot, old, &s.pending)
+	}
 }
 
 // status returns the published state for logs and tests.

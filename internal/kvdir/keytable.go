@@ -1,0 +1,490 @@
+package kvdir
+
+import (
+	"math/bits"
+	"sync"
+
+	"github.com/kvcar/kvcar/internal/kvindex"
+)
+
+// keyTable is the query accelerator of one key group (block size, seed):
+// one record per content key held by any stream of the group, carrying
+// per-tier bitsets over the streams' slots. A query walks the prompt's
+// blocks once for all streams of the group; each stream's answer falls out
+// of the bit operations, so the walk costs O(prompt blocks), not
+// O(prompt blocks × streams).
+//
+// The table mirrors each stream's published kvindex.Index (the stream's
+// own state still decides what it holds): the index's observer reports
+// every key whose tiers change, and the stream goroutine writes those
+// changes here (stream.flushKeys). Bits of a slot are meaningful to
+// queries only while the slot is in published, which the stream sets when
+// its view is published and clears first when the view is withdrawn
+// (R-REC-1, R-REC-2).
+//
+// Readers hold mu shared for a whole walk, so a walk sees one state of the
+// table; writers hold it exclusively for at most keyChunk changes at a
+// time, so a query waits for little. Records live in fixed pages that never
+// move, so growing the record store copies nothing; the cell array is
+// rebuilt when it passes 3/4 load.
+//
+// Size: a stream's index holds at most max_blocks_per_stream keys on a
+// tier, and a stream has bits on at most the keys of its published view
+// (of two views while a calibration is swapped in), so the records are
+// bounded by twice the sum of the group's per-stream limits (R-CFG-2).
+type keyTable struct {
+	blockSize int
+	seed      uint64
+
+	mu sync.RWMutex
+	// words is the number of 64-bit words of one tier's slot bitset;
+	// stride is a record's length in words: key (Hi, Lo), Device
+	// bitset, Host bitset.
+	words, stride int
+	pages         [][]uint64
+	used          uint32   // records handed out, free ones included
+	free          []uint32 // records to reuse
+	// cells hold record+1 in the low 32 bits and the top 32 bits of the
+	// key's low half above, which give the home cell (so growth and
+	// deletion never read records) and reject most non-matching cells.
+	cells []uint64
+	mask  uint64
+	live  int
+	// published has a slot's bit set while the slot's bits are its
+	// stream's served view.
+	published []uint64
+	slotUsed  []bool
+}
+
+const (
+	pageShift   = 12
+	pageRecords = 1 << pageShift
+	// keyChunk bounds the changes one exclusive hold of the table
+	// applies, which bounds how long a query can wait for a writer.
+	keyChunk = 64
+	// minCells is the smallest cell array allocated.
+	minCells = 1024
+)
+
+// keyChange is one content key's tiers on one stream after a change.
+type keyChange struct {
+	k         kvindex.Key
+	dev, host bool
+}
+
+func newKeyTable(blockSize int, seed uint64) *keyTable {
+	t := &keyTable{blockSize: blockSize, seed: seed}
+	t.setWords(1)
+	return t
+}
+
+// setWords changes the bitset width, copying every record into pages of
+// the new stride. Only slot allocation calls it, when the slots in use
+// outgrow the width: rarely, and with the exclusive lock held.
+func (t *keyTable) setWords(w int) {
+	oldWords, oldStride, oldPages := t.words, t.stride, t.pages
+	t.words, t.stride = w, 2+2*w
+	t.pages = nil
+	for range oldPages {
+		t.pages = append(t.pages, make([]uint64, pageRecords*t.stride))
+	}
+	for r := uint32(0); r < t.used; r++ {
+		p := oldPages[r>>pageShift]
+		off := int(r&(pageRecords-1)) * oldStride
+		src := p[off : off+oldStride]
+		dst := t.rec(r)
+		dst[0], dst[1] = src[0], src[1]
+		copy(dst[2:2+w], src[2:2+oldWords])
+		copy(dst[2+w:2+2*w], src[2+oldWords:2+2*oldWords])
+	}
+	pub := make([]uint64, w)
+	copy(pub, t.published)
+	t.published = pub
+	su := make([]bool, 64*w)
+	copy(su, t.slotUsed)
+	t.slotUsed = su
+}
+
+// rec returns record r: key Hi, key Lo, Device words, Host words.
+func (t *keyTable) rec(r uint32) []uint64 {
+	p := t.pages[r>>pageShift]
+	off := int(r&(pageRecords-1)) * t.stride
+	return p[off : off+t.stride : off+t.stride]
+}
+
+// allocSlot reserves a slot for a new stream of the group. The slot's
+// bits are all clear and it is not published.
+func (t *keyTable) allocSlot() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i, u := range t.slotUsed {
+		if !u {
+			t.slotUsed[i] = true
+			return i
+		}
+	}
+	n := len(t.slotUsed)
+	t.setWords(t.words + 1)
+	t.slotUsed[n] = true
+	return n
+}
+
+// freeSlot returns a slot whose stream has withdrawn its view (every bit
+// clear, unpublished) for reuse.
+func (t *keyTable) freeSlot(slot int) {
+	t.mu.Lock()
+	t.slotUsed[slot] = false
+	t.mu.Unlock()
+}
+
+// slots returns the number of slots in use.
+func (t *keyTable) slots() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	n := 0
+	for _, u := range t.slotUsed {
+		if u {
+			n++
+		}
+	}
+	return n
+}
+
+// setPublished makes the slot's bits count for queries, or stop counting,
+// at once.
+func (t *keyTable) setPublished(slot int, on bool) {
+	t.mu.Lock()
+	if on {
+		t.published[slot>>6] |= 1 << (slot & 63)
+	} else {
+		t.published[slot>>6] &^= 1 << (slot & 63)
+	}
+	t.mu.Unlock()
+}
+
+// apply writes changes for slot, in order.
+func (t *keyTable) apply(slot int, changes []keyChange) {
+	t.mu.Lock()
+	for i := range changes {
+		c := &changes[i]
+		t.set(slot, c.k, c.dev, c.host)
+	}
+	t.mu.Unlock()
+}
+
+// set makes slot's bits of k say dev and host, adding the record when k
+// gains its first bit and dropping it when it loses its last.
+func (t *keyTable) set(slot int, k kvindex.Key, dev, host bool) {
+	r, ok := t.find(k)
+	if !ok {
+		if !dev && !host {
+			return
+		}
+		r = t.insert(k)
+	}
+	rec := t.rec(r)
+	w, b := slot>>6, uint64(1)<<(slot&63)
+	setBit(&rec[2+w], b, dev)
+	setBit(&rec[2+t.words+w], b, host)
+	if dev || host {
+		return
+	}
+	for _, x := range rec[2:] {
+		if x != 0 {
+			return
+		}
+	}
+	t.remove(r, k)
+}
+
+func setBit(x *uint64, b uint64, on bool) {
+	if on {
+		*x |= b
+	} else {
+		*x &^= b
+	}
+}
+
+func cellOf(k kvindex.Key, r uint32) uint64 { return k.Lo&^0xFFFFFFFF | uint64(r+1) }
+
+func (t *keyTable) home(c uint64) uint64 { return (c >> 32) & t.mask }
+
+// find returns the record of k.
+func (t *keyTable) find(k kvindex.Key) (uint32, bool) {
+	if len(t.cells) == 0 {
+		return 0, false
+	}
+	tag := k.Lo >> 32
+	for i := tag & t.mask; ; i = (i + 1) & t.mask {
+		c := t.cells[i]
+		if c == 0 {
+			return 0, false
+		}
+		if c>>32 == tag {
+			r := uint32(c) - 1
+			if rec := t.rec(r); rec[0] == k.Hi && rec[1] == k.Lo {
+				return r, true
+			}
+		}
+	}
+}
+
+// insert adds a record for k, which the table does not hold, with every
+// bit clear.
+func (t *keyTable) insert(k kvindex.Key) uint32 {
+	if 4*(t.live+1) > 3*len(t.cells) {
+		t.growCells()
+	}
+	var r uint32
+	if n := len(t.free); n > 0 {
+		r = t.free[n-1]
+		t.free = t.free[:n-1]
+	} else {
+		r = t.used
+		t.used++
+		if int(r>>pageShift) == len(t.pages) {
+			t.pages = append(t.pages, make([]uint64, pageRecords*t.stride))
+		}
+	}
+	rec := t.rec(r)
+	clear(rec)
+	rec[0], rec[1] = k.Hi, k.Lo
+	t.place(cellOf(k, r))
+	t.live++
+	return r
+}
+
+func (t *keyTable) place(c uint64) {
+	i := t.home(c)
+	for t.cells[i] != 0 {
+		i = (i + 1) & t.mask
+	}
+	t.cells[i] = c
+}
+
+func (t *keyTable) growCells() {
+	old := t.cells
+	n := max(2*len(old), minCells)
+	t.cells = make([]uint64, n)
+	t.mask = uint64(n - 1)
+	for _, c := range old {
+		if c != 0 {
+			t.place(c)
+		}
+	}
+}
+
+// remove drops record r of key k by backward-shift deletion, so probe
+// runs never hold tombstones.
+func (t *keyTable) remove(r uint32, k kvindex.Key) {
+	i := (k.Lo >> 32) & t.mask
+	for uint32(t.cells[i]) != r+1 {
+		i = (i + 1) & t.mask
+	}
+	for j := i; ; {
+		j = (j + 1) & t.mask
+		c := t.cells[j]
+		if c == 0 {
+			break
+		}
+		if !between(i, t.home(c), j) {
+			t.cells[i] = c
+			i = j
+		}
+	}
+	t.cells[i] = 0
+	t.live--
+	t.free = append(t.free, r)
+}
+
+// between reports whether home h lies cyclically in (i, j].
+func between(i, h, j uint64) bool {
+	if i <= j {
+		return i < h && h <= j
+	}
+	return i < h || h <= j
+}
+
+// storageBytes is the memory the table holds, by capacity.
+func (t *keyTable) storageBytes() int64 {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return int64(len(t.pages))*pageRecords*int64(t.stride)*8 + int64(len(t.cells))*8 + int64(cap(t.free))*4
+}
+
+// records returns the number of keys the table holds.
+func (t *keyTable) records() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.live
+}
+
+// walkResult is one query's answer over one key group, per slot. It
+// lives in the query scratch and is reused.
+type walkResult struct {
+	hasher *kvindex.Hasher
+	walked bool
+	// start holds the slots published when the walk began; only they
+	// have an answer.
+	start, alive []uint64
+	// blocks[slot] is the length of the slot's matched prefix.
+	blocks []int32
+	// planes count host-only blocks per slot, bit-sliced: bit b of word
+	// w of planes[p] is bit p of the count of slot 64w+b, so adding a
+	// block's host-only mask costs a few word operations whatever the
+	// number of slots it has set.
+	planes  [][]uint64
+	nplanes int
+}
+
+// result returns slot's matched blocks and how many of them are
+// host-only; ok is false when the slot was not published at the walk.
+func (wr *walkResult) resultOf(slot int) (blocks, hostOnly int, ok bool) {
+	w := slot >> 6
+	if wr == nil || !wr.walked || w >= len(wr.start) || wr.start[w]&(1<<(slot&63)) == 0 {
+		return 0, 0, false
+	}
+	for p := range wr.nplanes {
+		hostOnly |= int(wr.planes[p][w]>>(slot&63)&1) << p
+	}
+	return int(wr.blocks[slot]), hostOnly, true
+}
+
+func (wr *walkResult) reset(words, blockSize int, seed uint64) {
+	if wr.hasher == nil || wr.hasher.BlockSize() != blockSize || wr.hasher.Seed() != seed {
+		wr.hasher = kvindex.NewHasher(blockSize, seed)
+	}
+	if len(wr.start) != words {
+		wr.start = make([]uint64, words)
+		wr.alive = make([]uint64, words)
+		wr.blocks = make([]int32, 64*words)
+		wr.planes = wr.planes[:0]
+	}
+	for p := range wr.nplanes {
+		clear(wr.planes[p])
+	}
+	wr.nplanes = 0
+}
+
+// addHostOnly adds one to the host-only count of every slot in m, word w.
+func (wr *walkResult) addHostOnly(w int, m uint64) {
+	for p := 0; m != 0; p++ {
+		if p == wr.nplanes {
+			if p == len(wr.planes) {
+				wr.planes = append(wr.planes, make([]uint64, len(wr.start)))
+			}
+			wr.nplanes++
+		}
+		carry := wr.planes[p][w] & m
+		wr.planes[p][w] ^= m
+		m = carry
+	}
+}
+
+// walk answers a prefix query of tokens for every published slot. Blocks
+// are hashed as the walk reaches them, so a prompt that misses early
+// costs one hash, not one per block. The walk stops at the first block no
+// published slot still matching holds.
+func (t *keyTable) walk(tokens []uint32, wr *walkResult) {
+	bs := t.blockSize
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	W := t.words
+	wr.reset(W, bs, t.seed)
+	wr.walked = true
+	any := uint64(0)
+	for w, p := range t.published {
+		wr.start[w], wr.alive[w] = p, p
+		any |= p
+	}
+	n := len(tokens) / bs
+	if any == 0 {
+		return
+	}
+	var parent kvindex.Key
+	i := 0
+	for ; i < n; i++ {
+		k := wr.hasher.BlockKey(parent, i > 0, tokens[i*bs:(i+1)*bs])
+		parent = k
+		r, ok := t.find(k)
+		if !ok {
+			break
+		}
+		rec := t.rec(r)
+		dev, host := rec[2:2+W], rec[2+W:2+2*W]
+		left := uint64(0)
+		for w, a := range wr.alive {
+			if a == 0 {
+				continue
+			}
+			has := dev[w] | host[w]
+			for stop := a &^ has; stop != 0; stop &= stop - 1 {
+				wr.blocks[w<<6|bits.TrailingZeros64(stop)] = int32(i)
+			}
+			a &= has
+			wr.alive[w] = a
+			if ho := a &^ dev[w]; ho != 0 {
+				wr.addHostOnly(w, ho)
+			}
+			left |= a
+		}
+		if left == 0 {
+			return
+		}
+	}
+	for w, a := range wr.alive {
+		for ; a != 0; a &= a - 1 {
+			wr.blocks[w<<6|bits.TrailingZeros64(a)] = int32(i)
+		}
+	}
+}
+
+// fill writes ix's keys for slot, which must not be published: nothing
+// of it is visible until setPublished.
+func (t *keyTable) fill(slot int, ix *kvindex.Index, buf *[]keyChange) {
+	ix.ForEachKey(func(k kvindex.Key, d, h bool) { t.push(slot, buf, k, d, h) })
+	t.flush(slot, buf)
+}
+
+// withdraw clears slot's bits of every key of ix, the view the slot
+// mirrored; the slot must already be unpublished.
+func (t *keyTable) withdraw(slot int, ix *kvindex.Index, buf *[]keyChange) {
+	ix.ForEachKey(func(k kvindex.Key, _, _ bool) { t.push(slot, buf, k, false, false) })
+	t.flush(slot, buf)
+}
+
+// replace turns the published slot's bits from view old into view next
+// while queries keep reading them. It first lowers every key to what both
+// views hold (old ∩ next), then raises every key to next: while the first
+// pass runs every key's bits are a subset of old's, while the second runs
+// a subset of next's, so whatever moment a query reads, the whole slot is
+// a subset of one of the two views and its answer is at most what one of
+// them answers (R-REC-2: no over-report during a calibration).
+func (t *keyTable) replace(slot int, old, next *kvindex.Index, buf *[]keyChange) {
+	old.ForEachKey(func(k kvindex.Key, od, oh bool) {
+		if nd, nh := next.KeyTiers(k); nd != od || nh != oh {
+			t.push(slot, buf, k, od && nd, oh && nh)
+		}
+	})
+	t.flush(slot, buf)
+	next.ForEachKey(func(k kvindex.Key, nd, nh bool) {
+		if od, oh := old.KeyTiers(k); nd != od || nh != oh {
+			t.push(slot, buf, k, nd, nh)
+		}
+	})
+	t.flush(slot, buf)
+}
+
+func (t *keyTable) push(slot int, buf *[]keyChange, k kvindex.Key, d, h bool) {
+	*buf = append(*buf, keyChange{k, d, h})
+	if len(*buf) >= keyChunk {
+		t.flush(slot, buf)
+	}
+}
+
+func (t *keyTable) flush(slot int, buf *[]keyChange) {
+	if len(*buf) > 0 {
+		t.apply(slot, *buf)
+		*buf = (*buf)[:0]
+	}
+}
