@@ -75,40 +75,6 @@ func viewOf(streams []*stream) *Directory {
 	return d
 }
 
-// BenchmarkQuery128Streams measures a query of an 8k-token prompt over
-// 128 synchronised streams (R-DIR-4: in-process only). "shared16" is the
-// common case: every stream holds the same 16-block system prompt and
-// then its own history, so each walk stops after 17 blocks; "allhit" is
-// the worst case: every stream holds the whole 64-block prompt.
-func BenchmarkQuery128Streams(b *testing.B) {
-	for _, tc := range []struct {
-		name   string
-		shared int
-	}{{"shared16", 16}, {"allhit", 64}} {
-		b.Run(tc.name, func(b *testing.B) {
-			d := viewOf(syncedStreams(b, 128, tc.shared, 64))
-			prompt := slices.Concat(promptTokens(0, tc.shared*benchBlockSize), promptTokens(9999, (64-tc.shared)*benchBlockSize))
-			dst := make([]Match, 0, 128)
-			dst = d.Query(prompt, dst[:0])
-			if dst[0].DeviceHitTokens != tc.shared*benchBlockSize {
-				b.Fatalf("hit %d tokens, want %d", dst[0].DeviceHitTokens, tc.shared*benchBlockSize)
-			}
-			lat := make([]time.Duration, 0, b.N)
-			b.ReportAllocs()
-			b.ResetTimer()
-			for range b.N {
-				t0 := time.Now()
-				dst = d.Query(prompt, dst[:0])
-				lat = append(lat, time.Since(t0))
-			}
-			b.StopTimer()
-			slices.Sort(lat)
-			b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "p99-ns")
-			b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns")
-		})
-	}
-}
-
 // BenchmarkDecodeApply measures the stream goroutine's steady work on one
 // core: decode a live payload of 128-token BlockStored blocks and apply it
 // to the index.

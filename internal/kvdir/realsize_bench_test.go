@@ -1,0 +1,218 @@
+package kvdir
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/kvevent"
+	"github.com/kvcar/kvcar/internal/kvindex"
+)
+
+// Real-size query benchmarks. Every stream holds conversations of 64
+// blocks (8k tokens at 128 per block) of random Qwen-sized token ids:
+// half of its blocks are popular conversations that every stream holds
+// (shared system prompts and documents), half its own. Prompts rotate
+// through many distinct ones, so a query finds the table as a router
+// does, not one prompt's records hot in cache.
+const (
+	realStreams    = 128
+	realChain      = 64
+	realVocabulary = 151_643
+	realPrompts    = 512
+)
+
+// chainTokens returns the tokens of conversation c.
+func chainTokens(c uint64, dst []uint32) []uint32 {
+	rng := rand.New(rand.NewPCG(c, 0x636861696e))
+	dst = dst[:0]
+	for range realChain * benchBlockSize {
+		dst = append(dst, rng.Uint32N(realVocabulary))
+	}
+	return dst
+}
+
+// realDirectory is 128 published streams of perStream blocks each.
+type realDirectory struct {
+	d       *Directory
+	shared  int // conversations every stream holds
+	private int // conversations of each stream alone
+}
+
+func privateChain(stream, i int) uint64 { return uint64(stream+1)<<32 | uint64(i) }
+
+func buildRealDirectory(tb testing.TB, perStream int) *realDirectory {
+	tb.Helper()
+	r := &realDirectory{shared: perStream / 2 / realChain}
+	r.private = perStream/realChain - r.shared
+	sharedTokens := make([][]uint32, r.shared)
+	for c := range sharedTokens {
+		sharedTokens[c] = chainTokens(uint64(c), nil)
+	}
+	tab := newKeyTable(benchBlockSize, 1024)
+	streams := make([]*stream, realStreams)
+	for i := range streams {
+		streams[i] = newStream(StreamSpec{InstanceName: fmt.Sprintf("10.0.%d.%d:8000", i/256, i%256), BlockSize: benchBlockSize, HashSeed: 1024})
+		streams[i].attach(tab)
+	}
+	// Indexes are built on both cores; publication into the shared table
+	// is serialised by the table anyway.
+	var wg sync.WaitGroup
+	next := make(chan int)
+	errs := make(chan error, 2)
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var tokens []uint32
+			hashes := make([]kvevent.EngineHash, realChain)
+			for i := range next {
+				ix := kvindex.New(kvindex.Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: perStream})
+				store := func(id uint64, toks []uint32) error {
+					for j := range hashes {
+						hashes[j] = kvevent.IntHash(id<<6 | uint64(j))
+					}
+					for j := 0; j < realChain; j += 16 {
+						ev := kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Device, BlockSize: benchBlockSize, PlainText: true,
+							BlockHashes: hashes[j : j+16], TokenIDs: toks[j*benchBlockSize : (j+16)*benchBlockSize]}
+						if j > 0 {
+							ev.HasParent, ev.ParentHash = true, hashes[j-1]
+						}
+						if err := ix.Apply(&ev, kvindex.Delta); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+				for c := range r.shared {
+					if err := store(uint64(c), sharedTokens[c]); err != nil {
+						errs <- err
+						return
+					}
+				}
+				for c := range r.private {
+					id := privateChain(i, c)
+					tokens = chainTokens(id, tokens)
+					if err := store(id, tokens); err != nil {
+						errs <- err
+						return
+					}
+				}
+				streams[i].publish(ix, 1, true, true)
+			}
+		}()
+	}
+	for i := range streams {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		tb.Fatal(err)
+	default:
+	}
+	r.d = viewOf(streams)
+	return r
+}
+
+// prompts returns realPrompts distinct 8k-token prompts of one kind:
+// "all" a conversation every stream holds whole, "half" the first 32
+// blocks of one followed by new text, "none" new text, "one" a
+// conversation one stream holds (the others miss at its first block).
+func (r *realDirectory) prompts(kind string) ([][]uint32, int) {
+	rng := rand.New(rand.NewPCG(uint64(len(kind)), 99))
+	out := make([][]uint32, realPrompts)
+	want := 0
+	for p := range out {
+		switch kind {
+		case "all":
+			out[p] = chainTokens(uint64(rng.IntN(r.shared)), nil)
+			want = realChain
+		case "half":
+			t := chainTokens(uint64(rng.IntN(r.shared)), nil)
+			fresh := chainTokens(1<<62|uint64(p), nil)
+			copy(t[realChain/2*benchBlockSize:], fresh)
+			out[p] = t
+			want = realChain / 2
+		case "none":
+			out[p] = chainTokens(1<<61|uint64(p), nil)
+		case "one":
+			out[p] = chainTokens(privateChain(rng.IntN(realStreams), rng.IntN(r.private)), nil)
+			want = -1
+		}
+	}
+	return out, want
+}
+
+// BenchmarkQueryRealSize measures Directory.Query of 8k-token prompts over
+// 128 streams holding 16,384, 65,536 and 262,144 blocks each (R-DIR-4),
+// reporting per-query p50 and p99. "perstream" is the walk the directory
+// did before the shared key table (every stream's own index, under its
+// lock) over the same data and "all" prompts, for comparison. The
+// directory is built once per size and shared by the sub-benchmarks.
+func BenchmarkQueryRealSize(b *testing.B) {
+	for _, perStream := range []int{16384, 65536, 262144} {
+		b.Run(fmt.Sprintf("blocks=%d", perStream), func(b *testing.B) {
+			r := buildRealDirectory(b, perStream)
+			for _, kind := range []string{"all", "half", "none", "one", "perstream"} {
+				b.Run(kind, func(b *testing.B) {
+					pk := kind
+					if kind == "perstream" {
+						pk = "all"
+					}
+					prompts, want := r.prompts(pk)
+					dst := make([]Match, 0, realStreams)
+					var keys []kvindex.Key
+					query := func(p []uint32) {
+						if kind != "perstream" {
+							dst = r.d.Query(p, dst[:0])
+							return
+						}
+						keys = kvindex.KeysFor(p, benchBlockSize, 1024, keys[:0])
+						dst = dst[:0]
+						for _, s := range r.d.set.Load().streams {
+							s.mu.RLock()
+							m := s.idx.Match(keys)
+							s.mu.RUnlock()
+							dst = append(dst, Match{DeviceHitTokens: m.DeviceBlocks * benchBlockSize})
+						}
+					}
+					for i, p := range prompts[:8] {
+						query(p)
+						hits := 0
+						for _, m := range dst {
+							if m.DeviceHitTokens > 0 {
+								hits++
+							}
+						}
+						switch {
+						case want >= 0 && dst[0].DeviceHitTokens != want*benchBlockSize:
+							b.Fatalf("prompt %d: %d tokens hit, want %d", i, dst[0].DeviceHitTokens, want*benchBlockSize)
+						case want < 0 && hits != 1:
+							b.Fatalf("prompt %d: %d streams hit, want 1", i, hits)
+						}
+					}
+					lat := make([]time.Duration, 0, b.N)
+					b.ReportAllocs()
+					b.ResetTimer()
+					for i := range b.N {
+						t0 := time.Now()
+						query(prompts[i%len(prompts)])
+						lat = append(lat, time.Since(t0))
+					}
+					b.StopTimer()
+					slices.Sort(lat)
+					b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
+					b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
+				})
+			}
+			r = nil
+			runtime.GC()
+		})
+	}
+}
