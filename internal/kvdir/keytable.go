@@ -335,6 +335,10 @@ type walkResult struct {
 	// number of slots it has set.
 	planes  [][]uint64
 	nplanes int
+	// keys holds a batch of the prompt's block keys; sink keeps the
+	// warming loads from being optimised away.
+	keys [16]kvindex.Key
+	sink uint64
 }
 
 // result returns slot's matched blocks and how many of them are
@@ -403,33 +407,49 @@ func (t *keyTable) walk(tokens []uint32, wr *walkResult) {
 	}
 	var parent kvindex.Key
 	i := 0
-	for ; i < n; i++ {
-		k := wr.hasher.BlockKey(parent, i > 0, tokens[i*bs:(i+1)*bs])
-		parent = k
-		r, ok := t.find(k)
-		if !ok {
-			break
+	// Blocks go in batches that double from one: a prompt that misses
+	// at once costs one hash, and a long hit loads the cells, then the
+	// records, of a whole batch before using any, so that their cache
+	// misses overlap instead of each stalling the walk in turn.
+	batch := 1
+walk:
+	for i < n {
+		m := min(batch, n-i, len(wr.keys))
+		batch *= 2
+		keys := wr.keys[:m]
+		for j := range keys {
+			b := i + j
+			parent = wr.hasher.BlockKey(parent, b > 0, tokens[b*bs:(b+1)*bs])
+			keys[j] = parent
 		}
-		rec := t.rec(r)
-		dev, host := rec[2:2+W], rec[2+W:2+2*W]
-		left := uint64(0)
-		for w, a := range wr.alive {
-			if a == 0 {
-				continue
+		t.warm(keys, wr)
+		for j := range keys {
+			r, ok := t.find(keys[j])
+			if !ok {
+				break walk
 			}
-			has := dev[w] | host[w]
-			for stop := a &^ has; stop != 0; stop &= stop - 1 {
-				wr.blocks[w<<6|bits.TrailingZeros64(stop)] = int32(i)
+			rec := t.rec(r)
+			dev, host := rec[2:2+W], rec[2+W:2+2*W]
+			left := uint64(0)
+			for w, a := range wr.alive {
+				if a == 0 {
+					continue
+				}
+				has := dev[w] | host[w]
+				for stop := a &^ has; stop != 0; stop &= stop - 1 {
+					wr.blocks[w<<6|bits.TrailingZeros64(stop)] = int32(i)
+				}
+				a &= has
+				wr.alive[w] = a
+				if ho := a &^ dev[w]; ho != 0 {
+					wr.addHostOnly(w, ho)
+				}
+				left |= a
 			}
-			a &= has
-			wr.alive[w] = a
-			if ho := a &^ dev[w]; ho != 0 {
-				wr.addHostOnly(w, ho)
+			if left == 0 {
+				return
 			}
-			left |= a
-		}
-		if left == 0 {
-			return
+			i++
 		}
 	}
 	for w, a := range wr.alive {
@@ -437,6 +457,25 @@ func (t *keyTable) walk(tokens []uint32, wr *walkResult) {
 			wr.blocks[w<<6|bits.TrailingZeros64(a)] = int32(i)
 		}
 	}
+}
+
+// warm loads the home cells of keys, then the records those cells name,
+// each pass's loads independent of each other.
+func (t *keyTable) warm(keys []kvindex.Key, wr *walkResult) {
+	if len(keys) < 2 || len(t.cells) == 0 {
+		return
+	}
+	var acc uint64
+	var cells [16]uint64
+	for j, k := range keys {
+		cells[j] = t.cells[(k.Lo>>32)&t.mask]
+	}
+	for _, c := range cells[:len(keys)] {
+		if c != 0 {
+			acc += t.rec(uint32(c) - 1)[0]
+		}
+	}
+	wr.sink += acc
 }
 
 // fill writes ix's keys for slot, which must not be published: nothing
