@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvcar/kvcar/internal/kvevent"
 	"github.com/kvcar/kvcar/internal/kvindex"
+	"github.com/kvcar/kvcar/internal/kvindex/prefillgen"
 )
 
 // Real-size query benchmarks. Every stream holds conversations of 64
@@ -218,6 +219,66 @@ func BenchmarkQueryRealSize(b *testing.B) {
 			}
 			r = nil
 			runtime.GC()
+		})
+	}
+}
+
+// BenchmarkDecodeApplyShared measures a stream goroutine's work per live
+// message at steady state with the shared key table in the path: decode
+// a prefill of 64 new blocks plus the removal of 64 evicted ones, apply
+// it to the stream's published index and write its key changes into the
+// table that 127 other streams of the same size fill (one core). The
+// stream's view is first replaced by one the generator filled, through
+// the calibration swap; replace-ms reports that swap.
+func BenchmarkDecodeApplyShared(b *testing.B) {
+	for _, perStream := range []int{16384, 262144} {
+		b.Run(fmt.Sprintf("index=%d", perStream), func(b *testing.B) {
+			r := buildRealDirectory(b, perStream)
+			s := r.d.set.Load().streams[0]
+			window := perStream / prefillgen.Blocks
+			ix := kvindex.New(kvindex.Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: perStream})
+			dec := kvevent.NewDecoder(8 << 20)
+			var batch kvevent.Batch
+			decode := func(f *prefillgen.Message, i int) {
+				f.Rewrite(i, window)
+				if err := dec.DecodeBatch(f.Payload, &batch); err != nil {
+					b.Fatal(err)
+				}
+			}
+			fill := prefillgen.New(b, 64, false)
+			for i := range window {
+				decode(fill, i)
+				for e := range batch.Events {
+					if err := ix.Apply(&batch.Events[e], kvindex.Snapshot); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			t0 := time.Now()
+			s.publish(ix, 2, true, true)
+			replace := time.Since(t0)
+			steady := prefillgen.New(b, 64, true)
+			b.SetBytes(int64(len(steady.Payload)))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				decode(steady, window+i)
+				for e := range batch.Events {
+					if err := s.applyPublished(ix, &batch.Events[e], kvindex.Delta); err != nil {
+						b.Fatalf("iteration %d event %d: %v", i, e, err)
+					}
+				}
+			}
+			b.ReportMetric(float64(b.N)*prefillgen.Blocks/b.Elapsed().Seconds(), "blocks/s")
+			b.ReportMetric(float64(replace.Microseconds())/1e3, "replace-ms")
+			b.StopTimer()
+			if dev, _ := ix.Counts(); dev != perStream {
+				b.Fatalf("index holds %d blocks, want %d", dev, perStream)
+			}
+			m := r.d.Query(chainTokens(0, nil), nil)
+			if m[0].DeviceHitTokens != 0 || m[1].DeviceHitTokens != realChain*benchBlockSize {
+				b.Fatalf("after the swap: stream 0 hits %d tokens, stream 1 %d", m[0].DeviceHitTokens, m[1].DeviceHitTokens)
+			}
 		})
 	}
 }
