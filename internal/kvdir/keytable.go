@@ -54,6 +54,8 @@ type keyTable struct {
 	// stream's served view.
 	published []uint64
 	slotUsed  []bool
+	// sink keeps the warming loads of writers from being optimised away.
+	sink uint64
 }
 
 const (
@@ -165,6 +167,7 @@ func (t *keyTable) setPublished(slot int, on bool) {
 // apply writes changes for slot, in order.
 func (t *keyTable) apply(slot int, changes []keyChange) {
 	t.mu.Lock()
+	t.warmChanges(changes)
 	for i := range changes {
 		c := &changes[i]
 		t.set(slot, c.k, c.dev, c.host)
@@ -476,6 +479,26 @@ func (t *keyTable) warm(keys []kvindex.Key, wr *walkResult) {
 		}
 	}
 	wr.sink += acc
+}
+
+// warmChanges loads the home cells of the changes' keys, then the
+// records they name, so that the cache misses of a chunk overlap instead
+// of stalling each change in turn.
+func (t *keyTable) warmChanges(changes []keyChange) {
+	if len(t.cells) == 0 {
+		return
+	}
+	var cells [keyChunk]uint64
+	var acc uint64
+	for j := range changes[:min(len(changes), keyChunk)] {
+		cells[j] = t.cells[(changes[j].k.Lo>>32)&t.mask]
+	}
+	for _, c := range cells[:min(len(changes), keyChunk)] {
+		if c != 0 {
+			acc += t.rec(uint32(c) - 1)[0]
+		}
+	}
+	t.sink += acc
 }
 
 // fill writes ix's keys for slot, which must not be published: nothing

@@ -50,21 +50,31 @@ func buildRealDirectory(tb testing.TB, perStream int) *realDirectory {
 	tb.Helper()
 	r := &realDirectory{shared: perStream / 2 / realChain}
 	r.private = perStream/realChain - r.shared
-	sharedTokens := make([][]uint32, r.shared)
-	for c := range sharedTokens {
-		sharedTokens[c] = chainTokens(uint64(c), nil)
-	}
+	r.d = buildStreams(tb, perStream, func(i int, add func(uint64)) {
+		for c := range r.shared {
+			add(uint64(c))
+		}
+		for c := range r.private {
+			add(privateChain(i, c))
+		}
+	})
+	return r
+}
+
+// buildStreams publishes 128 streams of at most perStream blocks each in
+// one key group; stream i holds the conversations chains(i) adds. Indexes
+// are built on both cores; publication into the shared table is
+// serialised by the table anyway.
+func buildStreams(tb testing.TB, perStream int, chains func(i int, add func(uint64))) *Directory {
 	tab := newKeyTable(benchBlockSize, 1024)
 	streams := make([]*stream, realStreams)
 	for i := range streams {
 		streams[i] = newStream(StreamSpec{InstanceName: fmt.Sprintf("10.0.%d.%d:8000", i/256, i%256), BlockSize: benchBlockSize, HashSeed: 1024})
 		streams[i].attach(tab)
 	}
-	// Indexes are built on both cores; publication into the shared table
-	// is serialised by the table anyway.
 	var wg sync.WaitGroup
 	next := make(chan int)
-	errs := make(chan error, 2)
+	errs := make(chan error, realStreams)
 	for range 2 {
 		wg.Add(1)
 		go func() {
@@ -73,36 +83,23 @@ func buildRealDirectory(tb testing.TB, perStream int) *realDirectory {
 			hashes := make([]kvevent.EngineHash, realChain)
 			for i := range next {
 				ix := kvindex.New(kvindex.Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: perStream})
-				store := func(id uint64, toks []uint32) error {
+				chains(i, func(id uint64) {
+					tokens = chainTokens(id, tokens)
 					for j := range hashes {
 						hashes[j] = kvevent.IntHash(id<<6 | uint64(j))
 					}
 					for j := 0; j < realChain; j += 16 {
 						ev := kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Device, BlockSize: benchBlockSize, PlainText: true,
-							BlockHashes: hashes[j : j+16], TokenIDs: toks[j*benchBlockSize : (j+16)*benchBlockSize]}
+							BlockHashes: hashes[j : j+16], TokenIDs: tokens[j*benchBlockSize : (j+16)*benchBlockSize]}
 						if j > 0 {
 							ev.HasParent, ev.ParentHash = true, hashes[j-1]
 						}
 						if err := ix.Apply(&ev, kvindex.Delta); err != nil {
-							return err
+							errs <- err
+							return
 						}
 					}
-					return nil
-				}
-				for c := range r.shared {
-					if err := store(uint64(c), sharedTokens[c]); err != nil {
-						errs <- err
-						return
-					}
-				}
-				for c := range r.private {
-					id := privateChain(i, c)
-					tokens = chainTokens(id, tokens)
-					if err := store(id, tokens); err != nil {
-						errs <- err
-						return
-					}
-				}
+				})
 				streams[i].publish(ix, 1, true, true)
 			}
 		}()
@@ -117,8 +114,7 @@ func buildRealDirectory(tb testing.TB, perStream int) *realDirectory {
 		tb.Fatal(err)
 	default:
 	}
-	r.d = viewOf(streams)
-	return r
+	return viewOf(streams)
 }
 
 // prompts returns realPrompts distinct 8k-token prompts of one kind:
@@ -280,5 +276,51 @@ func BenchmarkDecodeApplyShared(b *testing.B) {
 				b.Fatalf("after the swap: stream 0 hits %d tokens, stream 1 %d", m[0].DeviceHitTokens, m[1].DeviceHitTokens)
 			}
 		})
+	}
+}
+
+// BenchmarkMemoryPerReplica reports the memory per resident block-replica
+// of 128 streams in one key group: every stream's index plus the shared
+// key table, at fill levels that are not powers of two and with each
+// conversation held by rf streams (replication factor). accounted-B is
+// what the structures hold by capacity (Index.StorageBytes and the
+// table's pages, cells and free list); heap-B is the live Go heap the
+// directory added, measured after a collection; table-B is the shared
+// table's part of accounted-B.
+func BenchmarkMemoryPerReplica(b *testing.B) {
+	for _, perStream := range []int{12032, 50048, 150016} {
+		for _, rf := range []int{1, 2, 8} {
+			b.Run(fmt.Sprintf("blocks=%d/rf=%d", perStream, rf), func(b *testing.B) {
+				for range b.N {
+					var before, after runtime.MemStats
+					runtime.GC()
+					runtime.ReadMemStats(&before)
+					d := buildStreams(b, perStream, func(i int, add func(uint64)) {
+						for c := range perStream / realChain {
+							add(privateChain(i/rf, c))
+						}
+					})
+					runtime.GC()
+					runtime.ReadMemStats(&after)
+					set := d.set.Load()
+					var index int64
+					replicas := 0
+					for _, s := range set.streams {
+						index += s.idx.StorageBytes()
+						dev, _ := s.idx.Counts()
+						replicas += dev
+					}
+					table := set.tables[0].storageBytes()
+					if want := realStreams * perStream / rf; set.tables[0].records() != want {
+						b.Fatalf("table holds %d keys, want %d", set.tables[0].records(), want)
+					}
+					n := float64(replicas)
+					b.ReportMetric(float64(index+table)/n, "accounted-B/replica")
+					b.ReportMetric(float64(table)/n, "table-B/replica")
+					b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "heap-B/replica")
+					runtime.KeepAlive(d)
+				}
+			})
+		}
 	}
 }
