@@ -63,7 +63,7 @@ const (
 	pageRecords = 1 << pageShift
 	// keyChunk bounds the changes one exclusive hold of the table
 	// applies, which bounds how long a query can wait for a writer.
-	keyChunk = 64
+	keyChunk = 16
 	// minCells is the smallest cell array allocated.
 	minCells = 1024
 )

@@ -213,10 +213,108 @@ func BenchmarkQueryRealSize(b *testing.B) {
 					b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
 				})
 			}
+			b.Run("all-under-writes", func(b *testing.B) { queryUnderWrites(b, r, perStream) })
 			r = nil
 			runtime.GC()
 		})
 	}
+}
+
+// steadyWriter applies fresh prefills to stream s, whose view it first
+// replaces with one of perStream generated blocks, as a stream goroutine
+// under a constant flood of new blocks does.
+type steadyWriter struct {
+	s      *stream
+	ix     *kvindex.Index
+	window int
+	dec    *kvevent.Decoder
+	batch  kvevent.Batch
+	msg    *prefillgen.Message
+	next   int
+}
+
+func newSteadyWriter(tb testing.TB, s *stream, perStream int) (w *steadyWriter, replace time.Duration) {
+	w = &steadyWriter{s: s, window: perStream / prefillgen.Blocks, dec: kvevent.NewDecoder(8 << 20),
+		ix: kvindex.New(kvindex.Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: perStream})}
+	fill := prefillgen.New(tb, 64, false)
+	for i := range w.window {
+		w.decode(tb, fill, i)
+		for e := range w.batch.Events {
+			if err := w.ix.Apply(&w.batch.Events[e], kvindex.Snapshot); err != nil {
+				tb.Fatal(err)
+			}
+		}
+	}
+	t0 := time.Now()
+	s.publish(w.ix, 2, true, true)
+	replace = time.Since(t0)
+	w.msg, w.next = prefillgen.New(tb, 64, true), w.window
+	return w, replace
+}
+
+func (w *steadyWriter) decode(tb testing.TB, f *prefillgen.Message, i int) {
+	f.Rewrite(i, w.window)
+	if err := w.dec.DecodeBatch(f.Payload, &w.batch); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// step decodes and applies one message of prefillgen.Blocks new blocks.
+func (w *steadyWriter) step(tb testing.TB) {
+	w.decode(tb, w.msg, w.next)
+	w.next++
+	for e := range w.batch.Events {
+		if err := w.s.applyPublished(w.ix, &w.batch.Events[e], kvindex.Delta); err != nil {
+			tb.Fatalf("message %d event %d: %v", w.next, e, err)
+		}
+	}
+}
+
+// queryUnderWrites times "all" queries while one stream applies fresh
+// prefills as fast as its core allows: the writer holds the table's lock
+// for one chunk of key changes at a time, which a query may wait for.
+// writer-blocks/s is the writer's rate meanwhile.
+func queryUnderWrites(b *testing.B, r *realDirectory, perStream int) {
+	w, _ := newSteadyWriter(b, r.d.set.Load().streams[0], perStream)
+	prompts, _ := r.prompts("all")
+	stop := make(chan struct{})
+	done := make(chan int)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				done <- n
+				return
+			default:
+			}
+			w.step(b)
+			n++
+		}
+	}()
+	dst := make([]Match, 0, realStreams)
+	hot := make([]uint32, realChain*benchBlockSize)
+	lat := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	t0 := time.Now()
+	for i := range b.N {
+		copy(hot, prompts[i%len(prompts)])
+		q0 := time.Now()
+		dst = r.d.Query(hot, dst[:0])
+		lat = append(lat, time.Since(q0))
+		if dst[1].DeviceHitTokens != realChain*benchBlockSize {
+			b.Fatalf("stream 1 hit %d tokens", dst[1].DeviceHitTokens)
+		}
+	}
+	close(stop)
+	msgs := <-done
+	elapsed := time.Since(t0)
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
+	b.ReportMetric(float64(msgs*prefillgen.Blocks)/elapsed.Seconds(), "writer-blocks/s")
 }
 
 // BenchmarkDecodeApplyShared measures a stream goroutine's work per live
@@ -230,45 +328,17 @@ func BenchmarkDecodeApplyShared(b *testing.B) {
 	for _, perStream := range []int{16384, 262144} {
 		b.Run(fmt.Sprintf("index=%d", perStream), func(b *testing.B) {
 			r := buildRealDirectory(b, perStream)
-			s := r.d.set.Load().streams[0]
-			window := perStream / prefillgen.Blocks
-			ix := kvindex.New(kvindex.Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: perStream})
-			dec := kvevent.NewDecoder(8 << 20)
-			var batch kvevent.Batch
-			decode := func(f *prefillgen.Message, i int) {
-				f.Rewrite(i, window)
-				if err := dec.DecodeBatch(f.Payload, &batch); err != nil {
-					b.Fatal(err)
-				}
-			}
-			fill := prefillgen.New(b, 64, false)
-			for i := range window {
-				decode(fill, i)
-				for e := range batch.Events {
-					if err := ix.Apply(&batch.Events[e], kvindex.Snapshot); err != nil {
-						b.Fatal(err)
-					}
-				}
-			}
-			t0 := time.Now()
-			s.publish(ix, 2, true, true)
-			replace := time.Since(t0)
-			steady := prefillgen.New(b, 64, true)
-			b.SetBytes(int64(len(steady.Payload)))
+			w, replace := newSteadyWriter(b, r.d.set.Load().streams[0], perStream)
+			b.SetBytes(int64(len(w.msg.Payload)))
 			b.ReportAllocs()
 			b.ResetTimer()
-			for i := range b.N {
-				decode(steady, window+i)
-				for e := range batch.Events {
-					if err := s.applyPublished(ix, &batch.Events[e], kvindex.Delta); err != nil {
-						b.Fatalf("iteration %d event %d: %v", i, e, err)
-					}
-				}
+			for range b.N {
+				w.step(b)
 			}
 			b.ReportMetric(float64(b.N)*prefillgen.Blocks/b.Elapsed().Seconds(), "blocks/s")
 			b.ReportMetric(float64(replace.Microseconds())/1e3, "replace-ms")
 			b.StopTimer()
-			if dev, _ := ix.Counts(); dev != perStream {
+			if dev, _ := w.ix.Counts(); dev != perStream {
 				b.Fatalf("index holds %d blocks, want %d", dev, perStream)
 			}
 			m := r.d.Query(chainTokens(0, nil), nil)
