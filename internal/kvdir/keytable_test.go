@@ -304,3 +304,36 @@ func TestSharedTableNoMixedViews(t *testing.T) {
 	}
 	t.Logf("%d queries, %d publications, %d stream hits", queries, publications.Load(), hits)
 }
+
+// TestKeyTableBound fills a shared table to the most records its streams
+// can make it hold (every slot with bits on twice max_blocks_per_stream
+// distinct keys, as during a calibration swap), slots added one by one
+// so that the bitsets widen on the way, and checks that what it holds
+// stays within KeyTableBound, which MemoryBound.Process adds (R-CFG-2).
+func TestKeyTableBound(t *testing.T) {
+	for _, tc := range []struct{ streams, maxBlocks int }{{1, 5000}, {3, 4099}, {70, 300}} {
+		tab := newKeyTable(modelBlock, 1024)
+		rng := rand.New(rand.NewPCG(uint64(tc.streams), 5))
+		peak := int64(0)
+		for range tc.streams {
+			slot := tab.allocSlot()
+			for range 2 * tc.maxBlocks {
+				tab.set(slot, kvindex.Key{Hi: rng.Uint64(), Lo: rng.Uint64()}, true, rng.IntN(2) == 0)
+			}
+			peak = max(peak, tab.storageBytes())
+		}
+		if want := 2 * tc.streams * tc.maxBlocks; tab.records() != want {
+			t.Fatalf("%+v: %d records, want %d", tc, tab.records(), want)
+		}
+		if bound := KeyTableBound(tc.streams, tc.maxBlocks); peak > bound {
+			t.Errorf("%+v: table holds %d bytes, bound %d", tc, peak, bound)
+		} else {
+			t.Logf("%+v: %d bytes of a bound of %d", tc, peak, bound)
+		}
+	}
+	lim := Limits{MaxBlocksPerStream: 1000, MaxMessageBytes: 1 << 20, MaxBufferedBytes: 4 << 20}
+	b := lim.MemoryBound()
+	if got, want := b.Process(128)-128*(2*b.Heap()+b.Queued), 2*KeyTableBound(128, 1000); got != want {
+		t.Errorf("Process(128) adds %d bytes for the key tables, want %d", got, want)
+	}
+}
