@@ -162,6 +162,10 @@ func TestSharedTableAgainstPerStreamMatch(t *testing.T) {
 						t.Fatalf("seed %d step %d stream %d (slot %d, synced %v): query %d/%d tokens, own index %d/%d blocks",
 							seed, step, i, mm.s.slot, got.Synchronized, got.DeviceHitTokens, got.HostOnlyHitTokens, wd, wh)
 					}
+					if want := wantStatus(mm.s); got.Synchronized != want.Synchronized || got.Sequence != want.Sequence ||
+						got.Error != want.Error || got.DeviceBlocks != want.DeviceBlocks || got.HostBlocks != want.HostBlocks {
+						t.Fatalf("seed %d step %d stream %d: query status %+v, under the lock %+v", seed, step, i, got, want)
+					}
 					if wd+wh > 0 {
 						seen["hit"]++
 						hitSlots[mm.s.slot] = true
@@ -190,6 +194,18 @@ func TestSharedTableAgainstPerStreamMatch(t *testing.T) {
 	if len(hitSlots) != 70 {
 		t.Errorf("only %d of 70 slots ever had a hit", len(hitSlots))
 	}
+}
+
+// wantStatus is the stream's status read under its lock, which the query
+// reads from the lock-free copy (queryView).
+func wantStatus(s *stream) Match {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	m := Match{Synchronized: s.synced, Sequence: s.seq, Error: s.reason}
+	if s.synced && s.idx != nil {
+		m.DeviceBlocks, m.HostBlocks = s.idx.Counts()
+	}
+	return m
 }
 
 func slices_index(ms []*modelStream, m *modelStream) int {

@@ -236,6 +236,7 @@ func (y *syncer) orderedApply(seq uint64, b *kvevent.Batch, fromReplay bool) {
 	if h.serving {
 		y.s.mu.Lock()
 		y.s.seq, y.s.hasSeq, y.s.complete = seq, true, h.complete
+		y.s.syncView()
 		y.s.mu.Unlock()
 	}
 	if fromReplay && h.cu != nil && h.cu.tail {

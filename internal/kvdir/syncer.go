@@ -421,6 +421,7 @@ func (y *syncer) applyLive(seq uint64) {
 	y.expected = seq + 1
 	y.s.mu.Lock()
 	y.s.seq, y.s.hasSeq = seq, true
+	y.s.syncView()
 	y.s.mu.Unlock()
 	// lastApplied before the count, so a reader that sees the count sees
 	// the time too.
