@@ -134,7 +134,7 @@ func TestSharedTableAgainstPerStreamMatch(t *testing.T) {
 				if ns.slot != s.slot {
 					t.Fatalf("freed slot %d not reused (got %d)", s.slot, ns.slot)
 				}
-				d.set.Load().streams[slices_index(ms, m)] = ns
+				d.set.Load().streams[streamIndex(ms, m)] = ns
 				m.s, m.hashes = ns, nil
 				seen["slot reuse"]++
 			default:
@@ -208,7 +208,7 @@ func wantStatus(s *stream) Match {
 	return m
 }
 
-func slices_index(ms []*modelStream, m *modelStream) int {
+func streamIndex(ms []*modelStream, m *modelStream) int {
 	for i := range ms {
 		if ms[i] == m {
 			return i
