@@ -2,6 +2,7 @@ package kvdir
 
 import (
 	"math/bits"
+	"slices"
 	"sync"
 
 	"github.com/kvcar/kvcar/internal/kvindex"
@@ -36,7 +37,12 @@ type keyTable struct {
 	blockSize int
 	seed      uint64
 
-	mu sync.RWMutex
+	// wmu serialises writers for the whole of a write, so that a writer
+	// may read the table without mu and build a grown copy of a part of
+	// it while queries go on; mu is taken, after wmu, only to change
+	// what queries read.
+	wmu sync.Mutex
+	mu  sync.RWMutex
 	// words is the number of 64-bit words of one tier's slot bitset;
 	// stride is a record's length in words: key (Hi, Lo), Device
 	// bitset, Host bitset.
@@ -75,36 +81,35 @@ type keyChange struct {
 }
 
 func newKeyTable(blockSize int, seed uint64) *keyTable {
-	t := &keyTable{blockSize: blockSize, seed: seed}
-	t.setWords(1)
+	t := &keyTable{blockSize: blockSize, seed: seed, words: 1, stride: 4, published: make([]uint64, 1), slotUsed: make([]bool, 64)}
 	return t
 }
 
 // setWords changes the bitset width, copying every record into pages of
-// the new stride. Only slot allocation calls it, when the slots in use
-// outgrow the width: rarely, and with the exclusive lock held.
+// the new stride. The copy is built without mu, so queries go on while
+// it is made: the caller holds wmu, so nothing changes the table
+// meanwhile, and only the swap takes mu.
 func (t *keyTable) setWords(w int) {
-	oldWords, oldStride, oldPages := t.words, t.stride, t.pages
-	t.words, t.stride = w, 2+2*w
-	t.pages = nil
-	for range oldPages {
-		t.pages = append(t.pages, make([]uint64, pageRecords*t.stride))
+	stride := 2 + 2*w
+	pages := make([][]uint64, len(t.pages))
+	for i := range pages {
+		pages[i] = make([]uint64, pageRecords*stride)
 	}
 	for r := uint32(0); r < t.used; r++ {
-		p := oldPages[r>>pageShift]
-		off := int(r&(pageRecords-1)) * oldStride
-		src := p[off : off+oldStride]
-		dst := t.rec(r)
+		src := t.rec(r)
+		off := int(r&(pageRecords-1)) * stride
+		dst := pages[r>>pageShift][off : off+stride]
 		dst[0], dst[1] = src[0], src[1]
-		copy(dst[2:2+w], src[2:2+oldWords])
-		copy(dst[2+w:2+2*w], src[2+oldWords:2+2*oldWords])
+		copy(dst[2:2+w], src[2:2+t.words])
+		copy(dst[2+w:2+2*w], src[2+t.words:2+2*t.words])
 	}
 	pub := make([]uint64, w)
 	copy(pub, t.published)
-	t.published = pub
 	su := make([]bool, 64*w)
 	copy(su, t.slotUsed)
-	t.slotUsed = su
+	t.mu.Lock()
+	t.words, t.stride, t.pages, t.published, t.slotUsed = w, stride, pages, pub, su
+	t.mu.Unlock()
 }
 
 // rec returns record r: key Hi, key Lo, Device words, Host words.
@@ -117,26 +122,27 @@ func (t *keyTable) rec(r uint32) []uint64 {
 // allocSlot reserves a slot for a new stream of the group. The slot's
 // bits are all clear and it is not published.
 func (t *keyTable) allocSlot() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for i, u := range t.slotUsed {
-		if !u {
-			t.slotUsed[i] = true
-			return i
-		}
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	slot := slices.Index(t.slotUsed, false)
+	if slot < 0 {
+		slot = len(t.slotUsed)
+		t.setWords(t.words + 1)
 	}
-	n := len(t.slotUsed)
-	t.setWords(t.words + 1)
-	t.slotUsed[n] = true
-	return n
+	t.mu.Lock()
+	t.slotUsed[slot] = true
+	t.mu.Unlock()
+	return slot
 }
 
 // freeSlot returns a slot whose stream has withdrawn its view (every bit
 // clear, unpublished) for reuse.
 func (t *keyTable) freeSlot(slot int) {
+	t.wmu.Lock()
 	t.mu.Lock()
 	t.slotUsed[slot] = false
 	t.mu.Unlock()
+	t.wmu.Unlock()
 }
 
 // slots returns the number of slots in use.
@@ -155,6 +161,8 @@ func (t *keyTable) slots() int {
 // setPublished makes the slot's bits count for queries, or stop counting,
 // at once.
 func (t *keyTable) setPublished(slot int, on bool) {
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
 	t.mu.Lock()
 	if on {
 		t.published[slot>>6] |= 1 << (slot & 63)
@@ -166,6 +174,13 @@ func (t *keyTable) setPublished(slot int, on bool) {
 
 // apply writes changes for slot, in order.
 func (t *keyTable) apply(slot int, changes []keyChange) {
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	// Room for every change to add a key is made first, without mu (see
+	// growCells), so that set never rebuilds the cells with mu held.
+	if need := t.live + len(changes); 4*need > 3*len(t.cells) {
+		t.growCells(need)
+	}
 	t.mu.Lock()
 	t.warmChanges(changes)
 	for i := range changes {
@@ -236,7 +251,7 @@ func (t *keyTable) find(k kvindex.Key) (uint32, bool) {
 // bit clear.
 func (t *keyTable) insert(k kvindex.Key) uint32 {
 	if 4*(t.live+1) > 3*len(t.cells) {
-		t.growCells()
+		t.growCells(t.live + 1)
 	}
 	var r uint32
 	if n := len(t.free); n > 0 {
@@ -257,24 +272,37 @@ func (t *keyTable) insert(k kvindex.Key) uint32 {
 	return r
 }
 
-func (t *keyTable) place(c uint64) {
-	i := t.home(c)
-	for t.cells[i] != 0 {
-		i = (i + 1) & t.mask
+func (t *keyTable) place(c uint64) { placeIn(t.cells, t.mask, c) }
+
+func placeIn(cells []uint64, mask, c uint64) {
+	i := (c >> 32) & mask
+	for cells[i] != 0 {
+		i = (i + 1) & mask
 	}
-	t.cells[i] = c
+	cells[i] = c
 }
 
-func (t *keyTable) growCells() {
-	old := t.cells
-	n := max(2*len(old), minCells)
-	t.cells = make([]uint64, n)
-	t.mask = uint64(n - 1)
-	for _, c := range old {
+// growCells rebuilds the cell array with room for need keys. The new
+// array is filled without mu, so that queries keep reading the old one
+// meanwhile (a rebuild of tens of millions of cells takes a second); the
+// caller holds wmu, so the old one does not change, and only the swap
+// takes mu. A caller already holding mu (set, outside apply) must not
+// reach here; apply makes room first.
+func (t *keyTable) growCells(need int) {
+	n := max(2*len(t.cells), minCells)
+	for 4*need > 3*n {
+		n *= 2
+	}
+	cells := make([]uint64, n)
+	mask := uint64(n - 1)
+	for _, c := range t.cells {
 		if c != 0 {
-			t.place(c)
+			placeIn(cells, mask, c)
 		}
 	}
+	t.mu.Lock()
+	t.cells, t.mask = cells, mask
+	t.mu.Unlock()
 }
 
 // remove drops record r of key k by backward-shift deletion, so probe

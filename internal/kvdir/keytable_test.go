@@ -353,3 +353,71 @@ func TestKeyTableBound(t *testing.T) {
 		t.Errorf("Process(128) adds %d bytes for the key tables, want %d", got, want)
 	}
 }
+
+// TestSharedTableGrowsUnderQueries queries a stream whose view never
+// changes while other streams publish views of thousands of new keys and
+// new streams join, so that the table's cells are rebuilt and its
+// bitsets widen (past 64 slots) under the queries. The unchanged stream
+// must keep its exact answer throughout (R-DIR-4: growth is invisible to
+// queries). Run it under -race.
+func TestSharedTableGrowsUnderQueries(t *testing.T) {
+	prompt := make([]uint32, 8*modelBlock)
+	for i := range prompt {
+		prompt[i] = uint32(i + 1000)
+	}
+	all := []bool{true, true, true, true, true, true, true, true}
+	d, ms := modelDirectory(t, 4)
+	ms[0].s.publish(chainIndex(t, prompt, all), 1, true, true)
+	tab := ms[0].s.keys
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		rng := rand.New(rand.NewPCG(3, 4))
+		for n := 0; ; n++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			s := newStream(StreamSpec{InstanceName: fmt.Sprintf("extra-%d", n), BlockSize: modelBlock, HashSeed: 1024})
+			s.attach(tab)
+			ix := kvindex.New(kvindex.Config{BlockSize: modelBlock, HashSeed: 1024, MaxBlocks: 4096})
+			for c := range 200 {
+				ev := &kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Medium(c % 2), BlockSize: modelBlock, PlainText: true,
+					BlockHashes: []kvevent.EngineHash{kvevent.IntHash(uint64(c))}, TokenIDs: []uint32{rng.Uint32(), rng.Uint32()}}
+				if err := ix.Apply(ev, kvindex.Delta); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+			s.publish(ix, 1, true, true)
+			if n >= 150 {
+				return // 150 streams of 200 keys: past 64 and 128 slots, cells rebuilt several times
+			}
+		}
+	}()
+	var dst []Match
+	queries := 0
+	for done := false; !done; queries++ {
+		dst = d.Query(prompt, dst[:0])
+		if got := dst[0].DeviceHitTokens; got != 8*modelBlock {
+			close(stop)
+			wg.Wait()
+			t.Fatalf("query %d: the unchanged stream hit %d tokens, want %d", queries, got, 8*modelBlock)
+		}
+		if tab.slots() > 150 {
+			done = true
+		}
+	}
+	close(stop)
+	wg.Wait()
+	tab.mu.RLock()
+	words, cells := tab.words, len(tab.cells)
+	tab.mu.RUnlock()
+	if words < 3 || cells < 32768 {
+		t.Fatalf("the table did not grow as meant: %d words, %d cells", words, cells)
+	}
+	t.Logf("%d queries while the table grew to %d words and %d cells", queries, words, cells)
+}
