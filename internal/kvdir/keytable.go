@@ -43,13 +43,19 @@ type keyTable struct {
 	// what queries read.
 	wmu sync.Mutex
 	mu  sync.RWMutex
-	// words is the number of 64-bit words of one tier's slot bitset;
-	// stride is a record's length in words: key (Hi, Lo), Device
-	// bitset, Host bitset.
-	words, stride int
-	pages         [][]uint64
-	used          uint32   // records handed out, free ones included
-	free          []uint32 // records to reuse
+	// A record is three words: the key (Hi, Lo) and its holders. Most
+	// keys are held by one or two streams, so the holders word lists up
+	// to two (slot, tiers) entries inline; a key held by more gets a
+	// dense entry, Device and Host bitsets of words words each, in a
+	// pool, and the holders word names it (denseFlag | index).
+	words int
+	pages [][]uint64
+	used  uint32   // records handed out, free ones included
+	free  []uint32 // records to reuse
+	// pool holds the dense entries, poolUsed of them handed out.
+	pool     [][]uint64
+	poolUsed uint32
+	poolFree []uint32
 	// cells hold record+1 in the low 32 bits and the top 32 bits of the
 	// key's low half above, which give the home cell (so growth and
 	// deletion never read records) and reject most non-matching cells.
@@ -63,6 +69,21 @@ type keyTable struct {
 	// sink keeps the warming loads of writers from being optimised away.
 	sink uint64
 }
+
+// Record layout and the inline holder entries: an entry is 24 bits,
+// present bit, two tier bits, 16-bit slot.
+const (
+	recWords     = 3
+	denseFlag    = 1 << 63
+	entryBits    = 24
+	entryMask    = 1<<entryBits - 1
+	entryPresent = 1 << 23
+	tierShift    = 16
+	tierDev      = 1
+	tierHost     = 2
+	// maxSlots is what a 16-bit inline slot can name.
+	maxSlots = 1 << 16
+)
 
 const (
 	pageShift   = 12
@@ -81,52 +102,63 @@ type keyChange struct {
 }
 
 func newKeyTable(blockSize int, seed uint64) *keyTable {
-	t := &keyTable{blockSize: blockSize, seed: seed, words: 1, stride: 4, published: make([]uint64, 1), slotUsed: make([]bool, 64)}
+	t := &keyTable{blockSize: blockSize, seed: seed, words: 1, published: make([]uint64, 1), slotUsed: make([]bool, 64)}
 	return t
 }
 
-// setWords changes the bitset width, copying every record into pages of
-// the new stride. The copy is built without mu, so queries go on while
-// it is made: the caller holds wmu, so nothing changes the table
-// meanwhile, and only the swap takes mu.
+// setWords changes the bitset width, copying every dense entry into pool
+// pages of the new width; records and their inline entries do not move.
+// The copy is built without mu, so queries go on while it is made: the
+// caller holds wmu, so nothing changes the table meanwhile, and only the
+// swap takes mu.
 func (t *keyTable) setWords(w int) {
-	stride := 2 + 2*w
-	pages := make([][]uint64, len(t.pages))
-	for i := range pages {
-		pages[i] = make([]uint64, pageRecords*stride)
+	pool := make([][]uint64, len(t.pool))
+	for i := range pool {
+		pool[i] = make([]uint64, pageRecords*2*w)
 	}
-	for r := uint32(0); r < t.used; r++ {
-		src := t.rec(r)
-		off := int(r&(pageRecords-1)) * stride
-		dst := pages[r>>pageShift][off : off+stride]
-		dst[0], dst[1] = src[0], src[1]
-		copy(dst[2:2+w], src[2:2+t.words])
-		copy(dst[2+w:2+2*w], src[2+t.words:2+2*t.words])
+	for d := uint32(0); d < t.poolUsed; d++ {
+		src := t.dense(d)
+		off := int(d&(pageRecords-1)) * 2 * w
+		dst := pool[d>>pageShift][off : off+2*w]
+		copy(dst[:w], src[:t.words])
+		copy(dst[w:], src[t.words:])
 	}
 	pub := make([]uint64, w)
 	copy(pub, t.published)
 	su := make([]bool, 64*w)
 	copy(su, t.slotUsed)
 	t.mu.Lock()
-	t.words, t.stride, t.pages, t.published, t.slotUsed = w, stride, pages, pub, su
+	t.words, t.pool, t.published, t.slotUsed = w, pool, pub, su
 	t.mu.Unlock()
 }
 
-// rec returns record r: key Hi, key Lo, Device words, Host words.
+// rec returns record r: key Hi, key Lo, holders.
 func (t *keyTable) rec(r uint32) []uint64 {
 	p := t.pages[r>>pageShift]
-	off := int(r&(pageRecords-1)) * t.stride
-	return p[off : off+t.stride : off+t.stride]
+	off := int(r&(pageRecords-1)) * recWords
+	return p[off : off+recWords : off+recWords]
+}
+
+// dense returns dense entry d: Device words, then Host words.
+func (t *keyTable) dense(d uint32) []uint64 {
+	p := t.pool[d>>pageShift]
+	n := 2 * t.words
+	off := int(d&(pageRecords-1)) * n
+	return p[off : off+n : off+n]
 }
 
 // allocSlot reserves a slot for a new stream of the group. The slot's
-// bits are all clear and it is not published.
+// bits are all clear and it is not published. It panics past maxSlots
+// slots, far beyond any directory's max_streams.
 func (t *keyTable) allocSlot() int {
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
 	slot := slices.Index(t.slotUsed, false)
 	if slot < 0 {
 		slot = len(t.slotUsed)
+		if slot >= maxSlots {
+			panic("kvdir: key table slots exhausted")
+		}
 		t.setWords(t.words + 1)
 	}
 	t.mu.Lock()
@@ -191,28 +223,106 @@ func (t *keyTable) apply(slot int, changes []keyChange) {
 }
 
 // set makes slot's bits of k say dev and host, adding the record when k
-// gains its first bit and dropping it when it loses its last.
+// gains its first holder and dropping it when it loses its last.
 func (t *keyTable) set(slot int, k kvindex.Key, dev, host bool) {
+	var tiers uint64
+	if dev {
+		tiers |= tierDev
+	}
+	if host {
+		tiers |= tierHost
+	}
 	r, ok := t.find(k)
 	if !ok {
-		if !dev && !host {
+		if tiers == 0 {
 			return
 		}
 		r = t.insert(k)
 	}
 	rec := t.rec(r)
-	w, b := slot>>6, uint64(1)<<(slot&63)
-	setBit(&rec[2+w], b, dev)
-	setBit(&rec[2+t.words+w], b, host)
-	if dev || host {
+	h := rec[2]
+	if h&denseFlag != 0 {
+		d := t.dense(uint32(h))
+		w, b := slot>>6, uint64(1)<<(slot&63)
+		setBit(&d[w], b, dev)
+		setBit(&d[t.words+w], b, host)
+		if tiers != 0 {
+			return
+		}
+		for _, x := range d {
+			if x != 0 {
+				return
+			}
+		}
+		t.poolFree = append(t.poolFree, uint32(h))
+		rec[2] = 0
+		t.remove(r, k)
 		return
 	}
-	for _, x := range rec[2:] {
-		if x != 0 {
+	e := [2]uint64{h & entryMask, h >> entryBits & entryMask}
+	mine := entryPresent | tiers<<tierShift | uint64(slot)
+	switch {
+	case e[0] != 0 && int(e[0]&0xFFFF) == slot:
+		e[0] = 0
+	case e[1] != 0 && int(e[1]&0xFFFF) == slot:
+		e[1] = 0
+	}
+	if tiers != 0 {
+		switch {
+		case e[0] == 0:
+			e[0] = mine
+		case e[1] == 0:
+			e[1] = mine
+		default:
+			rec[2] = t.promote(e[0], e[1], mine)
 			return
 		}
 	}
-	t.remove(r, k)
+	if e[0] == 0 {
+		e[0], e[1] = e[1], 0
+	}
+	rec[2] = e[0] | e[1]<<entryBits
+	if rec[2] == 0 {
+		t.remove(r, k)
+	}
+}
+
+// promote moves a key's holders into a new dense entry and returns the
+// holders word naming it.
+func (t *keyTable) promote(entries ...uint64) uint64 {
+	var d uint32
+	if n := len(t.poolFree); n > 0 {
+		d = t.poolFree[n-1]
+		t.poolFree = t.poolFree[:n-1]
+	} else {
+		d = t.poolUsed
+		t.poolUsed++
+		if int(d>>pageShift) == len(t.pool) {
+			t.pool = append(t.pool, make([]uint64, pageRecords*2*t.words))
+		}
+	}
+	bits := t.dense(d)
+	clear(bits)
+	for _, e := range entries {
+		addEntry(bits, t.words, e)
+	}
+	return denseFlag | uint64(d)
+}
+
+// addEntry sets the bits of inline entry e in the bitsets of dst (Device
+// words, then Host words, w each).
+func addEntry(dst []uint64, w int, e uint64) {
+	if e == 0 {
+		return
+	}
+	slot := e & 0xFFFF
+	b := uint64(1) << (slot & 63)
+	if e>>tierShift&tierDev != 0 {
+		dst[slot>>6] |= b
+	}
+	if e>>tierShift&tierHost != 0 {
+		dst[w+int(slot>>6)] |= b
+	}
 }
 
 func setBit(x *uint64, b uint64, on bool) {
@@ -261,7 +371,7 @@ func (t *keyTable) insert(k kvindex.Key) uint32 {
 		r = t.used
 		t.used++
 		if int(r>>pageShift) == len(t.pages) {
-			t.pages = append(t.pages, make([]uint64, pageRecords*t.stride))
+			t.pages = append(t.pages, make([]uint64, pageRecords*recWords))
 		}
 	}
 	rec := t.rec(r)
@@ -340,7 +450,8 @@ func between(i, h, j uint64) bool {
 func (t *keyTable) storageBytes() int64 {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return int64(len(t.pages))*pageRecords*int64(t.stride)*8 + int64(len(t.cells))*8 + int64(cap(t.free))*4
+	return int64(len(t.pages))*pageRecords*recWords*8 + int64(len(t.pool))*pageRecords*int64(2*t.words)*8 +
+		int64(len(t.cells))*8 + int64(cap(t.free)+cap(t.poolFree))*4
 }
 
 // records returns the number of keys the table holds.
@@ -358,6 +469,8 @@ type walkResult struct {
 	// start holds the slots published when the walk began; only they
 	// have an answer.
 	start, alive []uint64
+	// inline holds the bitsets of a record whose holders are inline.
+	inline []uint64
 	// blocks[slot] is the length of the slot's matched prefix.
 	blocks []int32
 	// planes count host-only blocks per slot, bit-sliced: bit b of word
@@ -390,6 +503,7 @@ func (wr *walkResult) reset(words, blockSize int, seed uint64) {
 		wr.hasher = kvindex.NewHasher(blockSize, seed)
 	}
 	if len(wr.start) != words {
+		wr.inline = make([]uint64, 2*words)
 		wr.start = make([]uint64, words)
 		wr.alive = make([]uint64, words)
 		wr.blocks = make([]int32, 64*words)
@@ -459,8 +573,16 @@ walk:
 			if !ok {
 				break walk
 			}
-			rec := t.rec(r)
-			dev, host := rec[2:2+W], rec[2+W:2+2*W]
+			var dev, host []uint64
+			if h := t.rec(r)[2]; h&denseFlag != 0 {
+				d := t.dense(uint32(h))
+				dev, host = d[:W], d[W:2*W]
+			} else {
+				clear(wr.inline)
+				addEntry(wr.inline, W, h&entryMask)
+				addEntry(wr.inline, W, h>>entryBits&entryMask)
+				dev, host = wr.inline[:W], wr.inline[W:2*W]
+			}
 			left := uint64(0)
 			for w, a := range wr.alive {
 				if a == 0 {
@@ -501,9 +623,14 @@ func (t *keyTable) warm(keys []kvindex.Key, wr *walkResult) {
 	for j, k := range keys {
 		cells[j] = t.cells[(k.Lo>>32)&t.mask]
 	}
-	for _, c := range cells[:len(keys)] {
+	for j, c := range cells[:len(keys)] {
 		if c != 0 {
-			acc += t.rec(uint32(c) - 1)[0]
+			cells[j] = t.rec(uint32(c) - 1)[2]
+		}
+	}
+	for _, h := range cells[:len(keys)] {
+		if h&denseFlag != 0 {
+			acc += t.dense(uint32(h))[0]
 		}
 	}
 	wr.sink += acc

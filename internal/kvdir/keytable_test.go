@@ -182,6 +182,9 @@ func TestSharedTableAgainstPerStreamMatch(t *testing.T) {
 				t.Errorf("seed %d: random steps never produced %q", seed, c)
 			}
 		}
+		if tab.poolUsed == 0 {
+			t.Errorf("seed %d: no key was ever held by more than two streams (no dense entry)", seed)
+		}
 		// Every view withdrawn, the table holds nothing: no stream left
 		// bits behind.
 		for _, m := range ms {
@@ -327,18 +330,28 @@ func TestSharedTableNoMixedViews(t *testing.T) {
 // so that the bitsets widen on the way, and checks that what it holds
 // stays within KeyTableBound, which MemoryBound.Process adds (R-CFG-2).
 func TestKeyTableBound(t *testing.T) {
-	for _, tc := range []struct{ streams, maxBlocks int }{{1, 5000}, {3, 4099}, {70, 300}} {
+	for _, tc := range []struct {
+		streams, maxBlocks int
+		shared             bool // every stream holds the same keys: dense entries
+	}{{1, 5000, false}, {3, 4099, false}, {70, 300, false}, {70, 300, true}, {130, 100, true}} {
 		tab := newKeyTable(modelBlock, 1024)
-		rng := rand.New(rand.NewPCG(uint64(tc.streams), 5))
 		peak := int64(0)
-		for range tc.streams {
+		for i := range tc.streams {
+			rng := rand.New(rand.NewPCG(uint64(tc.streams), uint64(i)))
+			if tc.shared {
+				rng = rand.New(rand.NewPCG(1, 1))
+			}
 			slot := tab.allocSlot()
 			for range 2 * tc.maxBlocks {
 				tab.set(slot, kvindex.Key{Hi: rng.Uint64(), Lo: rng.Uint64()}, true, rng.IntN(2) == 0)
 			}
 			peak = max(peak, tab.storageBytes())
 		}
-		if want := 2 * tc.streams * tc.maxBlocks; tab.records() != want {
+		want := 2 * tc.streams * tc.maxBlocks
+		if tc.shared {
+			want = 2 * tc.maxBlocks
+		}
+		if tab.records() != want {
 			t.Fatalf("%+v: %d records, want %d", tc, tab.records(), want)
 		}
 		if bound := KeyTableBound(tc.streams, tc.maxBlocks); peak > bound {

@@ -56,19 +56,20 @@ func (b MemoryBound) Process(streams int) int64 {
 // most maxBlocks blocks each, whatever their engines send (R-CFG-2). A
 // stream has bits on at most the keys of its view, of two views while a
 // calibration swaps them (keyTable.replace), so the tables hold at most
-// R = 2·streams·maxBlocks records of 16 + 16·W bytes, W = ⌈streams/64⌉,
-// in pages of 4096 records (copied once more while W grows); a cell
-// array of at most 8/3·R cells of 8 bytes, with the old half beside it
-// while it grows; and a free list of 4 bytes per record.
+// R = 2·streams·maxBlocks records of 24 bytes in pages of 4096; at most
+// one dense entry of 16·W bytes per record, W = ⌈streams/64⌉, copied once
+// more while W grows; a cell array of at most 8/3·R cells of 8 bytes,
+// with the old half beside it while it grows; and free lists of 4 bytes
+// per record and per dense entry.
 func KeyTableBound(streams, maxBlocks int) int64 {
 	if streams <= 0 {
 		return 0
 	}
 	w := int64(streams+63) / 64
-	recBytes := 8 * (2 + 2*w)
 	r := 2 * int64(streams) * int64(maxBlocks)
-	pages := 2 * (r + pageRecords) * recBytes
-	return pages + 4*r*8 + max(r, minCells)*4 + minCells*8
+	recs := (r + pageRecords) * 8 * recWords
+	pool := 2 * (r + pageRecords) * 16 * w
+	return recs + pool + 4*max(r, minCells)*8 + 2*r*4
 }
 
 // maxBlocksOf is the block limit an index of l applies (kvindex.New's
