@@ -9,8 +9,8 @@ import (
 )
 
 // keyTable is the query accelerator of one key group (block size, seed):
-// one record per content key held by any stream of the group, carrying
-// per-tier bitsets over the streams' slots. A query walks the prompt's
+// one record per content key held by any stream of the group, naming the
+// streams' slots that hold it on each tier. A query walks the prompt's
 // blocks once for all streams of the group; each stream's answer falls out
 // of the bit operations, so the walk costs O(prompt blocks), not
 // O(prompt blocks × streams).
@@ -25,9 +25,11 @@ import (
 //
 // Readers hold mu shared for a whole walk, so a walk sees one state of the
 // table; writers hold it exclusively for at most keyChunk changes at a
-// time, so a query waits for little. Records live in fixed pages that never
-// move, so growing the record store copies nothing; the cell array is
-// rebuilt when it passes 3/4 load.
+// time, so a query waits for little. Records and dense entries live in
+// fixed pages that never move, so growing them copies nothing; the cell
+// array, rebuilt when it passes 3/4 load, and the dense entries, rebuilt
+// when the bitsets widen, are rebuilt beside the served ones and swapped
+// in (see wmu), so no query waits for a rebuild.
 //
 // Size: a stream's index holds at most max_blocks_per_stream keys on a
 // tier, and a stream has bits on at most the keys of its published view
