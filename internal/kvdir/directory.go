@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvcar/kvcar/internal/kvevent"
-	"github.com/kvcar/kvcar/internal/kvindex"
 	"github.com/kvcar/kvcar/internal/kvtransport"
 )
 
@@ -45,6 +44,8 @@ type Directory struct {
 	closed bool
 	// hubs are the bound subscribers in use, under mu.
 	hubs map[hubKey]*hub
+	// tables are the shared key tables by key group, under mu.
+	tables map[keyGroup]*keyTable
 
 	scratch sync.Pool // *queryScratch
 }
@@ -54,6 +55,8 @@ type Directory struct {
 type streamSet struct {
 	streams []*stream
 	groups  []keyGroup
+	// tables[i] is the shared key table of groups[i].
+	tables []*keyTable
 	// groupOf[i] indexes groups for streams[i]; it lives in the set, not
 	// in the stream, because a kept stream may change group index from
 	// one set to the next while queries still read the old set.
@@ -65,10 +68,10 @@ type keyGroup struct {
 	seed      uint64
 }
 
-// queryScratch holds the content keys of one query, one slice per key
-// group, reused across queries so the request path does not allocate.
+// queryScratch holds one query's walk over each key group's table,
+// reused across queries so the request path does not allocate.
 type queryScratch struct {
-	keys [][]kvindex.Key
+	walks []walkResult
 }
 
 // New creates an empty directory. Streams are added with SetStreams.
@@ -80,7 +83,7 @@ func New(lim Limits, opts Options) (*Directory, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kvdir: %w", err)
 	}
-	d := &Directory{lim: lim, log: opts.Logger, tctx: tctx, discovered: make(chan struct{}), hubs: map[hubKey]*hub{}}
+	d := &Directory{lim: lim, log: opts.Logger, tctx: tctx, discovered: make(chan struct{}), hubs: map[hubKey]*hub{}, tables: map[keyGroup]*keyTable{}}
 	d.set.Store(&streamSet{})
 	if opts.Registerer != nil {
 		d.metrics = newMetrics(opts.Registerer, d)
@@ -163,10 +166,37 @@ func (d *Directory) SetStreams(specs []StreamSpec) error {
 		h.refs++
 		s.relay = h.relay
 	}
+	for _, s := range next.streams {
+		if byKey[s.spec.Key()] != s {
+			g := keyGroup{s.spec.BlockSize, s.spec.HashSeed}
+			t, ok := d.tables[g]
+			if !ok {
+				t = newKeyTable(g.blockSize, g.seed)
+				d.tables[g] = t
+			}
+			s.attach(t)
+		}
+	}
+	next.tables = make([]*keyTable, len(next.groups))
+	for i, g := range next.groups {
+		next.tables[i] = d.tables[g]
+	}
 	// Publish the new set before stopping retired streams so no query
 	// sees a stream that is going away.
 	d.set.Store(next)
 	stopAll(retired)
+	// A retired stream's slot is reused only once its view is withdrawn
+	// from the shared table; a query still reading an older set then
+	// finds the stream unsynchronised and reports nothing for it.
+	for _, s := range retired {
+		s.invalidate("stream removed")
+		s.keys.freeSlot(s.slot)
+	}
+	for g, t := range d.tables {
+		if t.slots() == 0 {
+			delete(d.tables, g)
+		}
+	}
 	for _, s := range retired {
 		if s.spec.Bind != "" {
 			d.releaseHub(s.spec.hubKey())
@@ -258,20 +288,23 @@ func (d *Directory) Query(tokenIDs []uint32, dst []Match) []Match {
 	var qs *queryScratch
 	if len(tokenIDs) > 0 && len(set.groups) > 0 {
 		qs = d.scratch.Get().(*queryScratch)
-		for len(qs.keys) < len(set.groups) {
-			qs.keys = append(qs.keys, nil)
+		for len(qs.walks) < len(set.groups) {
+			qs.walks = append(qs.walks, walkResult{})
 		}
-		for i, g := range set.groups {
-			qs.keys[i] = kvindex.KeysFor(tokenIDs, g.blockSize, g.seed, qs.keys[i][:0])
+		for i, t := range set.tables {
+			qs.walks[i].walked = false
+			if len(tokenIDs) >= t.blockSize {
+				t.walk(tokenIDs, &qs.walks[i])
+			}
 		}
 	}
 	for si, s := range set.streams {
 		dst = append(dst, Match{})
-		var keys []kvindex.Key
+		var wr *walkResult
 		if qs != nil {
-			keys = qs.keys[set.groupOf[si]]
+			wr = &qs.walks[set.groupOf[si]]
 		}
-		s.match(keys, &dst[len(dst)-1])
+		s.match(wr, &dst[len(dst)-1])
 	}
 	if qs != nil {
 		d.scratch.Put(qs)

@@ -16,7 +16,10 @@
 // one bound subscriber.
 //
 // Each stream's state changes only on that stream's goroutine; queries
-// read the last published view under a read lock and never wait on the
-// network. kvdir must not do HTTP or etcd I/O, and must not decide
+// never wait on the network. A query walks the prompt once per key group
+// (block size, seed) over the group's shared key table (keytable.go),
+// which mirrors the content keys of every stream's published index as
+// per-slot tier bitsets, so its cost does not grow with the number of
+// streams; it then reads each stream's status from a lock-free copy. kvdir must not do HTTP or etcd I/O, and must not decide
 // routing: it reports what the engines hold.
 package kvdir

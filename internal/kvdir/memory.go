@@ -22,6 +22,10 @@ type MemoryBound struct {
 	// two sockets' receive queues (the receive HWM of max_message_bytes
 	// messages) plus the message it is reading.
 	Queued int64
+
+	// maxBlocks is max_blocks_per_stream, which bounds the stream's
+	// share of the shared key table (see Process).
+	maxBlocks int
 }
 
 // MemoryBound returns the per-stream bound of l.
@@ -29,10 +33,11 @@ func (l Limits) MemoryBound() MemoryBound {
 	msg := int64(l.MaxMessageBytes)
 	ix := kvindex.Config{MaxBlocks: l.MaxBlocksPerStream}.MaxStorageBytes()
 	return MemoryBound{
-		Index:    2 * ix,
-		Buffered: int64(l.MaxBufferedBytes),
-		Message:  msg + int64(kvevent.MaxStorageBytes(l.MaxMessageBytes)),
-		Queued:   2 * int64(l.receiveHWM()+1) * msg,
+		Index:     2 * ix,
+		Buffered:  int64(l.MaxBufferedBytes),
+		Message:   msg + int64(kvevent.MaxStorageBytes(l.MaxMessageBytes)),
+		Queued:    2 * int64(l.receiveHWM()+1) * msg,
+		maxBlocks: maxBlocksOf(l),
 	}
 }
 
@@ -40,9 +45,39 @@ func (l Limits) MemoryBound() MemoryBound {
 func (b MemoryBound) Heap() int64 { return b.Index + b.Buffered + b.Message }
 
 // Process is what streams streams may add to a process's resident
-// memory: the Go heap part twice over, since the collector lets the heap
-// grow to twice what is live at the default GOGC of 100, plus what
-// libzmq queues.
+// memory: the Go heap part and the shared key tables twice over, since
+// the collector lets the heap grow to twice what is live at the default
+// GOGC of 100, plus what libzmq queues.
 func (b MemoryBound) Process(streams int) int64 {
-	return int64(streams) * (2*b.Heap() + b.Queued)
+	return int64(streams)*(2*b.Heap()+b.Queued) + 2*KeyTableBound(streams, b.maxBlocks)
+}
+
+// KeyTableBound bounds the shared key tables of streams streams of at
+// most maxBlocks blocks each, whatever their engines send (R-CFG-2). A
+// stream has bits on at most the keys of its view, of two views while a
+// calibration swaps them (keyTable.replace), so the tables hold at most
+// R = 2·streams·maxBlocks records of 24 bytes in pages of 4096; at most
+// one dense entry of 16·W bytes per record, W = ⌈streams/64⌉, copied once
+// more while W grows; a cell array of at most 8/3·R cells of 8 bytes,
+// with the old half beside it while it grows; and free lists of 4 bytes
+// per record and per dense entry.
+func KeyTableBound(streams, maxBlocks int) int64 {
+	if streams <= 0 {
+		return 0
+	}
+	w := int64(streams+63) / 64
+	r := 2 * int64(streams) * int64(maxBlocks)
+	recs := (r + pageRecords) * 8 * recWords
+	pool := 2 * (r + pageRecords) * 16 * w
+	return recs + pool + 4*max(r, minCells)*8 + 2*r*4
+}
+
+// maxBlocksOf is the block limit an index of l applies (kvindex.New's
+// default and clamp).
+func maxBlocksOf(l Limits) int {
+	n := l.MaxBlocksPerStream
+	if n <= 0 {
+		n = kvindex.DefaultMaxBlocks
+	}
+	return min(n, 1<<24-1)
 }

@@ -236,6 +236,7 @@ func (y *syncer) orderedApply(seq uint64, b *kvevent.Batch, fromReplay bool) {
 	if h.serving {
 		y.s.mu.Lock()
 		y.s.seq, y.s.hasSeq, y.s.complete = seq, true, h.complete
+		y.s.syncView()
 		y.s.mu.Unlock()
 	}
 	if fromReplay && h.cu != nil && h.cu.tail {
@@ -251,12 +252,11 @@ func (y *syncer) orderedApply(seq uint64, b *kvevent.Batch, fromReplay bool) {
 func (y *syncer) applyOrdered(b *kvevent.Batch) error {
 	h := &y.ord
 	for i := range b.Events {
+		var err error
 		if h.serving {
-			y.s.mu.Lock()
-		}
-		err := h.idx.Apply(&b.Events[i], kvindex.History)
-		if h.serving {
-			y.s.mu.Unlock()
+			err = y.s.applyPublished(h.idx, &b.Events[i], kvindex.History)
+		} else {
+			err = h.idx.Apply(&b.Events[i], kvindex.History)
 		}
 		if err != nil {
 			return fmt.Errorf("event %d (%v): %w", i, b.Events[i].Kind, y.limitErr(err))

@@ -116,6 +116,7 @@ func (y *syncer) setReason(reason string) {
 	y.s.mu.Lock()
 	if !y.s.synced {
 		y.s.reason = reason
+		y.s.syncView()
 	}
 	y.s.mu.Unlock()
 }

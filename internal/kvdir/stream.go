@@ -17,6 +17,15 @@ type stream struct {
 	// relay is the loopback endpoint of the hub of a bound stream, set
 	// before the goroutine starts.
 	relay string
+	// keys is the shared key table of the stream's key group and slot
+	// its place in the table's bitsets, set before the goroutine starts;
+	// keys is nil for a stream outside a directory. pending holds the
+	// published index's key changes not yet written to keys; it belongs
+	// to the goroutine that applies events, like the index.
+	keys      *keyTable
+	slot      int
+	pending   []keyChange
+	observeFn func(kvindex.Key, bool, bool)
 
 	mu sync.RWMutex
 	// idx is nil whenever the stream is not synchronised, so a stale view
@@ -32,6 +41,10 @@ type stream struct {
 	complete bool
 	reason   string
 
+	// qv mirrors the view fields under mu for queries, which read it
+	// without taking mu (see queryView).
+	qv queryView
+
 	counters streamCounters
 	obs      *streamObservers // nil without metrics; set before the goroutine starts
 
@@ -40,6 +53,51 @@ type stream struct {
 	// waker ends the goroutine's wait on its sockets when stop closes;
 	// nil if it could not be made, and the wait then ends by pollInterval.
 	waker *kvtransport.Waker
+}
+
+// queryView is the part of a stream's view a query reports, readable
+// without the stream lock: 128 lock round trips were a third of a query
+// that misses. It is a sequence lock over atomic fields: writers, who
+// hold the stream lock, make gen odd, store the fields and make it even
+// again; a reader that sees the same even gen before and after its loads
+// read one consistent state, and otherwise retries or takes the lock.
+type queryView struct {
+	gen       atomic.Uint64
+	flags     atomic.Uint32 // qvSynced, qvComplete
+	seq       atomic.Uint64
+	dev, host atomic.Int64
+	reason    atomic.Pointer[string]
+}
+
+const (
+	qvSynced uint32 = 1 << iota
+	qvComplete
+)
+
+// syncView copies the view fields to qv. The caller holds s.mu.
+func (s *stream) syncView() {
+	v := &s.qv
+	v.gen.Add(1)
+	var fl uint32
+	if s.synced {
+		fl |= qvSynced
+		if s.complete {
+			fl |= qvComplete
+		}
+	}
+	v.flags.Store(fl)
+	v.seq.Store(s.seq)
+	var d, h int
+	if s.synced && s.idx != nil {
+		d, h = s.idx.Counts()
+	}
+	v.dev.Store(int64(d))
+	v.host.Store(int64(h))
+	if r := v.reason.Load(); r == nil || *r != s.reason {
+		reason := s.reason
+		v.reason.Store(&reason)
+	}
+	v.gen.Add(1)
 }
 
 // streamCounters are monotonic totals, readable without the lock.
@@ -95,51 +153,150 @@ func (c *streamCounters) countEvents(b *kvevent.Batch) {
 }
 
 func newStream(spec StreamSpec) *stream {
-	return &stream{
+	s := &stream{
 		spec:   spec,
 		reason: "waiting for first snapshot",
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 	}
+	s.syncView()
+	return s
 }
 
-// match fills m with the stream's view for keys. It holds the read lock
-// only for the walk over the index.
-func (s *stream) match(keys []kvindex.Key, m *Match) {
+// attach gives the stream its slot in the shared key table of its group.
+func (s *stream) attach(t *keyTable) {
+	s.keys, s.slot = t, t.allocSlot()
+	s.observeFn = s.observe
+}
+
+// observe queues a key change of the published index for the shared
+// table; a full queue is written at once, so a large event (a clear of
+// the whole index) holds a bounded queue.
+func (s *stream) observe(k kvindex.Key, dev, host bool) {
+	s.pending = append(s.pending, keyChange{k, dev, host})
+	if len(s.pending) >= keyChunk {
+		s.flushKeys()
+	}
+}
+
+// flushKeys writes the queued key changes to the shared table. Whoever
+// applies an event to the published index calls it after the event,
+// whether the event applied or failed part way.
+func (s *stream) flushKeys() {
+	if s.keys != nil {
+		s.keys.flush(s.slot, &s.pending)
+	}
+}
+
+// applyPublished applies ev to ix, the stream's published index, under
+// the stream lock, and writes its key changes to the shared table.
+func (s *stream) applyPublished(ix *kvindex.Index, ev *kvevent.Event, mode kvindex.Mode) error {
+	s.mu.Lock()
+	err := ix.Apply(ev, mode)
+	s.syncView()
+	s.mu.Unlock()
+	s.flushKeys()
+	return err
+}
+
+// match fills m with the stream's view, with the prefix found for it by
+// the walk over its key group's shared table (nil for a status query).
+func (s *stream) match(wr *walkResult, m *Match) {
 	// Every field is written: callers reuse one Match across streams.
 	*m = Match{InstanceName: s.spec.InstanceName, DPRank: s.spec.DPRank, Incarnation: s.spec.Incarnation, Discovered: s.spec.Discovered}
+	v := &s.qv
+	for range 4 {
+		g := v.gen.Load()
+		if g&1 != 0 {
+			continue
+		}
+		fl, seq, dev, host, reason := v.flags.Load(), v.seq.Load(), v.dev.Load(), v.host.Load(), v.reason.Load()
+		if v.gen.Load() != g {
+			continue
+		}
+		m.Synchronized, m.Complete, m.Sequence = fl&qvSynced != 0, fl&qvComplete != 0, seq
+		if reason != nil {
+			m.Error = *reason
+		}
+		if m.Synchronized {
+			s.fillHits(wr, m)
+			m.DeviceBlocks, m.HostBlocks = int(dev), int(host)
+		}
+		return
+	}
 	s.mu.RLock()
 	m.Synchronized = s.synced
 	m.Complete = s.synced && s.complete
 	m.Sequence = s.seq
 	m.Error = s.reason
 	if s.synced && s.idx != nil {
-		if len(keys) > 0 {
-			hit := s.idx.Match(keys)
-			bs := s.spec.BlockSize
-			m.DeviceHitTokens = hit.DeviceBlocks * bs
-			m.HostOnlyHitTokens = hit.HostOnlyBlocks * bs
-			m.ReusablePrefixTokens = m.DeviceHitTokens + m.HostOnlyHitTokens
-		}
+		s.fillHits(wr, m)
 		m.DeviceBlocks, m.HostBlocks = s.idx.Counts()
 	}
 	s.mu.RUnlock()
 }
 
+// fillHits sets m's hit tokens from the walk. A view withdrawn after the
+// walk reads unsynchronised and gets none; one published after it was
+// not in the walk's published mask and gets none either (R-REC-1).
+func (s *stream) fillHits(wr *walkResult, m *Match) {
+	if blocks, hostOnly, ok := wr.resultOf(s.slot); ok {
+		bs := s.spec.BlockSize
+		m.DeviceHitTokens = (blocks - hostOnly) * bs
+		m.HostOnlyHitTokens = hostOnly * bs
+		m.ReusablePrefixTokens = blocks * bs
+	}
+}
+
 // publish makes idx the stream's view at sequence seq (R-REC-2: the whole
 // snapshot becomes visible at once); complete says whether it may lack
 // blocks stored before it began.
+//
+// The shared table follows: a stream with no view writes the new view's
+// keys while its slot is unpublished, then publishes the slot with the
+// view; a stream replacing a served view (a calibration) swaps the keys
+// in place, never showing more than one of the two views
+// (keyTable.replace). Only the goroutine that owns the stream's index
+// calls publish and invalidate, so s.idx is read here without the lock.
 func (s *stream) publish(idx *kvindex.Index, seq uint64, hasSeq, complete bool) {
+	old := s.idx
+	if s.keys != nil && idx != old {
+		if old != nil {
+			old.SetObserver(nil)
+			s.flushKeys()
+			s.keys.replace(s.slot, old, idx, &s.pending)
+		} else {
+			s.keys.fill(s.slot, idx, &s.pending)
+		}
+		idx.SetObserver(s.observeFn)
+	}
 	s.mu.Lock()
 	s.idx, s.synced, s.seq, s.hasSeq, s.complete, s.reason = idx, true, seq, hasSeq, complete, ""
+	s.syncView()
 	s.mu.Unlock()
+	if s.keys != nil {
+		s.keys.setPublished(s.slot, true)
+	}
 }
 
 // invalidate withdraws the view: queries report zero hits and reason.
+// The slot leaves the shared table's published mask before anything else,
+// so no query counts its bits from then on (R-REC-1); the bits are
+// cleared after, for the next view to start from none.
 func (s *stream) invalidate(reason string) {
+	if s.keys != nil {
+		s.keys.setPublished(s.slot, false)
+	}
 	s.mu.Lock()
+	old := s.idx
 	s.idx, s.synced, s.reason = nil, false, reason
+	s.syncView()
 	s.mu.Unlock()
+	if old != nil && s.keys != nil {
+		old.SetObserver(nil)
+		s.flushKeys()
+		s.keys.withdraw(s.slot, old, &s.pending)
+	}
 }
 
 // status returns the published state for logs and tests.

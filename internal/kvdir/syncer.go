@@ -421,6 +421,7 @@ func (y *syncer) applyLive(seq uint64) {
 	y.expected = seq + 1
 	y.s.mu.Lock()
 	y.s.seq, y.s.hasSeq = seq, true
+	y.s.syncView()
 	y.s.mu.Unlock()
 	// lastApplied before the count, so a reader that sees the count sees
 	// the time too.
@@ -481,14 +482,12 @@ func checkRank(b *kvevent.Batch, spec StreamSpec) error {
 // applyBatch applies b to the published index of s, one event per lock
 // hold so that a large batch never stalls queries for long.
 func (y *syncer) applyBatch(s *stream, b *kvevent.Batch) error {
+	ix := s.idx // only this goroutine changes it
 	for i := range b.Events {
-		s.mu.Lock()
-		var err error
-		if s.idx != nil {
-			err = s.idx.Apply(&b.Events[i], kvindex.Delta)
+		if ix == nil {
+			break
 		}
-		s.mu.Unlock()
-		if err != nil {
+		if err := s.applyPublished(ix, &b.Events[i], kvindex.Delta); err != nil {
 			return fmt.Errorf("event %d (%v): %w", i, b.Events[i].Kind, y.limitErr(err))
 		}
 	}

@@ -177,6 +177,59 @@ type Index struct {
 	// warming loads from being optimised away.
 	chunk    [16]Key
 	warmSink uint32
+
+	// observe, when set, is told every content key whose tiers may have
+	// changed (see SetObserver).
+	observe func(k Key, onDevice, onHost bool)
+}
+
+// SetObserver makes fn be called after every change that may alter the
+// tiers a content key is held on, with the key's tiers after the change
+// (the union over the entries sharing the key, as KeyTiers reports). It
+// lets a caller mirror which keys the index holds without rescanning it:
+// calls come in the order of the changes, a parent's before its
+// children's when a chain is stored, and Clear reports every key that was
+// on a tier as on none. fn runs inside Apply and Clear and must not call
+// the index. nil stops the calls.
+func (ix *Index) SetObserver(fn func(k Key, onDevice, onHost bool)) { ix.observe = fn }
+
+// KeyTiers reports whether some entry holding content key k is on Device
+// and whether some entry holding it is on Host.
+func (ix *Index) KeyTiers(k Key) (onDevice, onHost bool) {
+	t := ix.keyTiersAll(k)
+	return t&tierDevice != 0, t&tierHost != 0
+}
+
+// ForEachKey calls fn for every entry on a tier with its content key and
+// the key's tiers as KeyTiers reports them; a key held by several entries
+// comes once per entry. fn must not modify the index.
+func (ix *Index) ForEachKey(fn func(k Key, onDevice, onHost bool)) {
+	for i := range ix.entries {
+		e := &ix.entries[i]
+		m := e.meta()
+		t := m & (tierDevice | tierHost)
+		if t == 0 {
+			continue
+		}
+		if m&flagDup != 0 {
+			t = ix.keyTiersAll(e.key)
+		}
+		fn(e.key, t&tierDevice != 0, t&tierHost != 0)
+	}
+}
+
+// notify tells the observer the tiers of the key of slot s.
+func (ix *Index) notify(s uint32) {
+	if ix.observe == nil {
+		return
+	}
+	e := &ix.entries[s]
+	m := e.meta()
+	t := m & (tierDevice | tierHost)
+	if m&flagDup != 0 {
+		t = ix.keyTiersAll(e.key)
+	}
+	ix.observe(e.key, t&tierDevice != 0, t&tierHost != 0)
 }
 
 // New returns an empty index. It allocates little: storage grows by
@@ -217,6 +270,13 @@ func (ix *Index) Stats() Stats { return ix.stats }
 // state that usually follows (an AllBlocksCleared is followed by a full
 // re-announcement). Stats are kept.
 func (ix *Index) Clear() {
+	if ix.observe != nil {
+		for i := range ix.entries {
+			if e := &ix.entries[i]; e.tiers() != 0 {
+				ix.observe(e.key, false, false)
+			}
+		}
+	}
 	ix.entries = ix.entries[:0]
 	ix.byEngine.reset()
 	ix.byKey.reset()
@@ -396,10 +456,16 @@ func (ix *Index) store(h kvevent.EngineHash, k Key, tier uint8) error {
 		if e.key != k {
 			// The engine reused the hash for other content (for example
 			// after a hash seed change); follow it.
+			old := e.key
 			ix.deleteKey(s)
 			e.key = k
 			e.setMeta(e.meta() &^ flagDup)
 			ix.insertKey(s)
+			if ix.observe != nil && e.tiers() != 0 {
+				d, h := ix.KeyTiers(old)
+				ix.observe(old, d, h)
+				ix.notify(s)
+			}
 		}
 		if tier != 0 {
 			ix.setTier(s, tier)
@@ -415,6 +481,8 @@ func (ix *Index) store(h kvevent.EngineHash, k Key, tier uint8) error {
 	ix.insertKey(s)
 	if tier == 0 {
 		ix.pushGhost(s)
+	} else {
+		ix.notify(s)
 	}
 	ix.addCount(tier, 1)
 	return nil
@@ -469,6 +537,7 @@ func (ix *Index) setTier(s uint32, tier uint8) {
 	}
 	e.setMeta(m | tier)
 	ix.addCount(tier, 1)
+	ix.notify(s)
 }
 
 // clearTier drops the replica on tier from slot s and reports whether it
@@ -485,6 +554,7 @@ func (ix *Index) clearTier(s uint32, tier uint8) bool {
 	if m&(tierDevice|tierHost) == 0 {
 		ix.pushGhost(s)
 	}
+	ix.notify(s)
 	return true
 }
 

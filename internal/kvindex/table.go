@@ -103,7 +103,12 @@ func (ix *Index) findEngine(h kvevent.EngineHash) (uint32, bool) {
 
 // keyTiers returns the union of the tiers of all entries holding k, or
 // just Device as soon as one of them is on Device.
-func (ix *Index) keyTiers(k Key) uint8 {
+func (ix *Index) keyTiers(k Key) uint8 { return ix.lookupTiers(k, true) }
+
+// keyTiersAll returns the union of the tiers of all entries holding k.
+func (ix *Index) keyTiersAll(k Key) uint8 { return ix.lookupTiers(k, false) }
+
+func (ix *Index) lookupTiers(k Key, deviceEnough bool) uint8 {
 	t := &ix.byKey
 	if len(t.cells) == 0 {
 		return 0
@@ -122,7 +127,7 @@ func (ix *Index) keyTiers(k Key) uint8 {
 		if e.key == k {
 			m := e.meta()
 			tiers |= m & (tierDevice | tierHost)
-			if m&flagDup == 0 || tiers&tierDevice != 0 {
+			if m&flagDup == 0 || (deviceEnough && tiers&tierDevice != 0) {
 				return tiers
 			}
 		}

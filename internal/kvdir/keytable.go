@@ -1,0 +1,709 @@
+package kvdir
+
+import (
+	"math/bits"
+	"slices"
+	"sync"
+
+	"github.com/kvcar/kvcar/internal/kvindex"
+)
+
+// keyTable is the query accelerator of one key group (block size, seed):
+// one record per content key held by any stream of the group, naming the
+// streams' slots that hold it on each tier. A query walks the prompt's
+// blocks once for all streams of the group; each stream's answer falls out
+// of the bit operations, so the walk costs O(prompt blocks), not
+// O(prompt blocks × streams).
+//
+// The table mirrors each stream's published kvindex.Index (the stream's
+// own state still decides what it holds): the index's observer reports
+// every key whose tiers change, and the stream goroutine writes those
+// changes here (stream.flushKeys). Bits of a slot are meaningful to
+// queries only while the slot is in published, which the stream sets when
+// its view is published and clears first when the view is withdrawn
+// (R-REC-1, R-REC-2).
+//
+// Readers hold mu shared for a whole walk, so a walk sees one state of the
+// table; writers hold it exclusively for at most keyChunk changes at a
+// time, so a query waits for little. Records and dense entries live in
+// fixed pages that never move, so growing them copies nothing; the cell
+// array, rebuilt when it passes 3/4 load, and the dense entries, rebuilt
+// when the bitsets widen, are rebuilt beside the served ones and swapped
+// in (see wmu), so no query waits for a rebuild.
+//
+// Size: a stream's index holds at most max_blocks_per_stream keys on a
+// tier, and a stream has bits on at most the keys of its published view
+// (of two views while a calibration is swapped in), so the records are
+// bounded by twice the sum of the group's per-stream limits (R-CFG-2).
+type keyTable struct {
+	blockSize int
+	seed      uint64
+
+	// wmu serialises writers for the whole of a write, so that a writer
+	// may read the table without mu and build a grown copy of a part of
+	// it while queries go on; mu is taken, after wmu, only to change
+	// what queries read.
+	wmu sync.Mutex
+	mu  sync.RWMutex
+	// A record is three words: the key (Hi, Lo) and its holders. Most
+	// keys are held by one or two streams, so the holders word lists up
+	// to two (slot, tiers) entries inline; a key held by more gets a
+	// dense entry, Device and Host bitsets of words words each, in a
+	// pool, and the holders word names it (denseFlag | index).
+	words int
+	pages [][]uint64
+	used  uint32   // records handed out, free ones included
+	free  []uint32 // records to reuse
+	// pool holds the dense entries, poolUsed of them handed out.
+	pool     [][]uint64
+	poolUsed uint32
+	poolFree []uint32
+	// cells hold record+1 in the low 32 bits and the top 32 bits of the
+	// key's low half above, which give the home cell (so growth and
+	// deletion never read records) and reject most non-matching cells.
+	cells []uint64
+	mask  uint64
+	live  int
+	// published has a slot's bit set while the slot's bits are its
+	// stream's served view.
+	published []uint64
+	slotUsed  []bool
+	// sink keeps the warming loads of writers from being optimised away.
+	sink uint64
+}
+
+// Record layout and the inline holder entries: an entry is 24 bits,
+// present bit, two tier bits, 16-bit slot.
+const (
+	recWords     = 3
+	denseFlag    = 1 << 63
+	entryBits    = 24
+	entryMask    = 1<<entryBits - 1
+	entryPresent = 1 << 23
+	tierShift    = 16
+	tierDev      = 1
+	tierHost     = 2
+	// maxSlots is what a 16-bit inline slot can name.
+	maxSlots = 1 << 16
+)
+
+const (
+	pageShift   = 12
+	pageRecords = 1 << pageShift
+	// keyChunk bounds the changes one exclusive hold of the table
+	// applies, which bounds how long a query can wait for a writer.
+	keyChunk = 16
+	// minCells is the smallest cell array allocated.
+	minCells = 1024
+)
+
+// keyChange is one content key's tiers on one stream after a change.
+type keyChange struct {
+	k         kvindex.Key
+	dev, host bool
+}
+
+func newKeyTable(blockSize int, seed uint64) *keyTable {
+	t := &keyTable{blockSize: blockSize, seed: seed, words: 1, published: make([]uint64, 1), slotUsed: make([]bool, 64)}
+	return t
+}
+
+// setWords changes the bitset width, copying every dense entry into pool
+// pages of the new width; records and their inline entries do not move.
+// The copy is built without mu, so queries go on while it is made: the
+// caller holds wmu, so nothing changes the table meanwhile, and only the
+// swap takes mu.
+func (t *keyTable) setWords(w int) {
+	pool := make([][]uint64, len(t.pool))
+	for i := range pool {
+		pool[i] = make([]uint64, pageRecords*2*w)
+	}
+	for d := uint32(0); d < t.poolUsed; d++ {
+		src := t.dense(d)
+		off := int(d&(pageRecords-1)) * 2 * w
+		dst := pool[d>>pageShift][off : off+2*w]
+		copy(dst[:w], src[:t.words])
+		copy(dst[w:], src[t.words:])
+	}
+	pub := make([]uint64, w)
+	copy(pub, t.published)
+	su := make([]bool, 64*w)
+	copy(su, t.slotUsed)
+	t.mu.Lock()
+	t.words, t.pool, t.published, t.slotUsed = w, pool, pub, su
+	t.mu.Unlock()
+}
+
+// rec returns record r: key Hi, key Lo, holders.
+func (t *keyTable) rec(r uint32) []uint64 {
+	p := t.pages[r>>pageShift]
+	off := int(r&(pageRecords-1)) * recWords
+	return p[off : off+recWords : off+recWords]
+}
+
+// dense returns dense entry d: Device words, then Host words.
+func (t *keyTable) dense(d uint32) []uint64 {
+	p := t.pool[d>>pageShift]
+	n := 2 * t.words
+	off := int(d&(pageRecords-1)) * n
+	return p[off : off+n : off+n]
+}
+
+// allocSlot reserves a slot for a new stream of the group. The slot's
+// bits are all clear and it is not published. It panics past maxSlots
+// slots, far beyond any directory's max_streams.
+func (t *keyTable) allocSlot() int {
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	slot := slices.Index(t.slotUsed, false)
+	if slot < 0 {
+		slot = len(t.slotUsed)
+		if slot >= maxSlots {
+			panic("kvdir: key table slots exhausted")
+		}
+		t.setWords(t.words + 1)
+	}
+	t.mu.Lock()
+	t.slotUsed[slot] = true
+	t.mu.Unlock()
+	return slot
+}
+
+// freeSlot returns a slot whose stream has withdrawn its view (every bit
+// clear, unpublished) for reuse.
+func (t *keyTable) freeSlot(slot int) {
+	t.wmu.Lock()
+	t.mu.Lock()
+	t.slotUsed[slot] = false
+	t.mu.Unlock()
+	t.wmu.Unlock()
+}
+
+// slots returns the number of slots in use.
+func (t *keyTable) slots() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	n := 0
+	for _, u := range t.slotUsed {
+		if u {
+			n++
+		}
+	}
+	return n
+}
+
+// setPublished makes the slot's bits count for queries, or stop counting,
+// at once.
+func (t *keyTable) setPublished(slot int, on bool) {
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	t.mu.Lock()
+	if on {
+		t.published[slot>>6] |= 1 << (slot & 63)
+	} else {
+		t.published[slot>>6] &^= 1 << (slot & 63)
+	}
+	t.mu.Unlock()
+}
+
+// apply writes changes for slot, in order.
+func (t *keyTable) apply(slot int, changes []keyChange) {
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	// Room for every change to add a key is made first, without mu (see
+	// growCells), so that set never rebuilds the cells with mu held.
+	if need := t.live + len(changes); 4*need > 3*len(t.cells) {
+		t.growCells(need)
+	}
+	t.mu.Lock()
+	t.warmChanges(changes)
+	for i := range changes {
+		c := &changes[i]
+		t.set(slot, c.k, c.dev, c.host)
+	}
+	t.mu.Unlock()
+}
+
+// set makes slot's bits of k say dev and host, adding the record when k
+// gains its first holder and dropping it when it loses its last.
+func (t *keyTable) set(slot int, k kvindex.Key, dev, host bool) {
+	var tiers uint64
+	if dev {
+		tiers |= tierDev
+	}
+	if host {
+		tiers |= tierHost
+	}
+	r, ok := t.find(k)
+	if !ok {
+		if tiers == 0 {
+			return
+		}
+		r = t.insert(k)
+	}
+	rec := t.rec(r)
+	h := rec[2]
+	if h&denseFlag != 0 {
+		d := t.dense(uint32(h))
+		w, b := slot>>6, uint64(1)<<(slot&63)
+		setBit(&d[w], b, dev)
+		setBit(&d[t.words+w], b, host)
+		if tiers != 0 {
+			return
+		}
+		for _, x := range d {
+			if x != 0 {
+				return
+			}
+		}
+		t.poolFree = append(t.poolFree, uint32(h))
+		rec[2] = 0
+		t.remove(r, k)
+		return
+	}
+	e := [2]uint64{h & entryMask, h >> entryBits & entryMask}
+	mine := entryPresent | tiers<<tierShift | uint64(slot)
+	switch {
+	case e[0] != 0 && int(e[0]&0xFFFF) == slot:
+		e[0] = 0
+	case e[1] != 0 && int(e[1]&0xFFFF) == slot:
+		e[1] = 0
+	}
+	if tiers != 0 {
+		switch {
+		case e[0] == 0:
+			e[0] = mine
+		case e[1] == 0:
+			e[1] = mine
+		default:
+			rec[2] = t.promote(e[0], e[1], mine)
+			return
+		}
+	}
+	if e[0] == 0 {
+		e[0], e[1] = e[1], 0
+	}
+	rec[2] = e[0] | e[1]<<entryBits
+	if rec[2] == 0 {
+		t.remove(r, k)
+	}
+}
+
+// promote moves a key's holders into a new dense entry and returns the
+// holders word naming it.
+func (t *keyTable) promote(entries ...uint64) uint64 {
+	var d uint32
+	if n := len(t.poolFree); n > 0 {
+		d = t.poolFree[n-1]
+		t.poolFree = t.poolFree[:n-1]
+	} else {
+		d = t.poolUsed
+		t.poolUsed++
+		if int(d>>pageShift) == len(t.pool) {
+			t.pool = append(t.pool, make([]uint64, pageRecords*2*t.words))
+		}
+	}
+	bits := t.dense(d)
+	clear(bits)
+	for _, e := range entries {
+		addEntry(bits, t.words, e)
+	}
+	return denseFlag | uint64(d)
+}
+
+// addEntry sets the bits of inline entry e in the bitsets of dst (Device
+// words, then Host words, w each).
+func addEntry(dst []uint64, w int, e uint64) {
+	if e == 0 {
+		return
+	}
+	slot := e & 0xFFFF
+	b := uint64(1) << (slot & 63)
+	if e>>tierShift&tierDev != 0 {
+		dst[slot>>6] |= b
+	}
+	if e>>tierShift&tierHost != 0 {
+		dst[w+int(slot>>6)] |= b
+	}
+}
+
+func setBit(x *uint64, b uint64, on bool) {
+	if on {
+		*x |= b
+	} else {
+		*x &^= b
+	}
+}
+
+func cellOf(k kvindex.Key, r uint32) uint64 { return k.Lo&^0xFFFFFFFF | uint64(r+1) }
+
+func (t *keyTable) home(c uint64) uint64 { return (c >> 32) & t.mask }
+
+// find returns the record of k.
+func (t *keyTable) find(k kvindex.Key) (uint32, bool) {
+	if len(t.cells) == 0 {
+		return 0, false
+	}
+	tag := k.Lo >> 32
+	for i := tag & t.mask; ; i = (i + 1) & t.mask {
+		c := t.cells[i]
+		if c == 0 {
+			return 0, false
+		}
+		if c>>32 == tag {
+			r := uint32(c) - 1
+			if rec := t.rec(r); rec[0] == k.Hi && rec[1] == k.Lo {
+				return r, true
+			}
+		}
+	}
+}
+
+// insert adds a record for k, which the table does not hold, with every
+// bit clear.
+func (t *keyTable) insert(k kvindex.Key) uint32 {
+	if 4*(t.live+1) > 3*len(t.cells) {
+		t.growCells(t.live + 1)
+	}
+	var r uint32
+	if n := len(t.free); n > 0 {
+		r = t.free[n-1]
+		t.free = t.free[:n-1]
+	} else {
+		r = t.used
+		t.used++
+		if int(r>>pageShift) == len(t.pages) {
+			t.pages = append(t.pages, make([]uint64, pageRecords*recWords))
+		}
+	}
+	rec := t.rec(r)
+	clear(rec)
+	rec[0], rec[1] = k.Hi, k.Lo
+	t.place(cellOf(k, r))
+	t.live++
+	return r
+}
+
+func (t *keyTable) place(c uint64) { placeIn(t.cells, t.mask, c) }
+
+func placeIn(cells []uint64, mask, c uint64) {
+	i := (c >> 32) & mask
+	for cells[i] != 0 {
+		i = (i + 1) & mask
+	}
+	cells[i] = c
+}
+
+// growCells rebuilds the cell array with room for need keys. The new
+// array is filled without mu, so that queries keep reading the old one
+// meanwhile (a rebuild of tens of millions of cells takes a second); the
+// caller holds wmu, so the old one does not change, and only the swap
+// takes mu. A caller already holding mu (set, outside apply) must not
+// reach here; apply makes room first.
+func (t *keyTable) growCells(need int) {
+	n := max(2*len(t.cells), minCells)
+	for 4*need > 3*n {
+		n *= 2
+	}
+	cells := make([]uint64, n)
+	mask := uint64(n - 1)
+	for _, c := range t.cells {
+		if c != 0 {
+			placeIn(cells, mask, c)
+		}
+	}
+	t.mu.Lock()
+	t.cells, t.mask = cells, mask
+	t.mu.Unlock()
+}
+
+// remove drops record r of key k by backward-shift deletion, so probe
+// runs never hold tombstones.
+func (t *keyTable) remove(r uint32, k kvindex.Key) {
+	i := (k.Lo >> 32) & t.mask
+	for uint32(t.cells[i]) != r+1 {
+		i = (i + 1) & t.mask
+	}
+	for j := i; ; {
+		j = (j + 1) & t.mask
+		c := t.cells[j]
+		if c == 0 {
+			break
+		}
+		if !between(i, t.home(c), j) {
+			t.cells[i] = c
+			i = j
+		}
+	}
+	t.cells[i] = 0
+	t.live--
+	t.free = append(t.free, r)
+}
+
+// between reports whether home h lies cyclically in (i, j].
+func between(i, h, j uint64) bool {
+	if i <= j {
+		return i < h && h <= j
+	}
+	return i < h || h <= j
+}
+
+// storageBytes is the memory the table holds, by capacity.
+func (t *keyTable) storageBytes() int64 {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return int64(len(t.pages))*pageRecords*recWords*8 + int64(len(t.pool))*pageRecords*int64(2*t.words)*8 +
+		int64(len(t.cells))*8 + int64(cap(t.free)+cap(t.poolFree))*4
+}
+
+// records returns the number of keys the table holds.
+func (t *keyTable) records() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.live
+}
+
+// walkResult is one query's answer over one key group, per slot. It
+// lives in the query scratch and is reused.
+type walkResult struct {
+	hasher *kvindex.Hasher
+	walked bool
+	// start holds the slots published when the walk began; only they
+	// have an answer.
+	start, alive []uint64
+	// inline holds the bitsets of a record whose holders are inline.
+	inline []uint64
+	// blocks[slot] is the length of the slot's matched prefix.
+	blocks []int32
+	// planes count host-only blocks per slot, bit-sliced: bit b of word
+	// w of planes[p] is bit p of the count of slot 64w+b, so adding a
+	// block's host-only mask costs a few word operations whatever the
+	// number of slots it has set.
+	planes  [][]uint64
+	nplanes int
+	// keys holds a batch of the prompt's block keys; sink keeps the
+	// warming loads from being optimised away.
+	keys [16]kvindex.Key
+	sink uint64
+}
+
+// result returns slot's matched blocks and how many of them are
+// host-only; ok is false when the slot was not published at the walk.
+func (wr *walkResult) resultOf(slot int) (blocks, hostOnly int, ok bool) {
+	w := slot >> 6
+	if wr == nil || !wr.walked || w >= len(wr.start) || wr.start[w]&(1<<(slot&63)) == 0 {
+		return 0, 0, false
+	}
+	for p := range wr.nplanes {
+		hostOnly |= int(wr.planes[p][w]>>(slot&63)&1) << p
+	}
+	return int(wr.blocks[slot]), hostOnly, true
+}
+
+func (wr *walkResult) reset(words, blockSize int, seed uint64) {
+	if wr.hasher == nil || wr.hasher.BlockSize() != blockSize || wr.hasher.Seed() != seed {
+		wr.hasher = kvindex.NewHasher(blockSize, seed)
+	}
+	if len(wr.start) != words {
+		wr.inline = make([]uint64, 2*words)
+		wr.start = make([]uint64, words)
+		wr.alive = make([]uint64, words)
+		wr.blocks = make([]int32, 64*words)
+		wr.planes = wr.planes[:0]
+	}
+	for p := range wr.nplanes {
+		clear(wr.planes[p])
+	}
+	wr.nplanes = 0
+}
+
+// addHostOnly adds one to the host-only count of every slot in m, word w.
+func (wr *walkResult) addHostOnly(w int, m uint64) {
+	for p := 0; m != 0; p++ {
+		if p == wr.nplanes {
+			if p == len(wr.planes) {
+				wr.planes = append(wr.planes, make([]uint64, len(wr.start)))
+			}
+			wr.nplanes++
+		}
+		carry := wr.planes[p][w] & m
+		wr.planes[p][w] ^= m
+		m = carry
+	}
+}
+
+// walk answers a prefix query of tokens for every published slot. Blocks
+// are hashed as the walk reaches them, so a prompt that misses early
+// costs one hash, not one per block. The walk stops at the first block no
+// published slot still matching holds.
+func (t *keyTable) walk(tokens []uint32, wr *walkResult) {
+	bs := t.blockSize
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	W := t.words
+	wr.reset(W, bs, t.seed)
+	wr.walked = true
+	any := uint64(0)
+	for w, p := range t.published {
+		wr.start[w], wr.alive[w] = p, p
+		any |= p
+	}
+	n := len(tokens) / bs
+	if any == 0 {
+		return
+	}
+	var parent kvindex.Key
+	i := 0
+	// Blocks go in batches that double from one: a prompt that misses
+	// at once costs one hash, and a long hit loads the cells, then the
+	// records, of a whole batch before using any, so that their cache
+	// misses overlap instead of each stalling the walk in turn.
+	batch := 1
+walk:
+	for i < n {
+		m := min(batch, n-i, len(wr.keys))
+		batch *= 2
+		keys := wr.keys[:m]
+		for j := range keys {
+			b := i + j
+			parent = wr.hasher.BlockKey(parent, b > 0, tokens[b*bs:(b+1)*bs])
+			keys[j] = parent
+		}
+		t.warm(keys, wr)
+		for j := range keys {
+			r, ok := t.find(keys[j])
+			if !ok {
+				break walk
+			}
+			var dev, host []uint64
+			if h := t.rec(r)[2]; h&denseFlag != 0 {
+				d := t.dense(uint32(h))
+				dev, host = d[:W], d[W:2*W]
+			} else {
+				clear(wr.inline)
+				addEntry(wr.inline, W, h&entryMask)
+				addEntry(wr.inline, W, h>>entryBits&entryMask)
+				dev, host = wr.inline[:W], wr.inline[W:2*W]
+			}
+			left := uint64(0)
+			for w, a := range wr.alive {
+				if a == 0 {
+					continue
+				}
+				has := dev[w] | host[w]
+				for stop := a &^ has; stop != 0; stop &= stop - 1 {
+					wr.blocks[w<<6|bits.TrailingZeros64(stop)] = int32(i)
+				}
+				a &= has
+				wr.alive[w] = a
+				if ho := a &^ dev[w]; ho != 0 {
+					wr.addHostOnly(w, ho)
+				}
+				left |= a
+			}
+			if left == 0 {
+				return
+			}
+			i++
+		}
+	}
+	for w, a := range wr.alive {
+		for ; a != 0; a &= a - 1 {
+			wr.blocks[w<<6|bits.TrailingZeros64(a)] = int32(i)
+		}
+	}
+}
+
+// warm loads the home cells of keys, then the records those cells name,
+// each pass's loads independent of each other.
+func (t *keyTable) warm(keys []kvindex.Key, wr *walkResult) {
+	if len(keys) < 2 || len(t.cells) == 0 {
+		return
+	}
+	var acc uint64
+	var cells [16]uint64
+	for j, k := range keys {
+		cells[j] = t.cells[(k.Lo>>32)&t.mask]
+	}
+	for j, c := range cells[:len(keys)] {
+		if c != 0 {
+			cells[j] = t.rec(uint32(c) - 1)[2]
+		}
+	}
+	for _, h := range cells[:len(keys)] {
+		if h&denseFlag != 0 {
+			acc += t.dense(uint32(h))[0]
+		}
+	}
+	wr.sink += acc
+}
+
+// warmChanges loads the home cells of the changes' keys, then the
+// records they name, so that the cache misses of a chunk overlap instead
+// of stalling each change in turn.
+func (t *keyTable) warmChanges(changes []keyChange) {
+	if len(t.cells) == 0 {
+		return
+	}
+	var cells [keyChunk]uint64
+	var acc uint64
+	for j := range changes[:min(len(changes), keyChunk)] {
+		cells[j] = t.cells[(changes[j].k.Lo>>32)&t.mask]
+	}
+	for _, c := range cells[:min(len(changes), keyChunk)] {
+		if c != 0 {
+			acc += t.rec(uint32(c) - 1)[0]
+		}
+	}
+	t.sink += acc
+}
+
+// fill writes ix's keys for slot, which must not be published: nothing
+// of it is visible until setPublished.
+func (t *keyTable) fill(slot int, ix *kvindex.Index, buf *[]keyChange) {
+	ix.ForEachKey(func(k kvindex.Key, d, h bool) { t.push(slot, buf, k, d, h) })
+	t.flush(slot, buf)
+}
+
+// withdraw clears slot's bits of every key of ix, the view the slot
+// mirrored; the slot must already be unpublished.
+func (t *keyTable) withdraw(slot int, ix *kvindex.Index, buf *[]keyChange) {
+	ix.ForEachKey(func(k kvindex.Key, _, _ bool) { t.push(slot, buf, k, false, false) })
+	t.flush(slot, buf)
+}
+
+// replace turns the published slot's bits from view old into view next
+// while queries keep reading them. It first lowers every key to what both
+// views hold (old ∩ next), then raises every key to next: while the first
+// pass runs every key's bits are a subset of old's, while the second runs
+// a subset of next's, so whatever moment a query reads, the whole slot is
+// a subset of one of the two views and its answer is at most what one of
+// them answers (R-REC-2: no over-report during a calibration).
+func (t *keyTable) replace(slot int, old, next *kvindex.Index, buf *[]keyChange) {
+	old.ForEachKey(func(k kvindex.Key, od, oh bool) {
+		if nd, nh := next.KeyTiers(k); nd != od || nh != oh {
+			t.push(slot, buf, k, od && nd, oh && nh)
+		}
+	})
+	t.flush(slot, buf)
+	next.ForEachKey(func(k kvindex.Key, nd, nh bool) {
+		if od, oh := old.KeyTiers(k); nd != od || nh != oh {
+			t.push(slot, buf, k, nd, nh)
+		}
+	})
+	t.flush(slot, buf)
+}
+
+func (t *keyTable) push(slot int, buf *[]keyChange, k kvindex.Key, d, h bool) {
+	*buf = append(*buf, keyChange{k, d, h})
+	if len(*buf) >= keyChunk {
+		t.flush(slot, buf)
+	}
+}
+
+func (t *keyTable) flush(slot int, buf *[]keyChange) {
+	if len(*buf) > 0 {
+		t.apply(slot, *buf)
+		*buf = (*buf)[:0]
+	}
+}

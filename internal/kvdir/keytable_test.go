@@ -1,0 +1,436 @@
+package kvdir
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/kvevent"
+	"github.com/kvcar/kvcar/internal/kvindex"
+)
+
+const modelBlock = 2
+
+// modelStream is one stream of the randomized model test with the
+// engine hashes it has stored, to draw parents and removals from.
+type modelStream struct {
+	s      *stream
+	hashes []kvevent.EngineHash
+	next   uint64
+}
+
+// event draws a random event: chained stores over a two-token alphabet
+// (so streams share content keys often), tokenless Host copies, removals
+// on either tier, now and then a clear.
+func (m *modelStream) event(rng *rand.Rand) *kvevent.Event {
+	known := func() kvevent.EngineHash { return m.hashes[rng.IntN(len(m.hashes))] }
+	medium := kvevent.Medium(rng.IntN(2))
+	switch p := rng.IntN(100); {
+	case p < 2:
+		return &kvevent.Event{Kind: kvevent.AllBlocksCleared}
+	case p < 30 && len(m.hashes) > 0:
+		hs := make([]kvevent.EngineHash, 1+rng.IntN(3))
+		for i := range hs {
+			hs[i] = known()
+		}
+		return &kvevent.Event{Kind: kvevent.BlockRemoved, Medium: medium, BlockHashes: hs}
+	case p < 40 && len(m.hashes) > 0:
+		return &kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Host, BlockHashes: []kvevent.EngineHash{known()}, PlainText: true}
+	}
+	n := 1 + rng.IntN(4)
+	ev := &kvevent.Event{Kind: kvevent.BlockStored, Medium: medium, BlockSize: modelBlock, PlainText: true,
+		BlockHashes: make([]kvevent.EngineHash, n), TokenIDs: make([]uint32, n*modelBlock)}
+	for i := range ev.BlockHashes {
+		m.next++
+		ev.BlockHashes[i] = kvevent.IntHash(m.next)
+		m.hashes = append(m.hashes, ev.BlockHashes[i])
+	}
+	for i := range ev.TokenIDs {
+		ev.TokenIDs[i] = uint32(rng.IntN(2))
+	}
+	if len(m.hashes) > n && rng.IntN(4) != 0 {
+		ev.HasParent, ev.ParentHash = true, m.hashes[rng.IntN(len(m.hashes)-n)]
+	}
+	return ev
+}
+
+// snapshotIndex builds a fresh index from random events, as a snapshot
+// or a history replay does before it is published.
+func (m *modelStream) snapshotIndex(rng *rand.Rand) *kvindex.Index {
+	ix := kvindex.New(kvindex.Config{BlockSize: modelBlock, HashSeed: 1024, MaxBlocks: 64})
+	m.hashes = m.hashes[:0]
+	for range rng.IntN(12) {
+		ev := m.event(rng)
+		_ = ix.Apply(ev, kvindex.Snapshot) // capacity errors leave a usable index
+	}
+	return ix
+}
+
+func modelDirectory(t *testing.T, n int) (*Directory, []*modelStream) {
+	t.Helper()
+	tab := newKeyTable(modelBlock, 1024)
+	ms := make([]*modelStream, n)
+	streams := make([]*stream, n)
+	for i := range ms {
+		s := newStream(StreamSpec{InstanceName: fmt.Sprintf("10.0.0.%d:8000", i), BlockSize: modelBlock, HashSeed: 1024})
+		s.attach(tab)
+		ms[i] = &modelStream{s: s, next: uint64(i) << 32}
+		streams[i] = s
+	}
+	return viewOf(streams), ms
+}
+
+// referenceMatch is the answer the per-stream walk gave before the
+// shared table: the stream's own index matched under its lock, zero for
+// an unsynchronised stream (R-REC-1).
+func referenceMatch(s *stream, keys []kvindex.Key) (dev, hostOnly int) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if !s.synced || s.idx == nil {
+		return 0, 0
+	}
+	m := s.idx.Match(keys)
+	return m.DeviceBlocks, m.HostOnlyBlocks
+}
+
+// TestSharedTableAgainstPerStreamMatch drives many streams (more than 64,
+// so the slot bitsets span words) through random live events, faults,
+// invalidations, snapshot publications (fresh and calibration), clears
+// and slot reuse, and checks after every step that Directory.Query gives
+// every stream exactly what its own index matches, and nothing for an
+// unsynchronised stream (R-IDX-3, R-REC-1, R-REC-2, R-DIR-4).
+func TestSharedTableAgainstPerStreamMatch(t *testing.T) {
+	hitSlots := map[int]bool{}
+	for seed := uint64(1); seed <= 4; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 0x73686172))
+		d, ms := modelDirectory(t, 70)
+		tab := ms[0].s.keys
+		seen := map[string]int{}
+		var dst []Match
+		for step := range 6000 {
+			m := ms[rng.IntN(len(ms))]
+			s := m.s
+			switch p := rng.IntN(100); {
+			case p < 3:
+				s.invalidate("fault")
+				seen["invalidate"]++
+			case p < 8:
+				ix := m.snapshotIndex(rng)
+				if s.idx != nil {
+					seen["calibration"]++
+				} else {
+					seen["fresh publish"]++
+				}
+				s.publish(ix, uint64(step), true, true)
+			case p < 9:
+				// The stream is retired and a new one takes its slot.
+				s.invalidate("stream removed")
+				tab.freeSlot(s.slot)
+				ns := newStream(s.spec)
+				ns.attach(tab)
+				if ns.slot != s.slot {
+					t.Fatalf("freed slot %d not reused (got %d)", s.slot, ns.slot)
+				}
+				d.set.Load().streams[streamIndex(ms, m)] = ns
+				m.s, m.hashes = ns, nil
+				seen["slot reuse"]++
+			default:
+				if s.idx == nil {
+					continue
+				}
+				ev := m.event(rng)
+				if err := s.applyPublished(s.idx, ev, kvindex.Delta); err != nil {
+					// The syncer withdraws a view an event could not be
+					// applied to (R-REC-3).
+					s.invalidate(err.Error())
+					seen["fault"]++
+				} else {
+					seen[ev.Kind.String()]++
+				}
+			}
+			for q := 0; q < 2; q++ {
+				tokens := randomPrompt(rng, ms)
+				keys := kvindex.KeysFor(tokens, modelBlock, 1024, nil)
+				dst = d.Query(tokens, dst[:0])
+				for i, mm := range ms {
+					wd, wh := referenceMatch(mm.s, keys)
+					got := dst[i]
+					if got.DeviceHitTokens != wd*modelBlock || got.HostOnlyHitTokens != wh*modelBlock {
+						t.Fatalf("seed %d step %d stream %d (slot %d, synced %v): query %d/%d tokens, own index %d/%d blocks",
+							seed, step, i, mm.s.slot, got.Synchronized, got.DeviceHitTokens, got.HostOnlyHitTokens, wd, wh)
+					}
+					if want := wantStatus(mm.s); got.Synchronized != want.Synchronized || got.Sequence != want.Sequence ||
+						got.Error != want.Error || got.DeviceBlocks != want.DeviceBlocks || got.HostBlocks != want.HostBlocks {
+						t.Fatalf("seed %d step %d stream %d: query status %+v, under the lock %+v", seed, step, i, got, want)
+					}
+					if wd+wh > 0 {
+						seen["hit"]++
+						hitSlots[mm.s.slot] = true
+					}
+					if wh > 0 {
+						seen["host-only hit"]++
+					}
+				}
+			}
+		}
+		for _, c := range []string{"invalidate", "calibration", "fresh publish", "slot reuse", "fault", "hit", "host-only hit",
+			kvevent.BlockStored.String(), kvevent.BlockRemoved.String(), kvevent.AllBlocksCleared.String()} {
+			if seen[c] == 0 {
+				t.Errorf("seed %d: random steps never produced %q", seed, c)
+			}
+		}
+		if tab.poolUsed == 0 {
+			t.Errorf("seed %d: no key was ever held by more than two streams (no dense entry)", seed)
+		}
+		// Every view withdrawn, the table holds nothing: no stream left
+		// bits behind.
+		for _, m := range ms {
+			m.s.invalidate("end")
+		}
+		if n := tab.records(); n != 0 {
+			t.Errorf("seed %d: %d records left after every view was withdrawn", seed, n)
+		}
+	}
+	if len(hitSlots) != 70 {
+		t.Errorf("only %d of 70 slots ever had a hit", len(hitSlots))
+	}
+}
+
+// wantStatus is the stream's status read under its lock, which the query
+// reads from the lock-free copy (queryView).
+func wantStatus(s *stream) Match {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	m := Match{Synchronized: s.synced, Sequence: s.seq, Error: s.reason}
+	if s.synced && s.idx != nil {
+		m.DeviceBlocks, m.HostBlocks = s.idx.Counts()
+	}
+	return m
+}
+
+func streamIndex(ms []*modelStream, m *modelStream) int {
+	for i := range ms {
+		if ms[i] == m {
+			return i
+		}
+	}
+	panic("stream not found")
+}
+
+// randomPrompt is random tokens over the model's alphabet: with two
+// tokens and two-token blocks, prompts often run along stored chains.
+func randomPrompt(rng *rand.Rand, _ []*modelStream) []uint32 {
+	tokens := make([]uint32, rng.IntN(8*modelBlock+2))
+	for i := range tokens {
+		tokens[i] = uint32(rng.IntN(2))
+	}
+	return tokens
+}
+
+// chainIndex returns an index holding the given blocks of prompt, each
+// chained to the one before it (a block may be absent: its children are
+// still stored, under a parent hash the index knows as a ghost).
+func chainIndex(t testing.TB, prompt []uint32, hold []bool) *kvindex.Index {
+	ix := kvindex.New(kvindex.Config{BlockSize: modelBlock, HashSeed: 1024, MaxBlocks: 64})
+	n := len(prompt) / modelBlock
+	for i := range n {
+		ev := &kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Device, BlockSize: modelBlock, PlainText: true,
+			BlockHashes: []kvevent.EngineHash{kvevent.IntHash(uint64(i + 1))}, TokenIDs: prompt[i*modelBlock : (i+1)*modelBlock]}
+		if i > 0 {
+			ev.HasParent, ev.ParentHash = true, kvevent.IntHash(uint64(i))
+		}
+		if err := ix.Apply(ev, kvindex.Delta); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range n {
+		if !hold[i] {
+			ev := &kvevent.Event{Kind: kvevent.BlockRemoved, Medium: kvevent.Device, BlockHashes: []kvevent.EngineHash{kvevent.IntHash(uint64(i + 1))}}
+			if err := ix.Apply(ev, kvindex.Delta); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return ix
+}
+
+// TestSharedTableNoMixedViews runs queries while writers publish views
+// over and over (calibrations that replace a served view, invalidations
+// followed by fresh publications): view A holds blocks 1-2 of an 8-block
+// prompt, view B blocks 1 and 3-8. Each matches at most 2 blocks, but a
+// query seeing A's block 2 with B's blocks 3-8 would report 8, so any
+// answer above 2 is a mix of views (R-REC-2). An unsynchronised answer
+// must report nothing (R-REC-1). Run it under -race.
+func TestSharedTableNoMixedViews(t *testing.T) {
+	const streams = 8
+	prompt := make([]uint32, 8*modelBlock)
+	for i := range prompt {
+		prompt[i] = uint32(i*7 + 3)
+	}
+	holdA := []bool{true, true, false, false, false, false, false, false}
+	holdB := []bool{true, false, true, true, true, true, true, true}
+	d, ms := modelDirectory(t, streams)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var publications atomic.Int64
+	for _, m := range ms {
+		wg.Add(1)
+		go func(s *stream) {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				hold := holdA
+				if i%2 == 1 {
+					hold = holdB
+				}
+				if i%5 == 4 {
+					s.invalidate("fault")
+				}
+				s.publish(chainIndex(t, prompt, hold), uint64(i), true, true)
+				publications.Add(1)
+			}
+		}(m.s)
+	}
+	var dst []Match
+	deadline := time.Now().Add(time.Second)
+	queries, hits := 0, 0
+	for time.Now().Before(deadline) || publications.Load() < 200 {
+		dst = d.Query(prompt, dst[:0])
+		queries++
+		for i, m := range dst {
+			if m.ReusablePrefixTokens > 2*modelBlock {
+				t.Fatalf("stream %d reported %d tokens: a mix of two views", i, m.ReusablePrefixTokens)
+			}
+			if !m.Synchronized && m.ReusablePrefixTokens != 0 {
+				t.Fatalf("unsynchronised stream %d reported %d tokens", i, m.ReusablePrefixTokens)
+			}
+			if m.ReusablePrefixTokens > 0 {
+				hits++
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if hits == 0 {
+		t.Fatalf("%d queries over %d publications never saw a hit", queries, publications.Load())
+	}
+	t.Logf("%d queries, %d publications, %d stream hits", queries, publications.Load(), hits)
+}
+
+// TestKeyTableBound fills a shared table to the most records its streams
+// can make it hold (every slot with bits on twice max_blocks_per_stream
+// distinct keys, as during a calibration swap), slots added one by one
+// so that the bitsets widen on the way, and checks that what it holds
+// stays within KeyTableBound, which MemoryBound.Process adds (R-CFG-2).
+func TestKeyTableBound(t *testing.T) {
+	for _, tc := range []struct {
+		streams, maxBlocks int
+		shared             bool // every stream holds the same keys: dense entries
+	}{{1, 5000, false}, {3, 4099, false}, {70, 300, false}, {70, 300, true}, {130, 100, true}} {
+		tab := newKeyTable(modelBlock, 1024)
+		peak := int64(0)
+		for i := range tc.streams {
+			rng := rand.New(rand.NewPCG(uint64(tc.streams), uint64(i)))
+			if tc.shared {
+				rng = rand.New(rand.NewPCG(1, 1))
+			}
+			slot := tab.allocSlot()
+			for range 2 * tc.maxBlocks {
+				tab.set(slot, kvindex.Key{Hi: rng.Uint64(), Lo: rng.Uint64()}, true, rng.IntN(2) == 0)
+			}
+			peak = max(peak, tab.storageBytes())
+		}
+		want := 2 * tc.streams * tc.maxBlocks
+		if tc.shared {
+			want = 2 * tc.maxBlocks
+		}
+		if tab.records() != want {
+			t.Fatalf("%+v: %d records, want %d", tc, tab.records(), want)
+		}
+		if bound := KeyTableBound(tc.streams, tc.maxBlocks); peak > bound {
+			t.Errorf("%+v: table holds %d bytes, bound %d", tc, peak, bound)
+		} else {
+			t.Logf("%+v: %d bytes of a bound of %d", tc, peak, bound)
+		}
+	}
+	lim := Limits{MaxBlocksPerStream: 1000, MaxMessageBytes: 1 << 20, MaxBufferedBytes: 4 << 20}
+	b := lim.MemoryBound()
+	if got, want := b.Process(128)-128*(2*b.Heap()+b.Queued), 2*KeyTableBound(128, 1000); got != want {
+		t.Errorf("Process(128) adds %d bytes for the key tables, want %d", got, want)
+	}
+}
+
+// TestSharedTableGrowsUnderQueries queries a stream whose view never
+// changes while other streams publish views of thousands of new keys and
+// new streams join, so that the table's cells are rebuilt and its
+// bitsets widen (past 64 slots) under the queries. The unchanged stream
+// must keep its exact answer throughout (R-DIR-4: growth is invisible to
+// queries). Run it under -race.
+func TestSharedTableGrowsUnderQueries(t *testing.T) {
+	prompt := make([]uint32, 8*modelBlock)
+	for i := range prompt {
+		prompt[i] = uint32(i + 1000)
+	}
+	all := []bool{true, true, true, true, true, true, true, true}
+	d, ms := modelDirectory(t, 4)
+	ms[0].s.publish(chainIndex(t, prompt, all), 1, true, true)
+	tab := ms[0].s.keys
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		rng := rand.New(rand.NewPCG(3, 4))
+		for n := 0; ; n++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			s := newStream(StreamSpec{InstanceName: fmt.Sprintf("extra-%d", n), BlockSize: modelBlock, HashSeed: 1024})
+			s.attach(tab)
+			ix := kvindex.New(kvindex.Config{BlockSize: modelBlock, HashSeed: 1024, MaxBlocks: 4096})
+			for c := range 200 {
+				ev := &kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Medium(c % 2), BlockSize: modelBlock, PlainText: true,
+					BlockHashes: []kvevent.EngineHash{kvevent.IntHash(uint64(c))}, TokenIDs: []uint32{rng.Uint32(), rng.Uint32()}}
+				if err := ix.Apply(ev, kvindex.Delta); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+			s.publish(ix, 1, true, true)
+			if n >= 150 {
+				return // 150 streams of 200 keys: past 64 and 128 slots, cells rebuilt several times
+			}
+		}
+	}()
+	var dst []Match
+	queries := 0
+	for done := false; !done; queries++ {
+		dst = d.Query(prompt, dst[:0])
+		if got := dst[0].DeviceHitTokens; got != 8*modelBlock {
+			close(stop)
+			wg.Wait()
+			t.Fatalf("query %d: the unchanged stream hit %d tokens, want %d", queries, got, 8*modelBlock)
+		}
+		if tab.slots() > 150 {
+			done = true
+		}
+	}
+	close(stop)
+	wg.Wait()
+	tab.mu.RLock()
+	words, cells := tab.words, len(tab.cells)
+	tab.mu.RUnlock()
+	if words < 3 || cells < 32768 {
+		t.Fatalf("the table did not grow as meant: %d words, %d cells", words, cells)
+	}
+	t.Logf("%d queries while the table grew to %d words and %d cells", queries, words, cells)
+}

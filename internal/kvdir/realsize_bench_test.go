@@ -1,0 +1,396 @@
+package kvdir
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/kvevent"
+	"github.com/kvcar/kvcar/internal/kvindex"
+	"github.com/kvcar/kvcar/internal/kvindex/prefillgen"
+)
+
+// Real-size query benchmarks. Every stream holds conversations of 64
+// blocks (8k tokens at 128 per block) of random Qwen-sized token ids:
+// half of its blocks are popular conversations that every stream holds
+// (shared system prompts and documents), half its own. Prompts rotate
+// through many distinct ones, so a query finds the table as a router
+// does, not one prompt's records hot in cache.
+const (
+	realStreams    = 128
+	realChain      = 64
+	realVocabulary = 151_643
+	realPrompts    = 512
+)
+
+// chainTokens returns the tokens of conversation c.
+func chainTokens(c uint64, dst []uint32) []uint32 {
+	rng := rand.New(rand.NewPCG(c, 0x636861696e))
+	dst = dst[:0]
+	for range realChain * benchBlockSize {
+		dst = append(dst, rng.Uint32N(realVocabulary))
+	}
+	return dst
+}
+
+// realDirectory is 128 published streams of perStream blocks each.
+type realDirectory struct {
+	d       *Directory
+	shared  int // conversations every stream holds
+	private int // conversations of each stream alone
+}
+
+func privateChain(stream, i int) uint64 { return uint64(stream+1)<<32 | uint64(i) }
+
+func buildRealDirectory(tb testing.TB, perStream int) *realDirectory {
+	tb.Helper()
+	r := &realDirectory{shared: perStream / 2 / realChain}
+	r.private = perStream/realChain - r.shared
+	r.d = buildStreams(tb, perStream, func(i int, add func(uint64)) {
+		for c := range r.shared {
+			add(uint64(c))
+		}
+		for c := range r.private {
+			add(privateChain(i, c))
+		}
+	})
+	return r
+}
+
+// buildStreams publishes 128 streams of at most perStream blocks each in
+// one key group; stream i holds the conversations chains(i) adds. Indexes
+// are built on both cores; publication into the shared table is
+// serialised by the table anyway.
+func buildStreams(tb testing.TB, perStream int, chains func(i int, add func(uint64))) *Directory {
+	tab := newKeyTable(benchBlockSize, 1024)
+	streams := make([]*stream, realStreams)
+	for i := range streams {
+		streams[i] = newStream(StreamSpec{InstanceName: fmt.Sprintf("10.0.%d.%d:8000", i/256, i%256), BlockSize: benchBlockSize, HashSeed: 1024})
+		streams[i].attach(tab)
+	}
+	var wg sync.WaitGroup
+	next := make(chan int)
+	errs := make(chan error, realStreams)
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var tokens []uint32
+			hashes := make([]kvevent.EngineHash, realChain)
+			for i := range next {
+				ix := kvindex.New(kvindex.Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: perStream})
+				chains(i, func(id uint64) {
+					tokens = chainTokens(id, tokens)
+					for j := range hashes {
+						hashes[j] = kvevent.IntHash(id<<6 | uint64(j))
+					}
+					for j := 0; j < realChain; j += 16 {
+						ev := kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Device, BlockSize: benchBlockSize, PlainText: true,
+							BlockHashes: hashes[j : j+16], TokenIDs: tokens[j*benchBlockSize : (j+16)*benchBlockSize]}
+						if j > 0 {
+							ev.HasParent, ev.ParentHash = true, hashes[j-1]
+						}
+						if err := ix.Apply(&ev, kvindex.Delta); err != nil {
+							errs <- err
+							return
+						}
+					}
+				})
+				streams[i].publish(ix, 1, true, true)
+			}
+		}()
+	}
+	for i := range streams {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	select {
+	case err := <-errs:
+		tb.Fatal(err)
+	default:
+	}
+	return viewOf(streams)
+}
+
+// prompts returns realPrompts distinct 8k-token prompts of one kind:
+// "all" a conversation every stream holds whole, "half" the first 32
+// blocks of one followed by new text, "none" new text, "one" a
+// conversation one stream holds (the others miss at its first block).
+func (r *realDirectory) prompts(kind string) ([][]uint32, int) {
+	rng := rand.New(rand.NewPCG(uint64(len(kind)), 99))
+	out := make([][]uint32, realPrompts)
+	want := 0
+	for p := range out {
+		switch kind {
+		case "all":
+			out[p] = chainTokens(uint64(rng.IntN(r.shared)), nil)
+			want = realChain
+		case "half":
+			t := chainTokens(uint64(rng.IntN(r.shared)), nil)
+			fresh := chainTokens(1<<62|uint64(p), nil)
+			copy(t[realChain/2*benchBlockSize:], fresh)
+			out[p] = t
+			want = realChain / 2
+		case "none":
+			out[p] = chainTokens(1<<61|uint64(p), nil)
+		case "one":
+			out[p] = chainTokens(privateChain(rng.IntN(realStreams), rng.IntN(r.private)), nil)
+			want = -1
+		}
+	}
+	return out, want
+}
+
+// BenchmarkQueryRealSize measures Directory.Query of 8k-token prompts over
+// 128 streams holding 16,384, 65,536 and 262,144 blocks each (R-DIR-4),
+// reporting per-query p50 and p99. "perstream" is the walk the directory
+// did before the shared key table (every stream's own index, under its
+// lock) over the same data and "all" prompts, for comparison. The
+// directory is built once per size and shared by the sub-benchmarks.
+func BenchmarkQueryRealSize(b *testing.B) {
+	for _, perStream := range []int{16384, 65536, 262144} {
+		b.Run(fmt.Sprintf("blocks=%d", perStream), func(b *testing.B) {
+			r := buildRealDirectory(b, perStream)
+			for _, kind := range []string{"all", "half", "none", "one", "perstream"} {
+				b.Run(kind, func(b *testing.B) {
+					pk := kind
+					if kind == "perstream" {
+						pk = "all"
+					}
+					prompts, want := r.prompts(pk)
+					dst := make([]Match, 0, realStreams)
+					var keys []kvindex.Key
+					query := func(p []uint32) {
+						if kind != "perstream" {
+							dst = r.d.Query(p, dst[:0])
+							return
+						}
+						keys = kvindex.KeysFor(p, benchBlockSize, 1024, keys[:0])
+						dst = dst[:0]
+						for _, s := range r.d.set.Load().streams {
+							s.mu.RLock()
+							m := s.idx.Match(keys)
+							s.mu.RUnlock()
+							dst = append(dst, Match{DeviceHitTokens: m.DeviceBlocks * benchBlockSize})
+						}
+					}
+					for i, p := range prompts[:8] {
+						query(p)
+						hits := 0
+						for _, m := range dst {
+							if m.DeviceHitTokens > 0 {
+								hits++
+							}
+						}
+						switch {
+						case want >= 0 && dst[0].DeviceHitTokens != want*benchBlockSize:
+							b.Fatalf("prompt %d: %d tokens hit, want %d", i, dst[0].DeviceHitTokens, want*benchBlockSize)
+						case want < 0 && hits != 1:
+							b.Fatalf("prompt %d: %d streams hit, want 1", i, hits)
+						}
+					}
+					lat := make([]time.Duration, 0, b.N)
+					b.ReportAllocs()
+					b.ResetTimer()
+					// The prompt is copied to one buffer first, untimed: a
+					// request's ids were just written by its parser, so they
+					// are in cache, while the table's records are not.
+					hot := make([]uint32, realChain*benchBlockSize)
+					for i := range b.N {
+						copy(hot, prompts[i%len(prompts)])
+						t0 := time.Now()
+						query(hot)
+						lat = append(lat, time.Since(t0))
+					}
+					b.StopTimer()
+					slices.Sort(lat)
+					b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
+					b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
+				})
+			}
+			b.Run("all-under-writes", func(b *testing.B) { queryUnderWrites(b, r, perStream) })
+			r = nil
+			runtime.GC()
+		})
+	}
+}
+
+// steadyWriter applies fresh prefills to stream s, whose view it first
+// replaces with one of perStream generated blocks, as a stream goroutine
+// under a constant flood of new blocks does.
+type steadyWriter struct {
+	s      *stream
+	ix     *kvindex.Index
+	window int
+	dec    *kvevent.Decoder
+	batch  kvevent.Batch
+	msg    *prefillgen.Message
+	next   int
+}
+
+func newSteadyWriter(tb testing.TB, s *stream, perStream int) (w *steadyWriter, replace time.Duration) {
+	w = &steadyWriter{s: s, window: perStream / prefillgen.Blocks, dec: kvevent.NewDecoder(8 << 20),
+		ix: kvindex.New(kvindex.Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: perStream})}
+	fill := prefillgen.New(tb, 64, false)
+	for i := range w.window {
+		w.decode(tb, fill, i)
+		for e := range w.batch.Events {
+			if err := w.ix.Apply(&w.batch.Events[e], kvindex.Snapshot); err != nil {
+				tb.Fatal(err)
+			}
+		}
+	}
+	t0 := time.Now()
+	s.publish(w.ix, 2, true, true)
+	replace = time.Since(t0)
+	w.msg, w.next = prefillgen.New(tb, 64, true), w.window
+	return w, replace
+}
+
+func (w *steadyWriter) decode(tb testing.TB, f *prefillgen.Message, i int) {
+	f.Rewrite(i, w.window)
+	if err := w.dec.DecodeBatch(f.Payload, &w.batch); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// step decodes and applies one message of prefillgen.Blocks new blocks.
+func (w *steadyWriter) step(tb testing.TB) {
+	w.decode(tb, w.msg, w.next)
+	w.next++
+	for e := range w.batch.Events {
+		if err := w.s.applyPublished(w.ix, &w.batch.Events[e], kvindex.Delta); err != nil {
+			tb.Fatalf("message %d event %d: %v", w.next, e, err)
+		}
+	}
+}
+
+// queryUnderWrites times "all" queries while one stream applies fresh
+// prefills as fast as its core allows: the writer holds the table's lock
+// for one chunk of key changes at a time, which a query may wait for.
+// writer-blocks/s is the writer's rate meanwhile.
+func queryUnderWrites(b *testing.B, r *realDirectory, perStream int) {
+	w, _ := newSteadyWriter(b, r.d.set.Load().streams[0], perStream)
+	prompts, _ := r.prompts("all")
+	stop := make(chan struct{})
+	done := make(chan int)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				done <- n
+				return
+			default:
+			}
+			w.step(b)
+			n++
+		}
+	}()
+	dst := make([]Match, 0, realStreams)
+	hot := make([]uint32, realChain*benchBlockSize)
+	lat := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	t0 := time.Now()
+	for i := range b.N {
+		copy(hot, prompts[i%len(prompts)])
+		q0 := time.Now()
+		dst = r.d.Query(hot, dst[:0])
+		lat = append(lat, time.Since(q0))
+		if dst[1].DeviceHitTokens != realChain*benchBlockSize {
+			b.Fatalf("stream 1 hit %d tokens", dst[1].DeviceHitTokens)
+		}
+	}
+	close(stop)
+	msgs := <-done
+	elapsed := time.Since(t0)
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
+	b.ReportMetric(float64(msgs*prefillgen.Blocks)/elapsed.Seconds(), "writer-blocks/s")
+}
+
+// BenchmarkDecodeApplyShared measures a stream goroutine's work per live
+// message at steady state with the shared key table in the path: decode
+// a prefill of 64 new blocks plus the removal of 64 evicted ones, apply
+// it to the stream's published index and write its key changes into the
+// table that 127 other streams of the same size fill (one core). The
+// stream's view is first replaced by one the generator filled, through
+// the calibration swap; replace-ms reports that swap.
+func BenchmarkDecodeApplyShared(b *testing.B) {
+	for _, perStream := range []int{16384, 262144} {
+		b.Run(fmt.Sprintf("index=%d", perStream), func(b *testing.B) {
+			r := buildRealDirectory(b, perStream)
+			w, replace := newSteadyWriter(b, r.d.set.Load().streams[0], perStream)
+			b.SetBytes(int64(len(w.msg.Payload)))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				w.step(b)
+			}
+			b.ReportMetric(float64(b.N)*prefillgen.Blocks/b.Elapsed().Seconds(), "blocks/s")
+			b.ReportMetric(float64(replace.Microseconds())/1e3, "replace-ms")
+			b.StopTimer()
+			if dev, _ := w.ix.Counts(); dev != perStream {
+				b.Fatalf("index holds %d blocks, want %d", dev, perStream)
+			}
+			m := r.d.Query(chainTokens(0, nil), nil)
+			if m[0].DeviceHitTokens != 0 || m[1].DeviceHitTokens != realChain*benchBlockSize {
+				b.Fatalf("after the swap: stream 0 hits %d tokens, stream 1 %d", m[0].DeviceHitTokens, m[1].DeviceHitTokens)
+			}
+		})
+	}
+}
+
+// BenchmarkMemoryPerReplica reports the memory per resident block-replica
+// of 128 streams in one key group: every stream's index plus the shared
+// key table, at fill levels that are not powers of two and with each
+// conversation held by rf streams (replication factor). accounted-B is
+// what the structures hold by capacity (Index.StorageBytes and the
+// table's pages, cells and free list); heap-B is the live Go heap the
+// directory added, measured after a collection; table-B is the shared
+// table's part of accounted-B.
+func BenchmarkMemoryPerReplica(b *testing.B) {
+	for _, perStream := range []int{12032, 50048, 150016} {
+		for _, rf := range []int{1, 2, 8} {
+			b.Run(fmt.Sprintf("blocks=%d/rf=%d", perStream, rf), func(b *testing.B) {
+				for range b.N {
+					var before, after runtime.MemStats
+					runtime.GC()
+					runtime.ReadMemStats(&before)
+					d := buildStreams(b, perStream, func(i int, add func(uint64)) {
+						for c := range perStream / realChain {
+							add(privateChain(i/rf, c))
+						}
+					})
+					runtime.GC()
+					runtime.ReadMemStats(&after)
+					set := d.set.Load()
+					var index int64
+					replicas := 0
+					for _, s := range set.streams {
+						index += s.idx.StorageBytes()
+						dev, _ := s.idx.Counts()
+						replicas += dev
+					}
+					table := set.tables[0].storageBytes()
+					if want := realStreams * perStream / rf; set.tables[0].records() != want {
+						b.Fatalf("table holds %d keys, want %d", set.tables[0].records(), want)
+					}
+					n := float64(replicas)
+					b.ReportMetric(float64(index+table)/n, "accounted-B/replica")
+					b.ReportMetric(float64(table)/n, "table-B/replica")
+					b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/n, "heap-B/replica")
+					runtime.KeepAlive(d)
+				}
+			})
+		}
+	}
+}

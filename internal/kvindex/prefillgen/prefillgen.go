@@ -1,0 +1,136 @@
+// Package prefillgen builds the live messages the decode+apply
+// benchmarks of kvindex and kvdir feed a stream: an engine's prefill of
+// blocks nobody has seen, rewritten in place for every iteration. It is
+// benchmark support only; no production code imports it.
+package prefillgen
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/kvcar/kvcar/internal/kvevent"
+)
+
+// Message is one encoded live message of an engine at steady state:
+// the BlockRemoved of the blocks it evicted, then the BlockStored of a
+// new prompt's blocks. Every iteration rewrites it in place so that it
+// carries blocks nobody has seen: new engine hashes (removals name those
+// stored window iterations earlier) and a new chain, whose first two
+// tokens hold the iteration number. The rewrite is a few hundred byte
+// stores, well under 1 % of decoding and applying the message.
+type Message struct {
+	// Payload is the encoded message; Rewrite changes it in place.
+	Payload []byte
+	stored  [][]int // offsets of the uint64 encodings of stored hash j
+	removed [][]int // same for removed hash j; nil without removals
+	first   [2]int  // offsets of the uint32 encodings of tokens 0 and 1
+}
+
+const (
+	// Blocks is the number of blocks a message stores (and removes).
+	Blocks = 64
+	// BlockSize is the number of tokens per block.
+	BlockSize = 128
+	// Vocabulary bounds the token ids: Qwen-sized, most ids encode in
+	// 5 bytes.
+	Vocabulary  = 151_936
+	storedMark  = 0xa5a5_0000_0000_0000
+	removedMark = 0x5a5a_0000_0000_0000
+	tokenMark   = 0x00fe_dc00 // above every vocabulary id
+)
+
+// New encodes the message of Blocks blocks of BlockSize tokens, blocksPerEvent
+// blocks per BlockStored event, after a BlockRemoved of as many blocks when
+// withRemovals. It encodes with marker values, finds them and
+// keeps their offsets.
+func New(tb testing.TB, blocksPerEvent int, withRemovals bool) *Message {
+	tb.Helper()
+	rng := rand.New(rand.NewPCG(7, 11))
+	tokens := make([]uint32, Blocks*BlockSize)
+	for i := range tokens {
+		tokens[i] = rng.Uint32N(Vocabulary)
+	}
+	tokens[0], tokens[1] = tokenMark, tokenMark+1
+	hashes := make([]kvevent.EngineHash, Blocks)
+	gone := make([]kvevent.EngineHash, Blocks)
+	for j := range hashes {
+		hashes[j] = kvevent.IntHash(storedMark + uint64(j))
+		gone[j] = kvevent.IntHash(removedMark + uint64(j))
+	}
+	b := &kvevent.Batch{Timestamp: 1.7e9, HasDPRank: true}
+	if withRemovals {
+		b.AddRemoved(gone, kvevent.Device)
+	}
+	for i := 0; i < Blocks; i += blocksPerEvent {
+		var parent kvevent.EngineHash
+		if i > 0 {
+			parent = hashes[i-1]
+		}
+		b.AddStored(hashes[i:i+blocksPerEvent], parent, i > 0, tokens[i*BlockSize:(i+blocksPerEvent)*BlockSize], BlockSize, kvevent.Device)
+	}
+	f := &Message{Payload: kvevent.AppendBatch(nil, b, kvevent.Shape{})}
+	find := func(enc []byte, want int) []int {
+		var offs []int
+		for at := 0; ; {
+			i := bytes.Index(f.Payload[at:], enc)
+			if i < 0 {
+				break
+			}
+			offs = append(offs, at+i+1) // past the type byte
+			at += i + len(enc)
+		}
+		if len(offs) != want {
+			tb.Fatalf("marker %x found %d times, want %d", enc, len(offs), want)
+		}
+		return offs
+	}
+	u64 := func(v uint64) []byte { return binary.BigEndian.AppendUint64([]byte{0xcf}, v) }
+	for j := range Blocks {
+		// A stored hash is also the parent of the next event.
+		want := 1
+		if j%blocksPerEvent == blocksPerEvent-1 && j < Blocks-1 {
+			want = 2
+		}
+		f.stored = append(f.stored, find(u64(hashes[j].Lo), want))
+		if withRemovals {
+			f.removed = append(f.removed, find(u64(gone[j].Lo), 1))
+		}
+	}
+	for k := range f.first {
+		f.first[k] = find(binary.BigEndian.AppendUint32([]byte{0xce}, tokenMark+uint32(k)), 1)[0]
+	}
+	return f
+}
+
+// freshHash is engine hash j of iteration i: spread over 64 bits like a
+// real one, distinct, and at least 2^32 so its encoding keeps its width.
+func freshHash(i, j int) uint64 {
+	x := uint64(i)*Blocks + uint64(j) + 1
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	if x < 1<<32 {
+		x |= 1 << 63
+	}
+	return x
+}
+
+// Rewrite makes the message iteration i's; removals name the blocks of
+// iteration i-window.
+func (f *Message) Rewrite(i, window int) {
+	for j, offs := range f.stored {
+		for _, o := range offs {
+			binary.BigEndian.PutUint64(f.Payload[o:], freshHash(i, j))
+		}
+	}
+	for j, offs := range f.removed {
+		binary.BigEndian.PutUint64(f.Payload[offs[0]:], freshHash(i-window, j))
+	}
+	// Ids in [65536, 131072): the same 5-byte encoding, 2^32 chains.
+	binary.BigEndian.PutUint32(f.Payload[f.first[0]:], 1<<16+uint32(i)&0xffff)
+	binary.BigEndian.PutUint32(f.Payload[f.first[1]:], 1<<16+uint32(i>>16)&0xffff)
+}
