@@ -1,0 +1,72 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// direct returns the direct cell of the same prompt size and concurrency.
+func (r *report) direct(c *cell) *cell {
+	for _, d := range r.cells {
+		if d.target == "direct" && d.ids == c.ids && d.conc == c.conc {
+			return d
+		}
+	}
+	return nil
+}
+
+// write prints the table; with readme, first when, where and how it was
+// made.
+func (r *report) write(w io.Writer, readme bool) {
+	if readme {
+		fmt.Fprintf(w, "Generated %s from commit %s in %.0f s by\n\n```sh\n%s\n```\n\n",
+			r.started.Format("2006-01-02 15:04 UTC"), r.revision, r.elapsed.Seconds(), r.command)
+		fmt.Fprintf(w, "%d trivial engines (an answer at once, keep-alive idle timeout %v), %d distinct prompts of random ids "+
+			"below %d per size sent in turn, closed loop, %v warm-up then a %v window per cell.\n\n",
+			r.opts.engines, r.opts.engineIdle, r.opts.prompts, vocab, r.opts.warmup, r.opts.duration)
+	}
+	fmt.Fprintln(w, "| target | prompt ids | clients | req/s | vs direct | p50 | p99 | added p50 | kvcar CPU / request | errors | 502 | load avg (start → end) |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")
+	for _, c := range r.cells {
+		ratio, added, cpu := "", "", ""
+		if c.target != "direct" {
+			cpu = us(c.cpuPerRequest())
+			if d := r.direct(c); d != nil && d.rate() > 0 {
+				ratio = fmt.Sprintf("%.0f %%", 100*c.rate()/d.rate())
+				added = us(c.p50 - d.p50)
+			}
+		}
+		fmt.Fprintf(w, "| %s | %d | %d | %.0f | %s | %s | %s | %s | %s | %s | %d | %.2f → %.2f |\n",
+			c.target, c.ids, c.conc, c.rate(), ratio, us(c.p50), us(c.p99), added, cpu, errorsText(c),
+			c.byStatus[502], c.loadAtStart, c.load1)
+	}
+}
+
+// us formats d in microseconds.
+func us(d time.Duration) string {
+	return strconv.FormatFloat(float64(d)/float64(time.Microsecond), 'f', 0, 64) + " µs"
+}
+
+// errorsText lists the errors by status, "conn" for no answer at all.
+func errorsText(c *cell) string {
+	if c.errors() == 0 {
+		return "0"
+	}
+	var parts []string
+	codes := make([]int, 0, len(c.byStatus))
+	for s := range c.byStatus {
+		codes = append(codes, s)
+	}
+	slices.Sort(codes)
+	for _, s := range codes {
+		parts = append(parts, fmt.Sprintf("%d×%d", c.byStatus[s], s))
+	}
+	if c.connErr > 0 {
+		parts = append(parts, fmt.Sprintf("%d×conn", c.connErr))
+	}
+	return strings.Join(parts, ", ")
+}
