@@ -14,6 +14,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -39,6 +40,7 @@ type options struct {
 	seed       uint64
 	engineIdle time.Duration
 	readme     bool
+	profileDir string
 	kvcarArgs  []string
 	command    string
 }
@@ -74,6 +76,7 @@ func parse(args []string) (options, error) {
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the random token ids")
 	fs.DurationVar(&o.engineIdle, "engine_idle_timeout", 5*time.Second, "the engines' keep-alive idle timeout (uvicorn's default)")
 	fs.BoolVar(&o.readme, "readme", false, "print the README section: the table with date, commit, command and load average")
+	fs.StringVar(&o.profileDir, "profile_dir", "", "save a CPU profile of kvcar over each cell's window here (<policy>-<ids>-c<clients>.pprof)")
 	extra := fs.String("kvcar_args", "--log_level=warn", "further kvcar flags, space separated")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -200,10 +203,10 @@ func run(ctx context.Context, o options, log io.Writer) (*report, error) {
 	for _, n := range o.ids {
 		bodies[n] = newPrompts(o.prompts, n, o.seed)
 	}
-	measure := func(target string, urls []string, pid int) error {
+	measure := func(target string, urls []string, kv *devcluster.KVCar) error {
 		for _, n := range o.ids {
 			for _, c := range o.conc {
-				ce, err := measureCell(ctx, target, urls, bodies[n], n, c, pid, o)
+				ce, err := measureCell(ctx, target, urls, bodies[n], n, c, kv, o)
 				if err != nil {
 					return err
 				}
@@ -214,7 +217,7 @@ func run(ctx context.Context, o options, log io.Writer) (*report, error) {
 		}
 		return nil
 	}
-	if err := measure("direct", direct, 0); err != nil {
+	if err := measure("direct", direct, nil); err != nil {
 		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "kvcar-load-")
@@ -229,7 +232,7 @@ func run(ctx context.Context, o options, log io.Writer) (*report, error) {
 				return err
 			}
 			defer func() { err = errors.Join(err, kv.Stop()) }()
-			return measure(policy, []string{kv.URL() + server.CompletionsPath}, kv.Pid())
+			return measure(policy, []string{kv.URL() + server.CompletionsPath}, kv)
 		}(); err != nil {
 			return nil, err
 		}
@@ -314,18 +317,24 @@ func kvcarLog(dir, policy string) error {
 	return fmt.Errorf("kvcar output:\n%s", b[max(0, len(b)-4096):])
 }
 
-func measureCell(ctx context.Context, target string, urls []string, ps *prompts, ids, conc, pid int, o options) (*cell, error) {
+func measureCell(ctx context.Context, target string, urls []string, ps *prompts, ids, conc int, kv *devcluster.KVCar, o options) (*cell, error) {
 	hc := newClient(conc)
 	defer hc.CloseIdleConnections()
 	ce := &cell{target: target, ids: ids, conc: conc}
 	var cpu0, cpu1 time.Duration
 	var cpuErr error
+	var profiled chan error
 	ce.loadAtStart = loadAverage()
 	t := closedLoop(ctx, hc, urls, ps, conc, o.warmup, o.duration, func(start bool) {
-		if pid == 0 {
+		if kv == nil {
 			return
 		}
-		c, err := devcluster.CPUTime(pid)
+		if start && o.profileDir != "" {
+			profiled = make(chan error, 1)
+			name := filepath.Join(o.profileDir, fmt.Sprintf("%s-%d-c%d.pprof", target, ids, conc))
+			go func() { profiled <- saveProfile(ctx, kv.InternalURL(), name, o.duration) }()
+		}
+		c, err := devcluster.CPUTime(kv.Pid())
 		cpuErr = errors.Join(cpuErr, err)
 		if start {
 			cpu0 = c
@@ -333,6 +342,9 @@ func measureCell(ctx context.Context, target string, urls []string, ps *prompts,
 			cpu1 = c
 		}
 	})
+	if profiled != nil {
+		cpuErr = errors.Join(cpuErr, <-profiled)
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -344,6 +356,30 @@ func measureCell(ctx context.Context, target string, urls []string, ps *prompts,
 	ce.p50, ce.p99 = quantile(t.lat, 0.5), quantile(t.lat, 0.99)
 	ce.kvcarCPU = cpu1 - cpu0
 	return ce, nil
+}
+
+// saveProfile writes a CPU profile of kvcar over d to path.
+func saveProfile(ctx context.Context, internalURL, path string, d time.Duration) error {
+	secs := max(1, int(d.Round(time.Second)/time.Second))
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, internalURL+"/debug/pprof/profile?seconds="+strconv.Itoa(secs), nil)
+	if err != nil {
+		return fmt.Errorf("profile: %w", err)
+	}
+	hc := &http.Client{Timeout: d + 30*time.Second}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("profile: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("profile: %s", resp.Status)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("profile: %w", err)
+	}
+	_, err = io.Copy(f, resp.Body)
+	return errors.Join(err, f.Close())
 }
 
 // loadAverage is the 1-minute load average, -1 when unknown.

@@ -59,6 +59,10 @@ const (
 // idle, brpc and Go servers later or never.
 const engineIdleConnTimeout = 4 * time.Second
 
+// engineWriteBuffer is the transport's write buffer per engine
+// connection.
+const engineWriteBuffer = 32 << 10
+
 // maxEngineAttempts bounds the tries of one request on an engine: a
 // request that was never written, on a connection the engine had closed,
 // is sent again on another.
@@ -200,6 +204,11 @@ func newTransport(bufs *freeList[*copyBuf]) *http.Transport {
 			}
 			return engineConn{Conn: c, bufs: bufs}, nil
 		},
+		// A request's headers and a body of up to this size go to the
+		// engine in one write: a 2k-id prompt is about 14 KB. Every
+		// connection keeps a buffer of this size, 32 MiB for the idle
+		// ones at most.
+		WriteBufferSize:       engineWriteBuffer,
 		MaxIdleConns:          1024,
 		MaxIdleConnsPerHost:   64,
 		IdleConnTimeout:       engineIdleConnTimeout,
@@ -604,16 +613,27 @@ func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, p
 		p.budget.give(b.held)
 		b.held = 0
 	}
+	h := w.Header()
 	for _, k := range []string{"Content-Type", "Cache-Control"} {
-		if v := resp.Header.Get(k); v != "" {
-			w.Header().Set(k, v)
+		if v := resp.Header[k]; len(v) > 0 && v[0] != "" {
+			h[k] = v[:1]
 		}
 	}
+	// An answer of known length is whole once the engine has sent it: it
+	// goes out with its length, in as few writes as it takes, and the
+	// connection's buffer is flushed once, when the handler returns. One
+	// of unknown length (SSE, chunked) is flushed write by write, so that
+	// each event reaches the client as the engine sends it.
+	var dst io.Writer = w
+	if resp.ContentLength >= 0 {
+		h["Content-Length"] = []string{strconv.FormatInt(resp.ContentLength, 10)}
+	} else {
+		dst = flushWriter{w: w, f: http.NewResponseController(w)}
+	}
 	w.WriteHeader(resp.StatusCode)
-	fw := flushWriter{w: w, f: http.NewResponseController(w)}
 	cb := p.copyBufs.get()
 	defer p.copyBufs.put(cb)
-	if _, err := io.CopyBuffer(fw, resp.Body, cb.b[:]); err != nil && r.Context().Err() == nil {
+	if _, err := io.CopyBuffer(dst, resp.Body, cb.b[:]); err != nil && r.Context().Err() == nil {
 		p.log.Warn("relaying the engine's answer failed", "engine", d.Prefill, "err", err)
 	}
 }

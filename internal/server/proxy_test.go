@@ -494,3 +494,21 @@ func TestAnswerDoesNotHoldBudget(t *testing.T) {
 		t.Fatalf("end of the stream %q, %v", rest, err)
 	}
 }
+
+// TestAnswerOfKnownLengthKeepsItsLength: an engine's answer with a
+// Content-Length goes to the client with that length, not re-chunked
+// (one write for a small answer, issue 13), and whole.
+func TestAnswerOfKnownLengthKeepsItsLength(t *testing.T) {
+	engine, got := recordingEngine(t)
+	ts := routedServer(t, Options{}, engine)
+	const want = `{"choices":[{"text":"ok"}]}`
+	resp, b := do(t, ts, http.MethodPost, CompletionsPath, strings.NewReader(`{"prompt":[1,2]}`))
+	<-got
+	if resp.StatusCode != http.StatusOK || string(b) != want {
+		t.Fatalf("%d %q", resp.StatusCode, b)
+	}
+	if resp.ContentLength != int64(len(want)) || len(resp.TransferEncoding) != 0 {
+		t.Fatalf("answer relayed with length %d, transfer encoding %v; want length %d, not chunked",
+			resp.ContentLength, resp.TransferEncoding, len(want))
+	}
+}
