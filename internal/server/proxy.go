@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -137,12 +138,14 @@ const (
 )
 
 // inferenceBuffers are one request's pooled storage: the body as read,
-// what the parse found, and kvcar's routing value.
+// what the parse found, and the body relayed when it had to be rewritten.
 type inferenceBuffers struct {
-	body    []byte
-	in      inference
-	routing []byte
-	msgs    []ChatMessage
+	body []byte
+	in   inference
+	// relay is the body sent to the engine when kvcar's routing value
+	// replaces a client's.
+	relay []byte
+	msgs  []ChatMessage
 	// prompt and xmsgs are what a dispatched request's prompt is handed
 	// over in.
 	prompt xllmrpc.Prompt
@@ -205,9 +208,10 @@ func newTransport(bufs *freeList[*copyBuf]) *http.Transport {
 			return engineConn{Conn: c, bufs: bufs}, nil
 		},
 		// A request's headers and a body of up to this size go to the
-		// engine in one write: a 2k-id prompt is about 14 KB. Every
-		// connection keeps a buffer of this size, 32 MiB for the idle
-		// ones at most.
+		// engine in one write (a 2k-id prompt is about 14 KB); a longer
+		// body goes straight from its storage after the first buffer.
+		// Every connection keeps a buffer of this size: 32 MiB for the
+		// idle ones at most.
 		WriteBufferSize:       engineWriteBuffer,
 		MaxIdleConns:          1024,
 		MaxIdleConnsPerHost:   64,
@@ -243,6 +247,9 @@ func (p *proxy) release(b *inferenceBuffers) {
 	if cap(b.body) > maxPooledBody {
 		b.body = nil
 	}
+	if cap(b.relay) > maxPooledBody {
+		b.relay = nil
+	}
 	if cap(b.in.ids) > maxPooledIDs {
 		b.in.ids = nil
 	}
@@ -269,7 +276,7 @@ func (p *proxy) release(b *inferenceBuffers) {
 // size is about the memory b keeps.
 func (b *inferenceBuffers) size() int64 {
 	return int64(cap(b.body) + 4*cap(b.in.ids) + cap(b.in.text) + 48*cap(b.in.msgs) + cap(b.in.stack) +
-		cap(b.routing) + 32*cap(b.msgs) + 72*cap(b.xmsgs) + b.enc.Size())
+		cap(b.relay) + 32*cap(b.msgs) + 72*cap(b.xmsgs) + b.enc.Size())
 }
 
 // handleInference serves /v1/completions and /v1/chat/completions.
@@ -456,46 +463,23 @@ func (p *proxy) noTokenizer() {
 	})
 }
 
-// relayBody reads the body relayed to the engine: the client's bytes
-// with kvcar's routing value in place of the client's, without copying.
-type relayBody struct {
-	parts  [3][]byte
-	closed atomic.Bool
-	out    *outgoing
-}
-
-func (rb *relayBody) Read(p []byte) (int, error) {
-	for i := range rb.parts {
-		if len(rb.parts[i]) == 0 {
-			continue
-		}
-		n := copy(p, rb.parts[i])
-		rb.parts[i] = rb.parts[i][n:]
-		return n, nil
-	}
-	return 0, io.EOF
-}
-
-func (rb *relayBody) Close() error {
-	if !rb.closed.Swap(true) {
-		rb.out.closed.Add(1)
-	}
-	return nil
-}
-
-// outgoing counts the bodies of one request handed to the transport and
-// those it has closed. A transport may close a body after its round trip
-// has returned, so the storage under the bodies is reused only once all
-// are closed.
+// outgoing is the body relayed to the engine, the client's bytes with
+// kvcar's routing value in place of the client's, and counts the tries
+// of the request that took a connection and those whose writing has
+// ended. Each try reads the body from a reader of its own over data; a
+// transport may still be writing a try when its round trip has returned
+// (an engine may answer before reading everything), so data is reused
+// only once every try that got a connection has been written.
+//
+// The reader is an in-memory one the transport knows not to block, so
+// that it sends the request's headers and body in one write rather than
+// flushing the headers first.
 type outgoing struct {
-	parts        [3][]byte
+	data         []byte
 	made, closed atomic.Int32
 }
 
-func (o *outgoing) body() io.ReadCloser {
-	o.made.Add(1)
-	return &relayBody{parts: o.parts, out: o}
-}
+func (o *outgoing) body() io.ReadCloser { return io.NopCloser(bytes.NewReader(o.data)) }
 
 func (o *outgoing) done() bool { return o.made.Load() == o.closed.Load() }
 
@@ -526,15 +510,16 @@ func (a *attempt) neverWritten(err error) bool {
 // soon as the engine has it all; nil b sends no body.
 func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, path string, b *inferenceBuffers, n int) {
 	var out outgoing
-	var length int64
 	if b != nil {
-		body := b.body[:n]
-		out.parts[0] = body
+		out.data = b.body[:n]
 		if in := &b.in; in.routingStart >= 0 {
-			b.routing = appendRouting(b.routing[:0], d)
-			out.parts = [3][]byte{body[:in.routingStart], b.routing, body[in.routingEnd:]}
+			// A client's routing value is rare: the body is copied around
+			// kvcar's so that it goes out in one piece.
+			r := append(b.relay[:0], out.data[:in.routingStart]...)
+			r = appendRouting(r, d)
+			b.relay = append(r, out.data[in.routingEnd:]...)
+			out.data = b.relay
 		}
-		length = int64(len(out.parts[0]) + len(out.parts[1]) + len(out.parts[2]))
 	}
 	// release returns b once the transport is done with its bodies; if
 	// one is still open, b's budget is given back but its storage is left
@@ -560,8 +545,14 @@ func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, p
 		tries++
 		a = &attempt{}
 		ctx := httptrace.WithClientTrace(r.Context(), &httptrace.ClientTrace{
-			GotConn:      func(i httptrace.GotConnInfo) { a.reused.Store(i.Reused) },
-			WroteRequest: func(i httptrace.WroteRequestInfo) { a.wrote.Store(i.Err == nil) },
+			GotConn: func(i httptrace.GotConnInfo) {
+				out.made.Add(1)
+				a.reused.Store(i.Reused)
+			},
+			WroteRequest: func(i httptrace.WroteRequestInfo) {
+				a.wrote.Store(i.Err == nil)
+				out.closed.Add(1)
+			},
 		})
 		var req *http.Request
 		req, err = http.NewRequestWithContext(ctx, r.Method, target, nil)
@@ -571,7 +562,7 @@ func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, p
 		if b != nil {
 			req.Body = out.body()
 			req.GetBody = func() (io.ReadCloser, error) { return out.body(), nil }
-			req.ContentLength = length
+			req.ContentLength = int64(len(out.data))
 			req.Header.Set("Content-Type", "application/json")
 		}
 		if v := r.Header.Get("Accept"); v != "" {
