@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvcar/kvcar/internal/devcluster"
 	"github.com/kvcar/kvcar/internal/enginesim"
+	"github.com/kvcar/kvcar/internal/server"
 )
 
 // completion is the whole answer of a trivial engine: one output token,
@@ -20,6 +21,89 @@ import (
 const completion = `{"id":"cmpl-load","object":"text_completion","created":0,"model":"load",` +
 	`"choices":[{"index":0,"text":" ok","logprobs":null,"finish_reason":"length"}],` +
 	`"usage":{"prompt_tokens":0,"completion_tokens":1,"total_tokens":1}}`
+
+// Backends of the engines a run uses.
+const (
+	backendVLLM = "vllm"
+	backendXLLM = "xllm"
+)
+
+// fleet is the engines of a run.
+type fleet struct {
+	// urls are the engines' completion URLs, for the direct cells.
+	urls []string
+	// synced waits until kvcar's stream of every engine is synchronised.
+	synced func(ctx context.Context, kv *devcluster.KVCar) error
+	close  func() error
+}
+
+// startTrivialFleet starts o.engines trivial engines that report their
+// load to kvcarInternal.
+func startTrivialFleet(etcd []string, kvcarInternal string, o options) (*fleet, error) {
+	var es []*trivialEngine
+	f := &fleet{close: func() error {
+		var errs []error
+		for _, e := range es {
+			errs = append(errs, e.close())
+		}
+		return errors.Join(errs...)
+	}}
+	for range o.engines {
+		e, err := startTrivialEngine(etcd, 200*time.Millisecond, kvcarInternal, o.engineIdle)
+		if err != nil {
+			return nil, errors.Join(err, f.close())
+		}
+		es = append(es, e)
+		f.urls = append(f.urls, "http://"+e.addr+server.CompletionsPath)
+	}
+	// A vLLM stream without a replay endpoint is synchronised from its
+	// first live message on, so each engine announces a block until kvcar
+	// is: its subscription may not have reached the engine at the first
+	// tries.
+	f.synced = func(ctx context.Context, kv *devcluster.KVCar) error {
+		deadline := time.Now().Add(60 * time.Second)
+		block := make([]uint32, 128)
+		for i := 0; ; i++ {
+			for _, e := range es {
+				block[0] = uint32(i)
+				if err := e.announce(block); err != nil {
+					return err
+				}
+			}
+			err := kv.WaitSynced(ctx, len(es), 200*time.Millisecond)
+			if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+				return err
+			}
+		}
+	}
+	return f, nil
+}
+
+// startXLLMFleet starts o.engines emulated xLLM engines: kvcar dispatches
+// to them over baidu_std and they answer through Generations calls.
+// Unlike the trivial engines they do an engine's bookkeeping for every
+// request (the ids decoded, the prompt's blocks hashed and cached, their
+// KV events published, which kvcar applies), at next to no emulated
+// time, so the direct cells and kvcar's CPU include that work.
+func startXLLMFleet(etcd []string, _ string, o options) (*fleet, error) {
+	var cfgs []enginesim.Config
+	for range o.engines {
+		cfgs = append(cfgs, devcluster.Discoverable(enginesim.Config{
+			TimeScale: 1e-6, BatchSlots: 256, MaxQueue: 1 << 16,
+		}, etcd, "", 200*time.Millisecond))
+	}
+	es, err := devcluster.StartEngines(cfgs)
+	if err != nil {
+		return nil, err
+	}
+	f := &fleet{close: es.Close, synced: func(ctx context.Context, kv *devcluster.KVCar) error {
+		return kv.WaitSynced(ctx, es.Streams(), 60*time.Second)
+	}}
+	for _, e := range es {
+		f.urls = append(f.urls, "http://"+e.HTTPAddr()+server.CompletionsPath)
+	}
+	return f, nil
+}
 
 // trivialEngine is an OpenAI server that answers every completion at
 // once, so that what a run measures is kvcar's request path and not an

@@ -39,6 +39,7 @@ type options struct {
 	prompts    int
 	seed       uint64
 	engineIdle time.Duration
+	backend    string
 	readme     bool
 	profileDir string
 	kvcarArgs  []string
@@ -75,6 +76,7 @@ func parse(args []string) (options, error) {
 	fs.IntVar(&o.prompts, "prompts", 256, "distinct prompts of each size, sent in turn")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the random token ids")
 	fs.DurationVar(&o.engineIdle, "engine_idle_timeout", 5*time.Second, "the engines' keep-alive idle timeout (uvicorn's default)")
+	fs.StringVar(&o.backend, "backend", backendVLLM, "engines: vllm (trivial OpenAI servers registered as vLLM, relayed over HTTP) or xllm (emulated xLLM engines, dispatched over baidu_std)")
 	fs.BoolVar(&o.readme, "readme", false, "print the README section: the table with date, commit, command and load average")
 	fs.StringVar(&o.profileDir, "profile_dir", "", "save a CPU profile of kvcar over each cell's window here (<policy>-<ids>-c<clients>.pprof)")
 	extra := fs.String("kvcar_args", "--log_level=warn", "further kvcar flags, space separated")
@@ -105,6 +107,9 @@ func parse(args []string) (options, error) {
 	}
 	if o.prompts < 1 || o.prompts > 4096 {
 		errs = append(errs, fmt.Errorf("--prompts = %d: must be in [1, 4096]", o.prompts))
+	}
+	if o.backend != backendVLLM && o.backend != backendXLLM {
+		errs = append(errs, fmt.Errorf("--backend = %q: must be %s or %s", o.backend, backendVLLM, backendXLLM))
 	}
 	if o.engineIdle < 0 {
 		errs = append(errs, errors.New("--engine_idle_timeout must not be negative"))
@@ -170,7 +175,7 @@ type report struct {
 
 // run measures every cell: first the engines directly, then kvcar with
 // each policy, a kvcar process per policy. Progress goes to log.
-func run(ctx context.Context, o options, log io.Writer) (*report, error) {
+func run(ctx context.Context, o options, log io.Writer) (_ *report, err error) {
 	rep := &report{started: time.Now().UTC(), revision: devcluster.Revision(), command: o.command, opts: o}
 	etcd, err := etcdembed.Start(ctx, etcdembed.Options{})
 	if err != nil {
@@ -184,21 +189,16 @@ func run(ctx context.Context, o options, log io.Writer) (*report, error) {
 		return nil, err
 	}
 	internal := "http://127.0.0.1:" + strconv.Itoa(internalPort)
-	var engines []*trivialEngine
-	defer func() {
-		for _, e := range engines {
-			err = errors.Join(err, e.close())
-		}
-	}()
-	var direct []string
-	for range o.engines {
-		e, err := startTrivialEngine(etcd.Endpoints(), 200*time.Millisecond, internal, o.engineIdle)
-		if err != nil {
-			return nil, err
-		}
-		engines = append(engines, e)
-		direct = append(direct, "http://"+e.addr+server.CompletionsPath)
+	start := startTrivialFleet
+	if o.backend == backendXLLM {
+		start = startXLLMFleet
 	}
+	engines, err := start(etcd.Endpoints(), internal, o)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { err = errors.Join(err, engines.close()) }()
+	direct := engines.urls
 	bodies := map[int]*prompts{}
 	for _, n := range o.ids {
 		bodies[n] = newPrompts(o.prompts, n, o.seed)
@@ -243,7 +243,7 @@ func run(ctx context.Context, o options, log io.Writer) (*report, error) {
 
 // startKVCar starts kvcar with policy and waits until it sees every
 // engine with a load report, which CAR and SLO_AWARE need to schedule it.
-func startKVCar(ctx context.Context, o options, engines []*trivialEngine, etcd []string, internalPort int, dir, policy string) (*devcluster.KVCar, error) {
+func startKVCar(ctx context.Context, o options, engines *fleet, etcd []string, internalPort int, dir, policy string) (*devcluster.KVCar, error) {
 	cfgPath, err := devcluster.WriteConfig(dir, devcluster.DiscoveryConfig(128, 200*time.Millisecond))
 	if err != nil {
 		return nil, err
@@ -261,7 +261,7 @@ func startKVCar(ctx context.Context, o options, engines []*trivialEngine, etcd [
 	if err != nil {
 		return nil, fmt.Errorf("%w (build it with make build, or pass --kvcar)", err)
 	}
-	if err := waitSynced(ctx, kv, engines); err != nil {
+	if err := engines.synced(ctx, kv); err != nil {
 		return nil, errors.Join(err, kv.Stop(), kvcarLog(dir, policy))
 	}
 	hc := newClient(1)
@@ -283,27 +283,6 @@ func startKVCar(ctx context.Context, o options, engines []*trivialEngine, etcd [
 				kv.Stop(), ctx.Err())
 		}
 		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// waitSynced waits until kvcar's stream of every engine is synchronised.
-// A vLLM stream without a replay endpoint is synchronised from its first
-// live message on, so each engine announces a block until kvcar is: its
-// subscription may not have reached the engine at the first tries.
-func waitSynced(ctx context.Context, kv *devcluster.KVCar, engines []*trivialEngine) error {
-	deadline := time.Now().Add(60 * time.Second)
-	block := make([]uint32, 128)
-	for i := 0; ; i++ {
-		for _, e := range engines {
-			block[0] = uint32(i)
-			if err := e.announce(block); err != nil {
-				return err
-			}
-		}
-		err := kv.WaitSynced(ctx, len(engines), 200*time.Millisecond)
-		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
-			return err
-		}
 	}
 }
 

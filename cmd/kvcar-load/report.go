@@ -25,9 +25,14 @@ func (r *report) write(w io.Writer, readme bool) {
 	if readme {
 		fmt.Fprintf(w, "Generated %s from commit %s in %.0f s by\n\n```sh\n%s\n```\n\n",
 			r.started.Format("2006-01-02 15:04 UTC"), r.revision, r.elapsed.Seconds(), r.command)
-		fmt.Fprintf(w, "%d trivial engines (an answer at once, keep-alive idle timeout %v), %d distinct prompts of random ids "+
-			"below %d per size sent in turn, closed loop, %v warm-up then a %v window per cell.\n\n",
-			r.opts.engines, r.opts.engineIdle, r.opts.prompts, vocab, r.opts.warmup, r.opts.duration)
+		engines := fmt.Sprintf("%d trivial engines registered as vLLM servers, relayed to over HTTP (an answer at once, keep-alive idle timeout %v)",
+			r.opts.engines, r.opts.engineIdle)
+		if r.opts.backend == backendXLLM {
+			engines = fmt.Sprintf("%d emulated xLLM engines (enginesim at a time scale of 1e-6), dispatched to over baidu_std; "+
+				"direct cells are their HTTP path", r.opts.engines)
+		}
+		fmt.Fprintf(w, "%s, %d distinct prompts of random ids below %d per size sent in turn, max_tokens 1, closed loop, "+
+			"%v warm-up then a %v window per cell.\n\n", engines, r.opts.prompts, vocab, r.opts.warmup, r.opts.duration)
 	}
 	fmt.Fprintln(w, "| target | prompt ids | clients | req/s | vs direct | p50 | p99 | added p50 | kvcar CPU / request | errors | 502 | load avg (start → end) |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")

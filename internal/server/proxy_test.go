@@ -512,3 +512,36 @@ func TestAnswerOfKnownLengthKeepsItsLength(t *testing.T) {
 			resp.ContentLength, resp.TransferEncoding, len(want))
 	}
 }
+
+// TestEngineClosedIdleConnectionIsNotUsed covers issue 13's 502s from
+// the keep-alive race over real TCP: an engine whose idle timeout is
+// shorter than kvcar's closes a kept connection; the next request goes
+// on a new connection instead of failing on the closed one.
+func TestEngineClosedIdleConnectionIsNotUsed(t *testing.T) {
+	var conns atomic.Int32
+	e := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"choices":[{"text":"ok"}]}`)
+	}))
+	e.Config.IdleTimeout = 20 * time.Millisecond
+	e.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	e.Start()
+	t.Cleanup(e.Close)
+	ts := routedServer(t, Options{}, strings.TrimPrefix(e.URL, "http://"))
+	for i := range 3 {
+		resp, b := do(t, ts, http.MethodPost, CompletionsPath, strings.NewReader(`{"prompt":[1,2,3]}`))
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d after the engine closed the idle connection: %d %s", i, resp.StatusCode, b)
+		}
+		// Long past the engine's idle timeout: its FIN has arrived.
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := conns.Load(); n != 3 {
+		t.Errorf("the engine accepted %d connections, want 3: one per request, each closed idle", n)
+	}
+}
