@@ -143,6 +143,8 @@ type cell struct {
 	kvcarCPU    time.Duration // over the window; 0 for direct
 	load1       float64       // load average at the window's end
 	loadAtStart float64
+	// direct is the same load sent to the engines right before.
+	direct *cell
 }
 
 func (c *cell) rate() float64 { return float64(c.requests) / c.window.Seconds() }
@@ -173,8 +175,9 @@ type report struct {
 	elapsed  time.Duration
 }
 
-// run measures every cell: first the engines directly, then kvcar with
-// each policy, a kvcar process per policy. Progress goes to log.
+// run measures every cell of kvcar with each policy, a kvcar process per
+// policy, each right after the same load sent to the engines directly.
+// Progress goes to log.
 func run(ctx context.Context, o options, log io.Writer) (_ *report, err error) {
 	rep := &report{started: time.Now().UTC(), revision: devcluster.Revision(), command: o.command, opts: o}
 	etcd, err := etcdembed.Start(ctx, etcdembed.Options{})
@@ -203,22 +206,26 @@ func run(ctx context.Context, o options, log io.Writer) (_ *report, err error) {
 	for _, n := range o.ids {
 		bodies[n] = newPrompts(o.prompts, n, o.seed)
 	}
-	measure := func(target string, urls []string, kv *devcluster.KVCar) error {
+	// Each kvcar cell follows the same load sent directly, so that the
+	// two see the same machine: its cores are shared with other work.
+	measure := func(policy string, kv *devcluster.KVCar) error {
 		for _, n := range o.ids {
 			for _, c := range o.conc {
-				ce, err := measureCell(ctx, target, urls, bodies[n], n, c, kv, o)
+				d, err := measureCell(ctx, "direct", direct, bodies[n], n, c, nil, o)
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(log, "%s %d ids c=%d: %.0f req/s p50 %v p99 %v errors %d kvcar CPU/req %v load %.2f\n",
-					target, n, c, ce.rate(), ce.p50, ce.p99, ce.errors(), ce.cpuPerRequest(), ce.load1)
+				ce, err := measureCell(ctx, policy, []string{kv.URL() + server.CompletionsPath}, bodies[n], n, c, kv, o)
+				if err != nil {
+					return err
+				}
+				ce.direct = d
+				fmt.Fprintf(log, "%s %d ids c=%d: %.0f req/s (direct %.0f) p50 %v (direct %v) p99 %v errors %d kvcar CPU/req %v load %.2f\n",
+					policy, n, c, ce.rate(), d.rate(), ce.p50, d.p50, ce.p99, ce.errors(), ce.cpuPerRequest(), ce.load1)
 				rep.cells = append(rep.cells, ce)
 			}
 		}
 		return nil
-	}
-	if err := measure("direct", direct, nil); err != nil {
-		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "kvcar-load-")
 	if err != nil {
@@ -232,7 +239,7 @@ func run(ctx context.Context, o options, log io.Writer) (_ *report, err error) {
 				return err
 			}
 			defer func() { err = errors.Join(err, kv.Stop()) }()
-			return measure(policy, []string{kv.URL() + server.CompletionsPath}, kv)
+			return measure(policy, kv)
 		}(); err != nil {
 			return nil, err
 		}

@@ -9,16 +9,6 @@ import (
 	"time"
 )
 
-// direct returns the direct cell of the same prompt size and concurrency.
-func (r *report) direct(c *cell) *cell {
-	for _, d := range r.cells {
-		if d.target == "direct" && d.ids == c.ids && d.conc == c.conc {
-			return d
-		}
-	}
-	return nil
-}
-
 // write prints the table; with readme, first when, where and how it was
 // made.
 func (r *report) write(w io.Writer, readme bool) {
@@ -34,20 +24,21 @@ func (r *report) write(w io.Writer, readme bool) {
 		fmt.Fprintf(w, "%s, %d distinct prompts of random ids below %d per size sent in turn, max_tokens 1, closed loop, "+
 			"%v warm-up then a %v window per cell.\n\n", engines, r.opts.prompts, vocab, r.opts.warmup, r.opts.duration)
 	}
-	fmt.Fprintln(w, "| target | prompt ids | clients | req/s | vs direct | p50 | p99 | added p50 | kvcar CPU / request | errors | 502 | load avg (start → end) |")
-	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")
+	fmt.Fprintln(w, "| policy | prompt ids | clients | req/s | direct req/s | vs direct | p50 | direct p50 | added p50 | p99 | direct p99 | kvcar CPU / request | errors | 502 | load avg (start → end) |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")
 	for _, c := range r.cells {
-		ratio, added, cpu := "", "", ""
-		if c.target != "direct" {
-			cpu = us(c.cpuPerRequest())
-			if d := r.direct(c); d != nil && d.rate() > 0 {
-				ratio = fmt.Sprintf("%.0f %%", 100*c.rate()/d.rate())
-				added = us(c.p50 - d.p50)
-			}
+		d := c.direct
+		ratio := ""
+		if d.rate() > 0 {
+			ratio = fmt.Sprintf("%.0f %%", 100*c.rate()/d.rate())
 		}
-		fmt.Fprintf(w, "| %s | %d | %d | %.0f | %s | %s | %s | %s | %s | %s | %d | %.2f → %.2f |\n",
-			c.target, c.ids, c.conc, c.rate(), ratio, us(c.p50), us(c.p99), added, cpu, errorsText(c),
-			c.byStatus[502], c.loadAtStart, c.load1)
+		errs := errorsText(c)
+		if d.errors() > 0 {
+			errs += " (direct: " + errorsText(d) + ")"
+		}
+		fmt.Fprintf(w, "| %s | %d | %d | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %d | %.2f → %.2f |\n",
+			c.target, c.ids, c.conc, c.rate(), d.rate(), ratio, us(c.p50), us(d.p50), us(c.p50-d.p50), us(c.p99), us(d.p99),
+			us(c.cpuPerRequest()), errs, c.byStatus[502], d.loadAtStart, c.load1)
 	}
 }
 
