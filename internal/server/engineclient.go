@@ -48,6 +48,15 @@ type keptConn struct {
 	br     *bufio.Reader
 	idleAt time.Time
 	reused bool
+	// unwatch stops the request's context from ending the connection's
+	// reads and writes; false means it already has.
+	unwatch func() bool
+}
+
+// watch makes every read and write on kc fail once ctx ends, so that a
+// client going away frees its handler whatever the engine does.
+func (kc *keptConn) watch(ctx context.Context) {
+	kc.unwatch = context.AfterFunc(ctx, func() { _ = kc.conn.SetDeadline(time.Unix(1, 0)) })
 }
 
 func newEngineClient() *engineClient {
@@ -78,8 +87,10 @@ func (c *engineClient) roundTrip(ctx context.Context, addr string, method string
 		if kc, err = c.get(ctx, addr); err != nil {
 			return nil, nil, tries, err
 		}
+		kc.watch(ctx)
 		bufs := net.Buffers{head, body}
 		if _, err = bufs.WriteTo(kc.conn); err != nil {
+			kc.unwatch()
 			kc.conn.Close()
 			if kc.reused && ctx.Err() == nil {
 				continue
@@ -88,6 +99,7 @@ func (c *engineClient) roundTrip(ctx context.Context, addr string, method string
 		}
 		resp, err = c.readHead(ctx, kc, method)
 		if err != nil {
+			kc.unwatch()
 			kc.conn.Close()
 			return nil, nil, tries, err
 		}
@@ -96,16 +108,12 @@ func (c *engineClient) roundTrip(ctx context.Context, addr string, method string
 	return nil, nil, tries, fmt.Errorf("writing the request: %w", err)
 }
 
-// readHead reads the answer's head, giving up when ctx ends or after
-// engineResponseHeaderTimeout.
+// readHead reads the answer's head, giving up when ctx ends (kc is
+// watched) or after engineResponseHeaderTimeout.
 func (c *engineClient) readHead(ctx context.Context, kc *keptConn, method string) (*http.Response, error) {
 	_ = kc.conn.SetReadDeadline(time.Now().Add(engineResponseHeaderTimeout))
-	stop := context.AfterFunc(ctx, func() { _ = kc.conn.SetReadDeadline(time.Unix(1, 0)) })
 	resp, err := http.ReadResponse(kc.br, methodRequest(method))
-	if !stop() {
-		if err == nil {
-			resp.Body.Close()
-		}
+	if ctx.Err() != nil {
 		return nil, ctx.Err()
 	}
 	if err != nil {
@@ -115,14 +123,9 @@ func (c *engineClient) readHead(ctx context.Context, kc *keptConn, method string
 		return nil, fmt.Errorf("%w: %w", errEngineAnswer, err)
 	}
 	// The body may stream for as long as the engine generates; the
-	// client going away ends it (finish closes the connection).
+	// client going away ends it through the watch.
 	_ = kc.conn.SetReadDeadline(time.Time{})
 	return resp, nil
-}
-
-// bodyWatch makes reads of an answer's body end when ctx does.
-func bodyWatch(ctx context.Context, kc *keptConn) (stop func() bool) {
-	return context.AfterFunc(ctx, func() { _ = kc.conn.SetReadDeadline(time.Unix(1, 0)) })
 }
 
 // methodRequest is what http.ReadResponse needs of the request: its
@@ -142,10 +145,11 @@ var (
 	postRequest = &http.Request{Method: http.MethodPost}
 )
 
-// finish keeps kc for the next request when its answer was read whole
-// and the engine did not ask to close it, and closes it otherwise.
+// finish keeps kc for the next request when its answer was read whole,
+// nothing follows it, the request's context did not end the connection
+// and the engine did not ask to close it; it closes kc otherwise.
 func (c *engineClient) finish(kc *keptConn, resp *http.Response, whole bool) {
-	if !whole || resp.Close {
+	if !kc.unwatch() || !whole || resp.Close || kc.br.Buffered() > 0 {
 		kc.conn.Close()
 		return
 	}

@@ -478,15 +478,12 @@ func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, p
 	w.WriteHeader(resp.StatusCode)
 	cb := p.copyBufs.get()
 	defer p.copyBufs.put(cb)
-	stop := bodyWatch(r.Context(), kc)
 	_, err = io.CopyBuffer(dst, resp.Body, cb.b[:])
-	// The connection is kept only when the answer was read whole and
-	// nothing stopped it meanwhile.
-	whole := stop() && err == nil
 	if err != nil && r.Context().Err() == nil {
 		p.log.Warn("relaying the engine's answer failed", "engine", d.Prefill, "err", err)
 	}
-	p.engines.finish(kc, resp, whole)
+	// The connection is kept only when the answer was read whole.
+	p.engines.finish(kc, resp, err == nil)
 }
 
 // appendRouting appends kvcar's routing value, which replaces the one a

@@ -545,3 +545,85 @@ func TestEngineClosedIdleConnectionIsNotUsed(t *testing.T) {
 		t.Errorf("the engine accepted %d connections, want 3: one per request, each closed idle", n)
 	}
 }
+
+// holdFirst is a listener whose first connection is taken and never
+// read, as by an engine that hangs; the later ones are served.
+type holdFirst struct {
+	net.Listener
+	mu   sync.Mutex
+	held []net.Conn
+}
+
+func (l *holdFirst) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		l.mu.Lock()
+		first := len(l.held) == 0
+		if first {
+			l.held = append(l.held, c)
+		}
+		l.mu.Unlock()
+		if !first {
+			return c, nil
+		}
+	}
+}
+
+// TestClientGoneFreesRequestOnStuckEngine: a client that goes away while
+// kvcar is still writing its body to an engine that does not read ends
+// kvcar's request at once (its in-flight bytes go back), instead of
+// leaving it blocked on the engine.
+func TestClientGoneFreesRequestOnStuckEngine(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hl := &holdFirst{Listener: ln}
+	e := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = io.WriteString(w, `{"choices":[{"text":"ok"}]}`)
+	})}
+	go func() { _ = e.Serve(hl) }()
+	ts := routedServer(t, Options{MaxInflightRequestBytes: 20 << 20}, ln.Addr().String())
+	// Registered after kvcar's server, so run before its Close, which
+	// waits for a request still blocked on the engine.
+	t.Cleanup(func() {
+		e.Close()
+		hl.mu.Lock()
+		for _, c := range hl.held {
+			c.Close()
+		}
+		hl.mu.Unlock()
+	})
+	body := func(n int) string { return `{"prompt":[1],"pad":"` + strings.Repeat("x", n) + `"}` }
+
+	ctx, cancel := context.WithCancel(t.Context())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ts.URL+CompletionsPath, strings.NewReader(body(14<<20)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := ts.Client().Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	// Long enough for kvcar to have read the body and be blocked writing
+	// it to the engine that does not read.
+	time.Sleep(500 * time.Millisecond)
+	cancel()
+	<-done
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		resp, b := do(t, ts, http.MethodPost, CompletionsPath, strings.NewReader(body(8<<20)))
+		if resp.StatusCode == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("3 s after its client went away the stuck request still holds its bytes: %d %s", resp.StatusCode, b)
+		}
+	}
+}
