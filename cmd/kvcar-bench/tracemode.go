@@ -322,7 +322,7 @@ func runTrace(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(reqs) == 0 {
 		return fmt.Errorf("--trace_start %v, --trace_window %v: no request of %s arrives in that window", o.Start, o.Window, o.Trace)
 	}
-	rep := &traceReport{Command: o.command, Options: o, Started: time.Now().UTC(), Revision: revision()}
+	rep := &traceReport{Command: o.command, Options: o, Started: time.Now().UTC(), Revision: devcluster.Revision()}
 	rep.Window = summarizeWindow(reqs, o)
 	rep.Bound = sharedReuse(reqs, 0)
 	rep.Pooled = sharedReuse(reqs, o.Cluster.pooledBlocks())

@@ -66,7 +66,7 @@ func StartKVCar(o KVCarOptions) (*KVCar, error) {
 	for _, p := range []*int{&port, &internalPort} {
 		if *p == 0 {
 			var err error
-			if *p, err = freePort(); err != nil {
+			if *p, err = FreePort(); err != nil {
 				return nil, err
 			}
 		}
@@ -245,8 +245,8 @@ func BuildKVCar(ctx context.Context, dir string) (string, error) {
 	return bin, nil
 }
 
-// freePort returns a loopback TCP port that is free right now.
-func freePort() (int, error) {
+// FreePort returns a loopback TCP port that is free right now.
+func FreePort() (int, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("free port: %w", err)

@@ -56,6 +56,7 @@ var routing = []string{"internal/lb", "internal/instance", "internal/server", "i
 var layout = map[string]place{
 	"cmd/kvcar":       {layer: 6},
 	"cmd/kvcar-bench": {layer: 6},
+	"cmd/kvcar-load":  {layer: 6},
 	"cmd/kvcar-demo":  {layer: 6},
 	"cmd/kvcar-scale": {layer: 6},
 	"cmd/kvcar-soak":  {layer: 6},

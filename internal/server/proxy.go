@@ -5,13 +5,10 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/http/httptrace"
-	"net/url"
+	"os"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvcar/kvcar/internal/lb"
@@ -104,7 +101,7 @@ type proxy struct {
 	router          Router
 	tokenizer       Tokenizer
 	dispatcher      Dispatcher
-	client          *http.Client
+	engines         *engineClient
 	log             *slog.Logger
 	warnNoTokenizer sync.Once
 	observe         func(d lb.Decision, took time.Duration)
@@ -133,12 +130,15 @@ const (
 )
 
 // inferenceBuffers are one request's pooled storage: the body as read,
-// what the parse found, and kvcar's routing value.
+// what the parse found, and the body relayed when it had to be rewritten.
 type inferenceBuffers struct {
-	body    []byte
-	in      inference
-	routing []byte
-	msgs    []ChatMessage
+	body []byte
+	in   inference
+	// relay is the body sent to the engine when kvcar's routing value
+	// replaces a client's; head is the request's HTTP head.
+	relay []byte
+	head  []byte
+	msgs  []ChatMessage
 	// prompt and xmsgs are what a dispatched request's prompt is handed
 	// over in.
 	prompt xllmrpc.Prompt
@@ -156,9 +156,7 @@ func newProxy(opts Options, maxIDs int, log *slog.Logger) *proxy {
 		dispatcher: opts.Dispatcher,
 		// Redirects are relayed, not followed: kvcar sends requests only
 		// to the engine it chose.
-		client: &http.Client{Transport: opts.EngineTransport, CheckRedirect: func(*http.Request, []*http.Request) error {
-			return http.ErrUseLastResponse
-		}},
+		engines:       newEngineClient(),
 		log:           log,
 		maxBody:       opts.MaxRequestBodyBytes,
 		maxIDs:        maxIDs,
@@ -181,50 +179,8 @@ func newProxy(opts Options, maxIDs int, log *slog.Logger) *proxy {
 		newItem: func() *inferenceBuffers { return &inferenceBuffers{} }, size: (*inferenceBuffers).size}
 	p.copyBufs = freeList[*copyBuf]{maxBytes: maxPooledCopyBufs * readChunk,
 		newItem: func() *copyBuf { return new(copyBuf) }, size: func(*copyBuf) int64 { return readChunk }}
-	if p.client.Transport == nil {
-		p.client.Transport = newTransport(&p.copyBufs)
-	}
 	return p
 }
-
-// newTransport returns the transport to the engines; request bodies are
-// written through buffers from bufs.
-func newTransport(bufs *freeList[*copyBuf]) *http.Transport {
-	d := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
-	return &http.Transport{
-		Proxy: nil,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := d.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return engineConn{Conn: c, bufs: bufs}, nil
-		},
-		MaxIdleConns:          1024,
-		MaxIdleConnsPerHost:   64,
-		IdleConnTimeout:       engineIdleConnTimeout,
-		ResponseHeaderTimeout: 10 * time.Minute,
-		ExpectContinueTimeout: time.Second,
-	}
-}
-
-// engineConn is a connection to an engine that copies request bodies
-// through pooled buffers. The transport hands a body to the connection's
-// ReadFrom, and a TCP connection's own copies through a buffer of up to
-// 32 KiB allocated for each request.
-type engineConn struct {
-	net.Conn
-	bufs *freeList[*copyBuf]
-}
-
-func (c engineConn) ReadFrom(r io.Reader) (int64, error) {
-	b := c.bufs.get()
-	defer c.bufs.put(b)
-	return io.CopyBuffer(writerOnly{c.Conn}, r, b.b[:])
-}
-
-// writerOnly hides the connection's own ReadFrom from io.CopyBuffer.
-type writerOnly struct{ io.Writer }
 
 // release gives back b's budget and keeps it for reuse, without the
 // buffers that grew too large to keep.
@@ -233,6 +189,9 @@ func (p *proxy) release(b *inferenceBuffers) {
 	b.held = 0
 	if cap(b.body) > maxPooledBody {
 		b.body = nil
+	}
+	if cap(b.relay) > maxPooledBody {
+		b.relay = nil
 	}
 	if cap(b.in.ids) > maxPooledIDs {
 		b.in.ids = nil
@@ -260,7 +219,7 @@ func (p *proxy) release(b *inferenceBuffers) {
 // size is about the memory b keeps.
 func (b *inferenceBuffers) size() int64 {
 	return int64(cap(b.body) + 4*cap(b.in.ids) + cap(b.in.text) + 48*cap(b.in.msgs) + cap(b.in.stack) +
-		cap(b.routing) + 32*cap(b.msgs) + 72*cap(b.xmsgs) + b.enc.Size())
+		cap(b.relay) + cap(b.head) + 32*cap(b.msgs) + 72*cap(b.xmsgs) + b.enc.Size())
 }
 
 // handleInference serves /v1/completions and /v1/chat/completions.
@@ -447,137 +406,42 @@ func (p *proxy) noTokenizer() {
 	})
 }
 
-// relayBody reads the body relayed to the engine: the client's bytes
-// with kvcar's routing value in place of the client's, without copying.
-type relayBody struct {
-	parts  [3][]byte
-	closed atomic.Bool
-	out    *outgoing
-}
-
-func (rb *relayBody) Read(p []byte) (int, error) {
-	for i := range rb.parts {
-		if len(rb.parts[i]) == 0 {
-			continue
-		}
-		n := copy(p, rb.parts[i])
-		rb.parts[i] = rb.parts[i][n:]
-		return n, nil
-	}
-	return 0, io.EOF
-}
-
-func (rb *relayBody) Close() error {
-	if !rb.closed.Swap(true) {
-		rb.out.closed.Add(1)
-	}
-	return nil
-}
-
-// outgoing counts the bodies of one request handed to the transport and
-// those it has closed. A transport may close a body after its round trip
-// has returned, so the storage under the bodies is reused only once all
-// are closed.
-type outgoing struct {
-	parts        [3][]byte
-	made, closed atomic.Int32
-}
-
-func (o *outgoing) body() io.ReadCloser {
-	o.made.Add(1)
-	return &relayBody{parts: o.parts, out: o}
-}
-
-func (o *outgoing) done() bool { return o.made.Load() == o.closed.Load() }
-
-// attempt records, from the transport's trace, what happened to one try
-// of a request on an engine.
-type attempt struct {
-	reused atomic.Bool
-	wrote  atomic.Bool
-}
-
-// neverWritten reports whether a failed try is safe to send again: the
-// engine closed an idle connection before the request was on it (Go's
-// transport says "server closed idle connection"; the error is not
-// exported), or the request was not written in full on a connection
-// that had served before. An engine cannot have acted on either. A
-// failure on a new connection is not retried: the engine is refusing.
-func (a *attempt) neverWritten(err error) bool {
-	var ue *url.Error
-	if errors.As(err, &ue) && ue.Err != nil && ue.Err.Error() == "http: server closed idle connection" {
-		return true
-	}
-	return a.reused.Load() && !a.wrote.Load()
-}
-
 // forward relays the request to the chosen engine and its answer back,
 // streaming as it arrives; the client's cancellation cancels the engine
 // request. b holds the body (its first n bytes) and is released here, as
 // soon as the engine has it all; nil b sends no body.
 func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, path string, b *inferenceBuffers, n int) {
-	var out outgoing
-	var length int64
+	var body []byte
+	var head []byte
+	length := -1
 	if b != nil {
-		body := b.body[:n]
-		out.parts[0] = body
+		body = b.body[:n]
 		if in := &b.in; in.routingStart >= 0 {
-			b.routing = appendRouting(b.routing[:0], d)
-			out.parts = [3][]byte{body[:in.routingStart], b.routing, body[in.routingEnd:]}
+			// A client's routing value is rare: the body is copied around
+			// kvcar's so that it goes out in one piece.
+			rb := append(b.relay[:0], body[:in.routingStart]...)
+			rb = appendRouting(rb, d)
+			b.relay = append(rb, body[in.routingEnd:]...)
+			body = b.relay
 		}
-		length = int64(len(out.parts[0]) + len(out.parts[1]) + len(out.parts[2]))
+		length = len(body)
+		head = b.head[:0]
 	}
-	// release returns b once the transport is done with its bodies; if
-	// one is still open, b's budget is given back but its storage is left
-	// to the collector rather than reused under the transport.
-	release := func() {
-		if b == nil {
-			return
-		}
-		if out.done() {
-			p.release(b)
-		} else {
-			p.budget.give(b.held)
-		}
-		b = nil
+	ctype := ""
+	if b != nil {
+		ctype = "application/json"
 	}
-	defer release()
-	target := "http://" + d.Prefill + path
-	var resp *http.Response
-	var err error
-	var a *attempt
-	tries := 0
-	for tries < maxEngineAttempts {
-		tries++
-		a = &attempt{}
-		ctx := httptrace.WithClientTrace(r.Context(), &httptrace.ClientTrace{
-			GotConn:      func(i httptrace.GotConnInfo) { a.reused.Store(i.Reused) },
-			WroteRequest: func(i httptrace.WroteRequestInfo) { a.wrote.Store(i.Err == nil) },
-		})
-		var req *http.Request
-		req, err = http.NewRequestWithContext(ctx, r.Method, target, nil)
-		if err != nil {
-			break
-		}
-		if b != nil {
-			req.Body = out.body()
-			req.GetBody = func() (io.ReadCloser, error) { return out.body(), nil }
-			req.ContentLength = length
-			req.Header.Set("Content-Type", "application/json")
-		}
-		if v := r.Header.Get("Accept"); v != "" {
-			req.Header.Set("Accept", v)
-		}
-		req.Header.Set(PrefillNameHeader, d.Prefill)
-		if d.Decode != "" {
-			req.Header.Set(DecodeNameHeader, d.Decode)
-		}
-		resp, err = p.client.Do(req)
-		if err == nil || r.Context().Err() != nil || !a.neverWritten(err) {
-			break
-		}
-		p.log.Debug("engine closed a reused connection before the request was written; sending it again",
-			"engine", d.Prefill, "try", tries, "err", err)
+	head = appendRequestHead(head, r.Method, d.Prefill, path, length,
+		"Content-Type", ctype, "Accept", r.Header.Get("Accept"), PrefillNameHeader, d.Prefill, DecodeNameHeader, d.Decode)
+	if b != nil {
+		b.head = head
+	}
+	resp, kc, tries, err := p.engines.roundTrip(r.Context(), d.Prefill, r.Method, head, body)
+	// The engine has the whole body once its answer's head is here, or
+	// the request failed: either way the body is not needed any more, and
+	// a long answer should not hold it.
+	if b != nil {
+		p.release(b)
 	}
 	if err != nil {
 		if r.Context().Err() != nil {
@@ -587,35 +451,39 @@ func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, p
 		// The details name the engine: they go to the log, not to the
 		// client.
 		p.log.Warn("engine request failed", "engine", d.Prefill, "path", path, "tries", tries, "err", err)
-		if errors.Is(err, context.DeadlineExceeded) {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
 			writeError(w, http.StatusGatewayTimeout, "upstream engine timed out")
 			return
 		}
 		writeError(w, http.StatusBadGateway, "upstream engine failed")
 		return
 	}
-	defer resp.Body.Close()
-	// Once the engine answers, the body is not needed any more, and a
-	// long answer should not hold it. The transport may report the write
-	// (and close the body) just after the answer's headers arrive, so the
-	// budget goes back now and the storage, for reuse, when forward
-	// returns.
-	if b != nil {
-		p.budget.give(b.held)
-		b.held = 0
-	}
+	h := w.Header()
 	for _, k := range []string{"Content-Type", "Cache-Control"} {
-		if v := resp.Header.Get(k); v != "" {
-			w.Header().Set(k, v)
+		if v := resp.Header[k]; len(v) > 0 && v[0] != "" {
+			h[k] = v[:1]
 		}
 	}
+	// An answer of known length is whole once the engine has sent it: it
+	// goes out with its length, in as few writes as it takes, and the
+	// connection's buffer is flushed once, when the handler returns. One
+	// of unknown length (SSE, chunked) is flushed write by write, so that
+	// each event reaches the client as the engine sends it.
+	var dst io.Writer = w
+	if resp.ContentLength >= 0 {
+		h["Content-Length"] = []string{strconv.FormatInt(resp.ContentLength, 10)}
+	} else {
+		dst = flushWriter{w: w, f: http.NewResponseController(w)}
+	}
 	w.WriteHeader(resp.StatusCode)
-	fw := flushWriter{w: w, f: http.NewResponseController(w)}
 	cb := p.copyBufs.get()
 	defer p.copyBufs.put(cb)
-	if _, err := io.CopyBuffer(fw, resp.Body, cb.b[:]); err != nil && r.Context().Err() == nil {
+	_, err = io.CopyBuffer(dst, resp.Body, cb.b[:])
+	if err != nil && r.Context().Err() == nil {
 		p.log.Warn("relaying the engine's answer failed", "engine", d.Prefill, "err", err)
 	}
+	// The connection is kept only when the answer was read whole.
+	p.engines.finish(kc, resp, err == nil)
 }
 
 // appendRouting appends kvcar's routing value, which replaces the one a

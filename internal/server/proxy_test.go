@@ -477,3 +477,136 @@ func TestAnswerDoesNotHoldBudget(t *testing.T) {
 		t.Fatalf("end of the stream %q, %v", rest, err)
 	}
 }
+
+// TestAnswerOfKnownLengthKeepsItsLength: an engine's answer with a
+// Content-Length goes to the client with that length, not re-chunked
+// (one write for a small answer, issue 13), and whole.
+func TestAnswerOfKnownLengthKeepsItsLength(t *testing.T) {
+	engine, got := recordingEngine(t)
+	ts := routedServer(t, Options{}, engine)
+	const want = `{"choices":[{"text":"ok"}]}`
+	resp, b := do(t, ts, http.MethodPost, CompletionsPath, strings.NewReader(`{"prompt":[1,2]}`))
+	<-got
+	if resp.StatusCode != http.StatusOK || string(b) != want {
+		t.Fatalf("%d %q", resp.StatusCode, b)
+	}
+	if resp.ContentLength != int64(len(want)) || len(resp.TransferEncoding) != 0 {
+		t.Fatalf("answer relayed with length %d, transfer encoding %v; want length %d, not chunked",
+			resp.ContentLength, resp.TransferEncoding, len(want))
+	}
+}
+
+// TestEngineClosedIdleConnectionIsNotUsed covers issue 13's 502s from
+// the keep-alive race over real TCP: an engine whose idle timeout is
+// shorter than kvcar's closes a kept connection; the next request goes
+// on a new connection instead of failing on the closed one.
+func TestEngineClosedIdleConnectionIsNotUsed(t *testing.T) {
+	var conns atomic.Int32
+	e := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"choices":[{"text":"ok"}]}`)
+	}))
+	e.Config.IdleTimeout = 20 * time.Millisecond
+	e.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	e.Start()
+	t.Cleanup(e.Close)
+	ts := routedServer(t, Options{}, strings.TrimPrefix(e.URL, "http://"))
+	for i := range 3 {
+		resp, b := do(t, ts, http.MethodPost, CompletionsPath, strings.NewReader(`{"prompt":[1,2,3]}`))
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d after the engine closed the idle connection: %d %s", i, resp.StatusCode, b)
+		}
+		// Long past the engine's idle timeout: its FIN has arrived.
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := conns.Load(); n != 3 {
+		t.Errorf("the engine accepted %d connections, want 3: one per request, each closed idle", n)
+	}
+}
+
+// holdFirst is a listener whose first connection is taken and never
+// read, as by an engine that hangs; the later ones are served.
+type holdFirst struct {
+	net.Listener
+	mu   sync.Mutex
+	held []net.Conn
+}
+
+func (l *holdFirst) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		l.mu.Lock()
+		first := len(l.held) == 0
+		if first {
+			l.held = append(l.held, c)
+		}
+		l.mu.Unlock()
+		if !first {
+			return c, nil
+		}
+	}
+}
+
+// TestClientGoneFreesRequestOnStuckEngine: a client that goes away while
+// kvcar is still writing its body to an engine that does not read ends
+// kvcar's request at once (its in-flight bytes go back), instead of
+// leaving it blocked on the engine.
+func TestClientGoneFreesRequestOnStuckEngine(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hl := &holdFirst{Listener: ln}
+	e := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = io.WriteString(w, `{"choices":[{"text":"ok"}]}`)
+	})}
+	go func() { _ = e.Serve(hl) }()
+	ts := routedServer(t, Options{MaxInflightRequestBytes: 20 << 20}, ln.Addr().String())
+	// Registered after kvcar's server, so run before its Close, which
+	// waits for a request still blocked on the engine.
+	t.Cleanup(func() {
+		e.Close()
+		hl.mu.Lock()
+		for _, c := range hl.held {
+			c.Close()
+		}
+		hl.mu.Unlock()
+	})
+	body := func(n int) string { return `{"prompt":[1],"pad":"` + strings.Repeat("x", n) + `"}` }
+
+	ctx, cancel := context.WithCancel(t.Context())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ts.URL+CompletionsPath, strings.NewReader(body(14<<20)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := ts.Client().Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	// Long enough for kvcar to have read the body and be blocked writing
+	// it to the engine that does not read.
+	time.Sleep(500 * time.Millisecond)
+	cancel()
+	<-done
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		resp, b := do(t, ts, http.MethodPost, CompletionsPath, strings.NewReader(body(8<<20)))
+		if resp.StatusCode == http.StatusOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("3 s after its client went away the stuck request still holds its bytes: %d %s", resp.StatusCode, b)
+		}
+	}
+}

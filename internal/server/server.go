@@ -59,9 +59,6 @@ type Options struct {
 	// Serves (xLLM engines) over their own RPC; the others, and every
 	// request without it, are relayed as OpenAI HTTP.
 	Dispatcher Dispatcher
-	// EngineTransport carries requests to the engines; nil uses a
-	// pooled transport with a 10 minute response-header timeout.
-	EngineTransport http.RoundTripper
 	// MaxRequestBodyBytes bounds a completion body; zero or less selects
 	// DefaultMaxRequestBodyBytes. Prompt ids are bounded by MaxTokenIDs,
 	// as in a query.

@@ -1,0 +1,68 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/devcluster"
+)
+
+// TestShortRunIsSane runs the program on the real binary with a short
+// window: every cell completes without an error, kvcar's cells carry a
+// CPU time, each next to the same load sent directly, and the table has a
+// row per cell with the ratios to direct
+// (issue 13's request path benchmark).
+func TestShortRunIsSane(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds kvcar and runs it as a process")
+	}
+	bin, err := devcluster.BuildKVCar(t.Context(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := parse([]string{"--kvcar=" + bin, "--concurrency=1,4", "--prompt_ids=2048", "--policies=RR,CAR",
+		"--duration=700ms", "--warmup=200ms", "--prompts=16"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log strings.Builder
+	rep, err := run(t.Context(), o, &log)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	if len(rep.cells) != 4 {
+		t.Fatalf("%d cells, want 4 (RR and CAR at 2 concurrencies)", len(rep.cells))
+	}
+	for _, c := range rep.cells {
+		for _, x := range []*cell{c, c.direct} {
+			if x.errors() != 0 || x.requests < 10 || x.p50 <= 0 || x.p99 < x.p50 || x.window != 700*time.Millisecond {
+				t.Errorf("%s c=%d: %d answered, %d errors (%s), p50 %v p99 %v", x.target, x.conc, x.requests, x.errors(), errorsText(x), x.p50, x.p99)
+			}
+		}
+		// kvcar parses every body and relays it: it cannot have used no
+		// CPU, nor a whole core for each request; the direct load is not
+		// kvcar's.
+		if perReq := c.cpuPerRequest(); perReq <= 0 || perReq > 100*time.Millisecond || c.direct.cpuPerRequest() != 0 {
+			t.Errorf("%s c=%d: kvcar CPU per request %v, direct %v", c.target, c.conc, perReq, c.direct.cpuPerRequest())
+		}
+	}
+	var out strings.Builder
+	rep.write(&out, true)
+	table := out.String()
+	t.Log(table)
+	for _, want := range []string{"Generated ", "| CAR | 2048 | 4 |", "| RR | 2048 | 1 |", "kvcar-load --kvcar="} {
+		if !strings.Contains(table, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+}
+
+func TestParseRejectsBadFlags(t *testing.T) {
+	for _, args := range [][]string{{"--concurrency=0"}, {"--concurrency=1,x"}, {"--prompt_ids=0"}, {"--policies=FASTEST"},
+		{"--engines=0"}, {"--duration=0s"}, {"--prompts=0"}, {"--engine_idle_timeout=-1s"}} {
+		if _, err := parse(args); err == nil {
+			t.Errorf("%v accepted", args)
+		}
+	}
+}

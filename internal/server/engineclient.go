@@ -1,0 +1,306 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// engineClient relays requests to engines over HTTP/1.1 on the caller's
+// own goroutine: the request's head and body go out in one write
+// (writev, the body from its storage), the answer is read on the same
+// goroutine, and connections are kept per engine address. net/http's
+// transport hands every request to a writing and a reading goroutine of
+// the connection, two wake-ups a request that cost more CPU than the
+// rest of the relay at low concurrency.
+//
+// A kept connection is used again only while younger than idleTimeout,
+// which is shorter than the engines' own, and only once a peek finds the
+// engine has not closed it meanwhile (the keep-alive race that gave 502s);
+// a request whose write fails on a kept connection has not reached the
+// engine and is sent again on a new one. The idle connections are
+// bounded per address and in all, and those past idleTimeout are closed
+// at most a second later by the next request that puts one back.
+type engineClient struct {
+	dialer      net.Dialer
+	idleTimeout time.Duration
+	maxPerHost  int
+	maxIdle     int
+
+	mu        sync.Mutex
+	idle      map[string][]*keptConn // oldest first
+	nIdle     int
+	lastSweep time.Time
+}
+
+// keptConn is a connection to an engine and its reader.
+type keptConn struct {
+	addr   string
+	conn   net.Conn
+	br     *bufio.Reader
+	idleAt time.Time
+	reused bool
+	// unwatch stops the request's context from ending the connection's
+	// reads and writes; false means it already has.
+	unwatch func() bool
+}
+
+// watch makes every read and write on kc fail once ctx ends, so that a
+// client going away frees its handler whatever the engine does.
+func (kc *keptConn) watch(ctx context.Context) {
+	kc.unwatch = context.AfterFunc(ctx, func() { _ = kc.conn.SetDeadline(time.Unix(1, 0)) })
+}
+
+func newEngineClient() *engineClient {
+	return &engineClient{
+		dialer:      net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second},
+		idleTimeout: engineIdleConnTimeout,
+		maxPerHost:  64,
+		maxIdle:     1024,
+		idle:        map[string][]*keptConn{},
+	}
+}
+
+// errEngineAnswer is what a malformed or cut-off answer head wraps.
+var errEngineAnswer = errors.New("engine answer")
+
+// engineResponseHeaderTimeout bounds the wait for an answer's head: an
+// engine's prefill of a long prompt under load takes seconds, not this.
+const engineResponseHeaderTimeout = 10 * time.Minute
+
+// roundTrip sends head and body to addr and reads the answer's head. The
+// caller reads the answer's body and then calls finish with whether it
+// read all of it. tries is how many connections the request was written
+// on. A request whose write failed on a kept connection is sent again on
+// a new one, up to maxEngineAttempts tries.
+func (c *engineClient) roundTrip(ctx context.Context, addr string, method string, head, body []byte) (resp *http.Response, kc *keptConn, tries int, err error) {
+	for tries < maxEngineAttempts {
+		tries++
+		if kc, err = c.get(ctx, addr); err != nil {
+			return nil, nil, tries, err
+		}
+		kc.watch(ctx)
+		bufs := net.Buffers{head, body}
+		if _, err = bufs.WriteTo(kc.conn); err != nil {
+			kc.unwatch()
+			kc.conn.Close()
+			if kc.reused && ctx.Err() == nil {
+				continue
+			}
+			return nil, nil, tries, fmt.Errorf("writing the request: %w", err)
+		}
+		resp, err = c.readHead(ctx, kc, method)
+		if err != nil {
+			kc.unwatch()
+			kc.conn.Close()
+			return nil, nil, tries, err
+		}
+		return resp, kc, tries, nil
+	}
+	return nil, nil, tries, fmt.Errorf("writing the request: %w", err)
+}
+
+// readHead reads the answer's head, giving up when ctx ends (kc is
+// watched) or after engineResponseHeaderTimeout.
+func (c *engineClient) readHead(ctx context.Context, kc *keptConn, method string) (*http.Response, error) {
+	_ = kc.conn.SetReadDeadline(time.Now().Add(engineResponseHeaderTimeout))
+	resp, err := http.ReadResponse(kc.br, methodRequest(method))
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	if err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil, fmt.Errorf("%w: connection closed before the answer: %w", errEngineAnswer, err)
+		}
+		return nil, fmt.Errorf("%w: %w", errEngineAnswer, err)
+	}
+	// The body may stream for as long as the engine generates; the
+	// client going away ends it through the watch.
+	_ = kc.conn.SetReadDeadline(time.Time{})
+	return resp, nil
+}
+
+// methodRequest is what http.ReadResponse needs of the request: its
+// method, for a HEAD answer's missing body.
+func methodRequest(method string) *http.Request {
+	switch method {
+	case http.MethodGet:
+		return getRequest
+	case http.MethodPost:
+		return postRequest
+	}
+	return &http.Request{Method: method}
+}
+
+var (
+	getRequest  = &http.Request{Method: http.MethodGet}
+	postRequest = &http.Request{Method: http.MethodPost}
+)
+
+// finish keeps kc for the next request when its answer was read whole,
+// nothing follows it, the request's context did not end the connection
+// and the engine did not ask to close it; it closes kc otherwise.
+func (c *engineClient) finish(kc *keptConn, resp *http.Response, whole bool) {
+	if !kc.unwatch() || !whole || resp.Close || kc.br.Buffered() > 0 {
+		kc.conn.Close()
+		return
+	}
+	now := time.Now()
+	kc.idleAt = now
+	c.mu.Lock()
+	var drop []*keptConn
+	if now.Sub(c.lastSweep) > time.Second {
+		c.lastSweep = now
+		drop = c.sweepLocked(now)
+	}
+	l := c.idle[kc.addr]
+	if len(l) >= c.maxPerHost || c.nIdle >= c.maxIdle {
+		drop = append(drop, kc)
+	} else {
+		c.idle[kc.addr] = append(l, kc)
+		c.nIdle++
+	}
+	c.mu.Unlock()
+	for _, d := range drop {
+		d.conn.Close()
+	}
+}
+
+// sweepLocked takes the connections idle for longer than idleTimeout
+// out of the idle lists and returns them.
+func (c *engineClient) sweepLocked(now time.Time) []*keptConn {
+	var drop []*keptConn
+	for addr, l := range c.idle {
+		n := 0
+		for n < len(l) && now.Sub(l[n].idleAt) >= c.idleTimeout {
+			n++
+		}
+		if n == 0 {
+			continue
+		}
+		drop = append(drop, l[:n]...)
+		c.nIdle -= n
+		if n == len(l) {
+			delete(c.idle, addr)
+		} else {
+			c.idle[addr] = append(l[:0], l[n:]...)
+		}
+		clear(l[len(l)-n:])
+	}
+	return drop
+}
+
+// get returns the most recently used live connection to addr, or a new
+// one.
+func (c *engineClient) get(ctx context.Context, addr string) (*keptConn, error) {
+	for {
+		kc := c.takeIdle(addr)
+		if kc == nil {
+			break
+		}
+		if time.Since(kc.idleAt) < c.idleTimeout && peekOpen(kc.conn) {
+			kc.reused = true
+			return kc, nil
+		}
+		kc.conn.Close()
+	}
+	conn, err := c.dialer.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("connecting: %w", err)
+	}
+	return &keptConn{addr: addr, conn: conn, br: bufio.NewReaderSize(conn, 4<<10)}, nil
+}
+
+func (c *engineClient) takeIdle(addr string) *keptConn {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	l := c.idle[addr]
+	if len(l) == 0 {
+		return nil
+	}
+	kc := l[len(l)-1]
+	l[len(l)-1] = nil
+	c.idle[addr] = l[:len(l)-1]
+	c.nIdle--
+	return kc
+}
+
+// peekOpen reports whether an idle connection is still open and has
+// nothing unread: a non-blocking peek that would block. An engine that
+// closed it has sent its FIN, which the peek reads as end of stream.
+func peekOpen(conn net.Conn) bool {
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	open := false
+	var b [1]byte
+	err = rc.Read(func(fd uintptr) bool {
+		_, _, e := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		open = e == syscall.EAGAIN || e == syscall.EWOULDBLOCK
+		return true
+	})
+	return err == nil && open
+}
+
+// closeIdle closes every idle connection.
+func (c *engineClient) closeIdle() {
+	c.mu.Lock()
+	var all []*keptConn
+	for _, l := range c.idle {
+		all = append(all, l...)
+	}
+	c.idle, c.nIdle = map[string][]*keptConn{}, 0
+	c.mu.Unlock()
+	for _, kc := range all {
+		kc.conn.Close()
+	}
+}
+
+// appendRequestHead appends an HTTP/1.1 request head. Header values come
+// from kvcar or from a request net/http has parsed, which holds no line
+// breaks; one that did would be dropped.
+func appendRequestHead(b []byte, method, addr, path string, length int, hdr ...string) []byte {
+	b = append(b, method...)
+	b = append(b, ' ')
+	b = append(b, path...)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, addr...)
+	b = append(b, "\r\nUser-Agent: kvcar\r\n"...)
+	if length >= 0 {
+		b = append(b, "Content-Length: "...)
+		b = strconv.AppendInt(b, int64(length), 10)
+		b = append(b, "\r\n"...)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		if hdr[i+1] == "" || !headerValueOK(hdr[i+1]) {
+			continue
+		}
+		b = append(b, hdr[i]...)
+		b = append(b, ": "...)
+		b = append(b, hdr[i+1]...)
+		b = append(b, "\r\n"...)
+	}
+	return append(b, "\r\n"...)
+}
+
+func headerValueOK(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c == '\r' || c == '\n' || c == 0 {
+			return false
+		}
+	}
+	return true
+}
