@@ -108,6 +108,9 @@ type Options struct {
 	// disabled (empty --kv_events_config_file), which makes every hit
 	// ratio 0 (R-CFG-1).
 	Prefix PrefixView
+	// Accounting is CAR's router-side accounting; its zero value (and
+	// DefaultOptions) leaves both parts off.
+	Accounting AccountingOptions
 	// TargetTTFTms is --target_ttft in ms, non-negative.
 	TargetTTFTms int
 	// TargetTPOTms is --target_tpot in ms, non-negative.
@@ -136,6 +139,9 @@ func New(name string, opts Options) (Policy, error) {
 			return nil, err
 		}
 		c.SetPrefixView(opts.Prefix)
+		if err := c.EnableAccounting(opts.Accounting); err != nil {
+			return nil, err
+		}
 		return c, nil
 	case PolicySLOAware:
 		return NewSLOAware(opts.TargetTTFTms, opts.TargetTPOTms)
