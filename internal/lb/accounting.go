@@ -439,12 +439,16 @@ func (c *CAR) pendingHits(tokenIDs []uint32, s *scratch, now int64) {
 
 // record remembers the decision for p: one dispatched request with its
 // uncached prompt tokens (by the hit ratio it was chosen with), and the
-// prompt's blocks as pending on it.
+// prompt's blocks past those the directory reports there as pending on
+// it.
 func (a *accounting) record(p *candidate, input int, keys []uint64, now int64) {
 	if a.opts.Dispatched {
 		a.recordDispatch(p.inst, now, float64(input)*(1-p.hit))
 	}
-	if a.opts.PendingPrefixes {
-		a.addPending(p.inst, keys, now)
+	if a.opts.PendingPrefixes && len(keys) > 0 {
+		// The blocks the directory already reports there need no
+		// pending entry.
+		known := min(int(p.known*float64(input))/a.opts.BlockSize, len(keys))
+		a.addPending(p.inst, keys[known:], now)
 	}
 }
