@@ -151,7 +151,7 @@ type traceOptions struct {
 	// PendingTimeout is the pending prefixes' timeout of +pend
 	// policies, in trace time.
 	PendingTimeout time.Duration `json:"pending_prefix_timeout_ns,omitempty"`
-	Cluster  traceCluster  `json:"cluster"`
+	Cluster        traceCluster  `json:"cluster"`
 
 	kvcar        string
 	readme       bool
