@@ -125,9 +125,9 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	fs.Float64Var(&f.carLambda, "car_prefill_lambda", lb.DefaultCARPrefillLambda, "CAR weight of the cache-miss cost against the queue cost, in [0, 1]")
 	fs.Float64Var(&f.carHostW, "car_host_hit_weight", lb.DefaultCARHostHitWeight, "CAR benefit of a Host-only hit relative to a Device hit, in [0, 1]")
 	fs.BoolVar(&f.acctDispatch, "car_dispatch_accounting", false, "CAR adds the requests it sent an instance since that instance's last load report to its waiting count (off: the seed's formula)")
-	fs.Float64Var(&f.acctTokenWeight, "car_dispatch_token_weight", 0, "with --car_dispatch_accounting, weight in [0, 1] of those requests' uncached prompt tokens in the queue term")
+	fs.Float64Var(&f.acctTokenWeight, "car_dispatch_token_weight", 0, "with --car_dispatch_accounting, weight in [0, 1] in the queue term of the uncached prompt tokens of the requests sent to an instance that have not ended")
 	fs.IntVar(&f.acctLagMs, "car_dispatch_heartbeat_lag_ms", 0, "a load report received less than this after a dispatch does not supersede it, ms in [0, 60000]")
-	fs.IntVar(&f.acctMaxAgeMs, "car_dispatch_max_age_ms", int(lb.DefaultDispatchMaxAge/time.Millisecond), "a dispatch stops counting after this even without a load report, ms in [1, 600000]")
+	fs.IntVar(&f.acctMaxAgeMs, "car_dispatch_max_age_ms", int(lb.DefaultDispatchMaxAge/time.Millisecond), "a dispatch stops counting (request and tokens) after this even without a load report or its end, ms in [1, 600000]")
 	fs.IntVar(&f.acctMaxDispatch, "car_max_pending_dispatches", lb.DefaultMaxPendingDispatches, "dispatches remembered per instance, in [1, 1048576]")
 	fs.BoolVar(&f.acctPending, "car_pending_prefixes", false, "CAR counts the blocks of prompts it sent an instance as hits there until its KV events report them or --car_pending_prefix_timeout_ms passes; never shown by the query API")
 	fs.IntVar(&f.acctPendingMs, "car_pending_prefix_timeout_ms", int(lb.DefaultPendingPrefixTimeout/time.Millisecond), "how long a routed prompt's blocks count as pending hits, ms in [1, 600000]")
@@ -553,6 +553,14 @@ func (r registryRouter) Policy() string { return r.policy.Name() }
 
 func (r registryRouter) Route(req lb.Request) (lb.Decision, error) {
 	return r.policy.Route(req, r.reg.Snapshot())
+}
+
+// Release passes the end of a request on to a policy that counts its
+// requests until they end (CAR with --car_dispatch_accounting).
+func (r registryRouter) Release(d lb.Decision) {
+	if rel, ok := r.policy.(lb.Releaser); ok {
+		rel.Release(d)
+	}
 }
 
 // chatTokenizer gives the request path the model's tokenizer.

@@ -130,6 +130,8 @@ type accounting struct {
 	// snapshot's instances whenever the snapshot changes.
 	insts       map[string]*instAcct
 	seenVersion uint64
+	// tickets numbers decisions, for Release.
+	tickets uint64
 	seenSnap    *instance.Snapshot
 }
 
@@ -137,8 +139,11 @@ type accounting struct {
 // incarnation apart from a later one under the same name.
 type instAcct struct {
 	registered time.Time
-	// dispatches is a ring in dispatch order (times only grow).
+	// dispatches is a ring in dispatch order (times and tickets only
+	// grow).
 	dispatches ring[dispatchRec]
+	// liveTokens sums the tokens of the live records.
+	liveTokens float64
 	// pending maps a block's chain key to when it stops counting; order
 	// is the ring of insertions that bounds it.
 	pending map[uint64]int64
@@ -148,6 +153,10 @@ type instAcct struct {
 type dispatchRec struct {
 	at     int64 // ns since base
 	tokens float64
+	ticket uint64
+	// live is true until the request is released (it ended) or its
+	// record leaves the ring.
+	live bool
 }
 
 type pendingRec struct {
@@ -256,32 +265,75 @@ func (a *accounting) stateOrNew(in *instance.Instance) *instAcct {
 	return st
 }
 
-// outstanding returns the requests and uncached prompt tokens CAR sent
-// in that its latest load report does not include: those dispatched
-// after LoadUpdated − HeartbeatLag and less than DispatchMaxAge ago.
-// Older records are dropped.
+// outstanding returns, for in, the requests CAR sent it that its latest
+// load report cannot include (dispatched after LoadUpdated −
+// HeartbeatLag), and the uncached prompt tokens of the requests sent it
+// that have not ended (been released); both only of dispatches less
+// than DispatchMaxAge old, older records are dropped. A load report
+// carries no tokens, so it supersedes only the count.
 func (a *accounting) outstanding(in *instance.Instance, now int64) (reqs, toks float64) {
 	st := a.state(in)
 	if st == nil {
 		return 0, 0
 	}
-	cut := now - int64(a.opts.DispatchMaxAge)
+	d := &st.dispatches
+	old := now - int64(a.opts.DispatchMaxAge)
+	for d.size > 0 && d.front().at <= old {
+		st.drop(*d.front())
+		d.pop()
+	}
+	cut := old
 	if !in.LoadUpdated.IsZero() {
 		cut = max(cut, a.since(in.LoadUpdated)-int64(a.opts.HeartbeatLag))
 	}
-	d := &st.dispatches
-	for d.size > 0 && d.front().at <= cut {
-		d.pop()
-	}
-	for i := 0; i < d.size; i++ {
+	for i := d.size - 1; i >= 0 && d.at(i).at > cut; i-- {
 		reqs++
-		toks += d.at(i).tokens
 	}
-	return reqs, toks
+	if st.liveTokens < 0.5 { // float drift of an empty sum
+		st.liveTokens = 0
+	}
+	return reqs, st.liveTokens
 }
 
-func (a *accounting) recordDispatch(in *instance.Instance, now int64, uncached float64) {
-	a.stateOrNew(in).dispatches.push(dispatchRec{at: now, tokens: uncached})
+// drop takes a record leaving the ring out of the live sum.
+func (st *instAcct) drop(r dispatchRec) {
+	if r.live {
+		st.liveTokens -= r.tokens
+	}
+}
+
+func (a *accounting) recordDispatch(in *instance.Instance, now int64, uncached float64, ticket uint64) {
+	st := a.stateOrNew(in)
+	if old, full := st.dispatches.push(dispatchRec{at: now, tokens: uncached, ticket: ticket, live: true}); full {
+		st.drop(old)
+	}
+	st.liveTokens += uncached
+}
+
+// release marks the request of ticket, routed to instance name, ended:
+// its tokens stop counting. An unknown ticket (forgotten, or of an
+// instance that left) is ignored.
+func (a *accounting) release(name string, ticket uint64) {
+	st := a.insts[name]
+	if st == nil {
+		return
+	}
+	d := &st.dispatches
+	lo, hi := 0, d.size
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if d.at(m).ticket < ticket {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < d.size {
+		if r := d.at(lo); r.ticket == ticket && r.live {
+			r.live = false
+			st.liveTokens -= r.tokens
+		}
+	}
 }
 
 // pendingBlocks is the number of leading blocks of keys pending on in.
@@ -441,9 +493,9 @@ func (c *CAR) pendingHits(tokenIDs []uint32, s *scratch, now int64) {
 // uncached prompt tokens (by the hit ratio it was chosen with), and the
 // prompt's blocks past those the directory reports there as pending on
 // it.
-func (a *accounting) record(p *candidate, input int, keys []uint64, now int64) {
+func (a *accounting) record(p *candidate, input int, keys []uint64, now int64, ticket uint64) {
 	if a.opts.Dispatched {
-		a.recordDispatch(p.inst, now, float64(input)*(1-p.hit))
+		a.recordDispatch(p.inst, now, float64(input)*(1-p.hit), ticket)
 	}
 	if a.opts.PendingPrefixes && len(keys) > 0 {
 		// The blocks the directory already reports there need no

@@ -120,7 +120,7 @@ func TestAccountingHeartbeatSupersedes(t *testing.T) {
 	o.DispatchMaxAge = time.Second
 	acct := newAccounting(o)
 	for _, ms := range []int{0, 10, 20} {
-		acct.recordDispatch(&in, acct.since(clock.at(time.Duration(ms)*time.Millisecond)), 1)
+		acct.recordDispatch(&in, acct.since(clock.at(time.Duration(ms)*time.Millisecond)), 1, uint64(ms+1))
 	}
 	now := acct.since(clock.at(30 * time.Millisecond))
 	check := func(what string, want float64) {
@@ -135,7 +135,7 @@ func TestAccountingHeartbeatSupersedes(t *testing.T) {
 	in.LoadUpdated = clock.at(25 * time.Millisecond) // supersedes t ≤ 20 ms
 	check("report at 25 ms", 0)
 
-	acct.recordDispatch(&in, acct.since(clock.at(40*time.Millisecond)), 1)
+	acct.recordDispatch(&in, acct.since(clock.at(40*time.Millisecond)), 1, 41)
 	check("dispatch after the report", 1)
 	now = acct.since(clock.at(1040 * time.Millisecond))
 	check("past the max age", 0)
@@ -360,5 +360,51 @@ func TestChainKeysArePrefixKeys(t *testing.T) {
 		if c[i] == a[i] {
 			t.Fatalf("key %d equal despite a different first block", i)
 		}
+	}
+}
+
+// Uncached tokens count until the request is released, whatever the
+// load reports say (they carry no tokens); the request count until the
+// next report. Release of an unknown or repeated ticket changes nothing.
+func TestAccountingReleaseEndsTokens(t *testing.T) {
+	clock := newClock()
+	a := registeredAt(loaded("a", instance.Default, 0, 0), clock.at(-time.Hour), clock.at(-time.Second))
+	b := registeredAt(loaded("b", instance.Default, 0, 0), clock.at(-time.Hour), clock.at(-time.Second))
+	c := acctCAR(t, 0, nil, clock, func(o *AccountingOptions) { o.Dispatched, o.TokenWeight = true, 1 })
+	snap := snapshot(a, b)
+	d1 := route(t, c, Request{PromptTokens: 1000}, snap)
+	d2 := route(t, c, Request{PromptTokens: 10}, snap)
+	if d1.Ticket == 0 || d2.Ticket <= d1.Ticket || d1.Prefill == d2.Prefill {
+		t.Fatalf("decisions %+v, %+v: want increasing tickets on both instances", d1, d2)
+	}
+	// A report after both supersedes the counts; the tokens stay.
+	clock.advance(time.Millisecond)
+	for i := range snap.Instances {
+		snap.Instances[i].LoadUpdated = clock.now()
+	}
+	clock.advance(time.Millisecond)
+	in1, _ := lookupInstance(snap, d1.Prefill)
+	now := c.acct.since(clock.now())
+	if r, tok := c.acct.outstanding(in1, now); r != 0 || tok != 1000 {
+		t.Fatalf("after the report: %v requests, %v tokens; want 0, 1000", r, tok)
+	}
+	d3 := route(t, c, Request{PromptTokens: 10}, snap)
+	wantRoute(t, d3, d2.Prefill, "")
+	c.Release(d1)
+	c.Release(d1)
+	c.Release(Decision{Prefill: d1.Prefill, Ticket: 999})
+	c.Release(Decision{Prefill: "gone", Ticket: d1.Ticket})
+	if r, tok := c.acct.outstanding(in1, c.acct.since(clock.now())); r != 0 || tok != 0 {
+		t.Fatalf("after release: %v requests, %v tokens; want 0, 0", r, tok)
+	}
+	in2, _ := lookupInstance(snap, d2.Prefill)
+	if _, tok := c.acct.outstanding(in2, c.acct.since(clock.now())); tok != 20 {
+		t.Fatalf("the other instance: %v tokens, want 20", tok)
+	}
+	// Released tokens no longer weigh: the 1000-token instance wins now.
+	wantRoute(t, route(t, c, Request{PromptTokens: 10}, snap), d1.Prefill, "")
+	// A CAR without accounting hands out no tickets.
+	if d := route(t, mustCAR(t, 0.5, 0.5, nil), Request{}, snap); d.Ticket != 0 {
+		t.Fatalf("ticket %d without accounting", d.Ticket)
 	}
 }

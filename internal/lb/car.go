@@ -57,6 +57,19 @@ func NewCAR(lambda, hostWeight float64) (*CAR, error) {
 	return &CAR{lambda: lambda, hostWeight: hostWeight}, nil
 }
 
+// Release tells CAR that the request of d has ended (its answer is
+// complete or it failed), so its uncached prompt tokens stop counting
+// in the queue term's token part. Only decisions with a Ticket need it;
+// other decisions, and unknown or repeated tickets, are ignored.
+func (c *CAR) Release(d Decision) {
+	if c.acct == nil || d.Ticket == 0 {
+		return
+	}
+	c.acctMu.Lock()
+	defer c.acctMu.Unlock()
+	c.acct.release(d.Prefill, d.Ticket)
+}
+
 // SetPrefixView sets the directory view CAR queries; nil (or an
 // interface holding a nil pointer) disables the cache term, so every hit
 // ratio is 0 (R-CFG-1). It may be called while requests are routed.
@@ -130,7 +143,9 @@ func (c *CAR) Route(req Request, snap *instance.Snapshot) (Decision, error) {
 		PrefillScore: p.score,
 	}
 	if a != nil {
-		a.record(p, req.InputTokens(), s.keys, now)
+		a.tickets++
+		d.Ticket = a.tickets
+		a.record(p, req.InputTokens(), s.keys, now, d.Ticket)
 	}
 	if !p.needsDecode {
 		d.Reason = pickReason(pTied, reasonCARAlone, reasonCARAloneTied)

@@ -70,7 +70,8 @@
 // count in the queue term:
 //
 //	sent   = dispatches at t with t > LoadUpdated − HeartbeatLag and t > now − DispatchMaxAge
-//	queue  = (1−β)·(waiting + sent)/max(waiting + sent) + β·tokens(sent)/max(tokens(sent))
+//	tokens = uncached prompt tokens of dispatches not yet released, t > now − DispatchMaxAge
+//	queue  = (1−β)·(waiting + sent)/max(waiting + sent) + β·tokens/max(tokens)
 //
 // A load report supersedes every dispatch made at least HeartbeatLag
 // before kvcar received it (LoadUpdated): the engine's waiting count is
@@ -78,7 +79,10 @@
 // prefill is not "waiting" to the engine, so after the next report it
 // counts nowhere, as in R-CAR-3. The DP rank a request lands on is the
 // engine's choice, so counts are per instance. β (TokenWeight) is 0 by
-// default: the queue term stays a request count.
+// default: the queue term stays a request count. Load reports carry no
+// tokens, so they do not supersede the token part: a request's tokens
+// count until the caller releases its Decision (Releaser; the request
+// path does when the request ends) or DispatchMaxAge passes.
 //
 // With AccountingOptions.PendingPrefixes, the full blocks (of the KV
 // events config's block_size) of a routed prompt are pending on the

@@ -41,6 +41,15 @@ type Policy interface {
 	Route(req Request, snap *instance.Snapshot) (Decision, error)
 }
 
+// Releaser is a Policy that keeps state per routed request: the caller
+// calls Release once the request of a Decision with a Ticket has ended.
+// *CAR is one.
+type Releaser interface {
+	Release(d Decision)
+}
+
+var _ Releaser = (*CAR)(nil)
+
 // Request is what a policy knows about a request. The policy does not
 // retain TokenIDs.
 type Request struct {
@@ -81,6 +90,10 @@ type Decision struct {
 	// or the SLO_AWARE predicted TPOT in ms; 0 for RR or without a
 	// decode instance.
 	DecodeScore float64
+	// Ticket identifies the decision to Releaser.Release when the
+	// policy keeps state per routed request (CAR with dispatch
+	// accounting); 0 when it keeps none.
+	Ticket uint64
 	// Reason says in a few fixed words why these instances won; it is a
 	// constant string, so building a decision allocates nothing.
 	Reason string
