@@ -131,8 +131,8 @@ type accounting struct {
 	insts       map[string]*instAcct
 	seenVersion uint64
 	// tickets numbers decisions, for Release.
-	tickets uint64
-	seenSnap    *instance.Snapshot
+	tickets  uint64
+	seenSnap *instance.Snapshot
 }
 
 // instAcct is one instance's accounting. registered tells its
