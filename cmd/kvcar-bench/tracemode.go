@@ -88,7 +88,7 @@ const (
 	tpDynamo     = "DYNAMO"
 )
 
-const defaultTracePolicies = "RANDOM,RR,LEAST_QUEUE,CAR@0.25,CAR@0.5,CAR@0.75,CAR@1,LLMD,DYNAMO"
+const defaultTracePolicies = "RANDOM,RR,LEAST_QUEUE,CAR@0.25,CAR@0.5,CAR@0.75,CAR@1,CAR@0.5+acct,CAR@0.5+tok,CAR@0.5+pend,CAR@0.5+tok+pend,LLMD,DYNAMO"
 
 func parseTracePolicy(s string) (tracePolicy, error) {
 	base, suffixes, _ := strings.Cut(s, "+")
