@@ -14,7 +14,7 @@ const (
 	DefaultDispatchMaxAge       = 2 * time.Second
 	DefaultPendingPrefixTimeout = 10 * time.Second
 	DefaultMaxPendingDispatches = 4096
-	DefaultMaxPendingBlocks     = 65536
+	DefaultMaxPendingBlocks     = 16384
 	DefaultAccountingBlockSize  = 128
 
 	MinAccountingAge = time.Millisecond
