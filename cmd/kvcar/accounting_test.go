@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvcar/kvcar/internal/enginesim"
 )
 
 // pauseHeartbeats stops the engines' load reports once kvcar has their
@@ -189,5 +191,52 @@ func TestAccountingFlagsValidated(t *testing.T) {
 	}
 	if o := accountingOptions(&flags{acctMaxAgeMs: 1, acctMaxDispatch: 1, acctPendingMs: 1, acctMaxPendBlock: 1}, nil); o.Dispatched || o.PendingPrefixes {
 		t.Fatalf("accounting on without its flags: %+v", o)
+	}
+}
+
+// TestDispatchTokensCountUntilAnswered: the uncached prompt tokens of
+// a request count on its instance until the request path releases it
+// at the request's end, not until a load report. X gets a small
+// request that stays in flight (a slow decode), Y a large one that
+// ends at once; the next request goes to Y, whose tokens were released
+// when its request ended, although Y's prompt was larger. Heartbeats
+// are paused, so without the release Y would still count its 256
+// tokens against X's 16 and the request would go to X.
+func TestDispatchTokensCountUntilAnswered(t *testing.T) {
+	slowDecode := func(c *enginesim.Config) { c.DecodePerToken = 20 * time.Second } // 20 ms at the tests' time scale
+	c := startCluster(t, 2, slowDecode, "--load_balance_policy=CAR", "--car_prefill_lambda=0", "--expose_routing_headers",
+		"--car_dispatch_accounting", "--car_dispatch_token_weight=1", "--car_dispatch_max_age_ms=60000")
+	c.pauseHeartbeats()
+	long := make(chan completion, 1)
+	go func() {
+		long <- c.complete(t, "/v1/completions", strings.Replace(idsPrompt(1, 16), `"max_tokens":2`, `"max_tokens":100`, 1))
+	}()
+	// The long request is routed first: wait until an engine has it.
+	var x string
+	waitUntil(t, "the long request on an engine", 5*time.Second, func() bool {
+		for _, e := range c.engines {
+			if e.Stats().Requests > 0 {
+				x = e.Name()
+				return true
+			}
+		}
+		return false
+	})
+	big := c.complete(t, "/v1/completions", idsPrompt(1000, 256))
+	if big.status != 200 || big.prefill == x {
+		t.Fatalf("large request: %+v; want it on the instance other than %s", big, x)
+	}
+	next := c.complete(t, "/v1/completions", idsPrompt(5000, 16))
+	if next.status != 200 || next.prefill != big.prefill {
+		t.Fatalf("next request went to %s, want %s, whose 256 tokens were released when its request ended (%s still has 16 in flight)",
+			next.prefill, big.prefill, x)
+	}
+	select {
+	case r := <-long:
+		if r.status != 200 || r.prefill != x {
+			t.Fatalf("long request: %+v", r)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("long request did not end")
 	}
 }
