@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -136,9 +135,7 @@ func replayOnce(ctx context.Context, o traceOptions, reqs []traceRequest, etcd *
 	kvPolicy, extra := "RR", []string(nil)
 	if p.Kind == kindKvcar {
 		kvPolicy = p.KvcarPolicy
-		if kvPolicy == "CAR" {
-			extra = append(extra, "--car_prefill_lambda="+strconv.FormatFloat(p.Lambda, 'g', -1, 64))
-		}
+		extra = append(extra, p.kvcarFlags(time.Duration(float64(o.PendingTimeout)/o.Speedup))...)
 	}
 	if routingHeaders {
 		extra = append(extra, "--"+exposeHeadersFlag)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvcar/kvcar/internal/devcluster"
 )
@@ -116,6 +117,32 @@ func TestTraceReplayEndToEnd(t *testing.T) {
 	for _, want := range []string{"| shared unbounded cache (bound) |", "| DYNAMO |", "mean TTFT / RR's", "bin/kvcar-bench --trace=", "Generated "} {
 		if !strings.Contains(md.String(), want) {
 			t.Fatalf("README section lacks %q:\n%s", want, md.String())
+		}
+	}
+}
+
+// Accounting suffixes turn kvcar's accounting flags on for CAR
+// policies only, and the pending timeout is passed in wall time.
+func TestTracePolicyAccountingSuffixes(t *testing.T) {
+	p, err := parseTracePolicy("CAR@0.5+acct+pend")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(p.kvcarFlags(250*time.Millisecond), " ")
+	want := "--car_prefill_lambda=0.5 --car_dispatch_accounting --car_pending_prefixes --car_pending_prefix_timeout_ms=250"
+	if p.Name != "CAR@0.5+acct+pend" || p.KvcarPolicy != "CAR" || got != want {
+		t.Fatalf("policy %+v flags %q, want %q", p, got, want)
+	}
+	p, err = parseTracePolicy("LEAST_QUEUE+tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(p.kvcarFlags(time.Second), " "); got != "--car_prefill_lambda=0 --car_dispatch_accounting --car_dispatch_token_weight=0.5" {
+		t.Fatalf("LEAST_QUEUE+tok flags %q", got)
+	}
+	for _, bad := range []string{"RR+acct", "DYNAMO+pend", "CAR@0.5+nope", "CAR@0.5+"} {
+		if _, err := parseTracePolicy(bad); err == nil {
+			t.Errorf("%q accepted", bad)
 		}
 	}
 }

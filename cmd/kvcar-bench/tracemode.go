@@ -40,6 +40,41 @@ type tracePolicy struct {
 	Lambda float64    `json:"lambda,omitempty"`
 	// KvcarPolicy is --load_balance_policy for kindKvcar.
 	KvcarPolicy string `json:"-"`
+	// Accounting are the parts of CAR's router-side accounting the
+	// policy's suffixes turn on (see accountingSuffixes).
+	Accounting []string `json:"accounting,omitempty"`
+}
+
+// accountingSuffixes are the suffixes of a CAR@λ or LEAST_QUEUE policy
+// name and the kvcar flags they add: +acct dispatch accounting, +tok
+// the same with half the queue term's weight on uncached prompt tokens,
+// +pend pending prefixes. CAR@0.5+acct+pend turns on both parts.
+var accountingSuffixes = map[string][]string{
+	"acct": {"--car_dispatch_accounting"},
+	"tok":  {"--car_dispatch_accounting", "--car_dispatch_token_weight=0.5"},
+	"pend": {"--car_pending_prefixes"},
+}
+
+// kvcarFlags are the flags a kvcar policy passes to kvcar beyond
+// --load_balance_policy; pendingTimeout is in wall time.
+func (p tracePolicy) kvcarFlags(pendingTimeout time.Duration) []string {
+	var out []string
+	if p.KvcarPolicy == "CAR" {
+		out = append(out, "--car_prefill_lambda="+strconv.FormatFloat(p.Lambda, 'g', -1, 64))
+	}
+	seen := map[string]bool{}
+	for _, a := range p.Accounting {
+		for _, f := range accountingSuffixes[a] {
+			if !seen[f] {
+				seen[f] = true
+				out = append(out, f)
+			}
+		}
+		if a == "pend" {
+			out = append(out, "--car_pending_prefix_timeout_ms="+strconv.FormatInt(max(pendingTimeout.Milliseconds(), 1), 10))
+		}
+	}
+	return out
 }
 
 // Policy names of the trace replay. LEAST_QUEUE is kvcar's CAR with
@@ -53,9 +88,31 @@ const (
 	tpDynamo     = "DYNAMO"
 )
 
-const defaultTracePolicies = "RANDOM,RR,LEAST_QUEUE,CAR@0.25,CAR@0.5,CAR@0.75,CAR@1,LLMD,DYNAMO"
+const defaultTracePolicies = "RANDOM,RR,LEAST_QUEUE,CAR@0.25,CAR@0.5,CAR@0.75,CAR@1,CAR@0.5+acct,CAR@0.5+tok,CAR@0.5+pend,CAR@0.5+tok+pend,LLMD,DYNAMO"
 
 func parseTracePolicy(s string) (tracePolicy, error) {
+	base, suffixes, _ := strings.Cut(s, "+")
+	if suffixes == "" {
+		return parseBasePolicy(s)
+	}
+	p, err := parseBasePolicy(base)
+	if err != nil {
+		return p, err
+	}
+	if p.KvcarPolicy != "CAR" {
+		return tracePolicy{}, fmt.Errorf("policy %q: accounting suffixes apply to CAR@λ and LEAST_QUEUE only", s)
+	}
+	for _, a := range strings.Split(suffixes, "+") {
+		if _, ok := accountingSuffixes[a]; !ok {
+			return tracePolicy{}, fmt.Errorf("policy %q: unknown suffix %q (want +acct, +tok or +pend)", s, a)
+		}
+		p.Accounting = append(p.Accounting, a)
+	}
+	p.Name = s
+	return p, nil
+}
+
+func parseBasePolicy(s string) (tracePolicy, error) {
 	switch s {
 	case tpRandom:
 		return tracePolicy{Name: s, Kind: kindRandom}, nil
@@ -75,7 +132,7 @@ func parseTracePolicy(s string) (tracePolicy, error) {
 		}
 		return tracePolicy{Name: s, Kind: kindKvcar, KvcarPolicy: "CAR", Lambda: lambda}, nil
 	}
-	return tracePolicy{}, fmt.Errorf("unknown policy %q (want RANDOM, RR, LEAST_QUEUE, CAR@λ, LLMD or DYNAMO)", s)
+	return tracePolicy{}, fmt.Errorf("unknown policy %q (want RANDOM, RR, LEAST_QUEUE, CAR@λ, LLMD or DYNAMO; CAR@λ and LEAST_QUEUE may add +acct, +tok, +pend)", s)
 }
 
 // traceOptions configure a trace replay.
@@ -91,7 +148,10 @@ type traceOptions struct {
 	Parallel int `json:"parallel"`
 
 	Policies []tracePolicy `json:"policies"`
-	Cluster  traceCluster  `json:"cluster"`
+	// PendingTimeout is the pending prefixes' timeout of +pend
+	// policies, in trace time.
+	PendingTimeout time.Duration `json:"pending_prefix_timeout_ns,omitempty"`
+	Cluster        traceCluster  `json:"cluster"`
 
 	kvcar        string
 	readme       bool
@@ -195,7 +255,8 @@ func parseTraceFlags(args []string, stderr io.Writer) (traceOptions, error) {
 	fs.IntVar(&o.Parallel, "parallel", 1, "runs at once, each with its own kvcar and engines")
 	fs.IntVar(&o.Seeds, "seeds", 5, "runs of every policy, with seeds --seed, --seed+1, …")
 	fs.Uint64Var(&o.Seed, "seed", 1, "first seed: the random policy's choices, the engines' order and the arrivals' sub-millisecond jitter")
-	policies := fs.String("policies", defaultTracePolicies, "policies to replay: RANDOM, RR, LEAST_QUEUE (CAR λ=0), CAR@λ, LLMD, DYNAMO")
+	policies := fs.String("policies", defaultTracePolicies, "policies to replay: RANDOM, RR, LEAST_QUEUE (CAR λ=0), CAR@λ, LLMD, DYNAMO; CAR@λ and LEAST_QUEUE take accounting suffixes: +acct (--car_dispatch_accounting), +tok (the same, token weight 0.5), +pend (--car_pending_prefixes), e.g. CAR@0.5+acct+pend")
+	fs.DurationVar(&o.PendingTimeout, "pending_prefix_timeout", 10*time.Second, "for +pend policies: how long a routed prompt's blocks count as pending, in trace time (divided by --speedup for kvcar)")
 	engines := fs.String("engines", "1,1,1,1,1,1,1,2", "DP size of each emulated engine")
 	fs.IntVar(&o.Cluster.CapacityTokens, "capacity_tokens", 1<<20, "Device KV capacity of each engine in tokens, split over its DP ranks")
 	fs.DurationVar(&o.Cluster.PrefillPerToken, "prefill_per_token", 110*time.Microsecond, "an engine's prefill compute per uncached token (emulated)")
@@ -246,6 +307,9 @@ func parseTraceFlags(args []string, stderr io.Writer) (traceOptions, error) {
 	}
 	if !(o.Speedup >= 1 && o.Speedup <= 1000) {
 		errs = append(errs, fmt.Errorf("--speedup = %v: want 1..1000", o.Speedup))
+	}
+	if pt := float64(o.PendingTimeout) / max(o.Speedup, 1); pt < float64(time.Millisecond) || pt > float64(10*time.Minute) {
+		errs = append(errs, fmt.Errorf("--pending_prefix_timeout = %v: divided by --speedup it must be in [1ms, 10m]", o.PendingTimeout))
 	}
 	if o.Parallel < 1 || o.Parallel > 16 {
 		errs = append(errs, fmt.Errorf("--parallel = %d: want 1..16", o.Parallel))

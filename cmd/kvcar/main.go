@@ -76,6 +76,15 @@ type flags struct {
 	carHostW      float64
 	targetTTFT    int
 	targetTPOT    int
+	// CAR's router-side accounting (lb.AccountingOptions).
+	acctDispatch     bool
+	acctTokenWeight  float64
+	acctLagMs        int
+	acctMaxAgeMs     int
+	acctMaxDispatch  int
+	acctPending      bool
+	acctPendingMs    int
+	acctMaxPendBlock int
 
 	tokenizerSpecial bool // chat prompts are encoded with special tokens added
 	// The request path's limits and what it tells clients.
@@ -115,6 +124,14 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	fs.BoolVar(&f.tokenizerSpecial, "tokenizer_add_special_tokens", false, "encode rendered chat prompts with the tokenizer's special tokens added (BOS from add_bos_token or the post_processor), for engines that encode chat that way; text prompts always get them")
 	fs.Float64Var(&f.carLambda, "car_prefill_lambda", lb.DefaultCARPrefillLambda, "CAR weight of the cache-miss cost against the queue cost, in [0, 1]")
 	fs.Float64Var(&f.carHostW, "car_host_hit_weight", lb.DefaultCARHostHitWeight, "CAR benefit of a Host-only hit relative to a Device hit, in [0, 1]")
+	fs.BoolVar(&f.acctDispatch, "car_dispatch_accounting", false, "CAR adds the requests it sent an instance since that instance's last load report to its waiting count (off: the seed's formula)")
+	fs.Float64Var(&f.acctTokenWeight, "car_dispatch_token_weight", 0, "with --car_dispatch_accounting, weight in [0, 1] in the queue term of the uncached prompt tokens of the requests sent to an instance that have not ended")
+	fs.IntVar(&f.acctLagMs, "car_dispatch_heartbeat_lag_ms", 0, "a load report received less than this after a dispatch does not supersede it, ms in [0, 60000]")
+	fs.IntVar(&f.acctMaxAgeMs, "car_dispatch_max_age_ms", int(lb.DefaultDispatchMaxAge/time.Millisecond), "a dispatch stops counting (request and tokens) after this even without a load report or its end, ms in [1, 600000]")
+	fs.IntVar(&f.acctMaxDispatch, "car_max_pending_dispatches", lb.DefaultMaxPendingDispatches, "dispatches remembered per instance, in [1, 1048576]")
+	fs.BoolVar(&f.acctPending, "car_pending_prefixes", false, "CAR counts the blocks of prompts it sent an instance as hits there until its KV events report them or --car_pending_prefix_timeout_ms passes; never shown by the query API")
+	fs.IntVar(&f.acctPendingMs, "car_pending_prefix_timeout_ms", int(lb.DefaultPendingPrefixTimeout/time.Millisecond), "how long a routed prompt's blocks count as pending hits, ms in [1, 600000]")
+	fs.IntVar(&f.acctMaxPendBlock, "car_max_pending_blocks", lb.DefaultMaxPendingBlocks, "pending blocks remembered per instance, in [1, 4194304]")
 	fs.IntVar(&f.targetTTFT, "target_ttft", lb.DefaultTargetTTFTms, "SLO_AWARE target time to first token, ms")
 	fs.IntVar(&f.targetTPOT, "target_tpot", lb.DefaultTargetTPOTms, "SLO_AWARE target time per output token, ms")
 	fs.IntVar(&f.blockSize, "block_size", 128, "accepted for compatibility; the KV index uses discovery.block_size of the KV events config")
@@ -161,12 +178,43 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 		{"--detect_disconnected_instance_interval", f.suspectSeconds, 1, 3600},
 		{"--instance_delete_probe_timeout_ms", f.probeTimeoutMs, 10, 60000},
 		{"--instance_delete_probe_attempts", f.probeAttempts, 1, 10},
+		{"--car_dispatch_heartbeat_lag_ms", f.acctLagMs, 0, int(lb.MaxHeartbeatLag / time.Millisecond)},
+		{"--car_dispatch_max_age_ms", f.acctMaxAgeMs, 1, int(lb.MaxAccountingAge / time.Millisecond)},
+		{"--car_max_pending_dispatches", f.acctMaxDispatch, 1, lb.MaxPendingCap},
+		{"--car_pending_prefix_timeout_ms", f.acctPendingMs, 1, int(lb.MaxAccountingAge / time.Millisecond)},
+		{"--car_max_pending_blocks", f.acctMaxPendBlock, 1, lb.MaxPendingBlocks},
 	} {
 		if r.val < r.min || r.val > r.max {
 			return nil, fmt.Errorf("%s = %d: must be in [%d, %d]", r.name, r.val, r.min, r.max)
 		}
 	}
+	if !(f.acctTokenWeight >= 0 && f.acctTokenWeight <= 1) {
+		return nil, fmt.Errorf("--car_dispatch_token_weight = %v: must be in [0, 1]", f.acctTokenWeight)
+	}
 	return f, nil
+}
+
+// accountingOptions are CAR's accounting flags; the block size of
+// pending prefixes is the KV events config's, the engines' block size.
+func accountingOptions(f *flags, cfg *config.Config) lb.AccountingOptions {
+	o := lb.DefaultAccountingOptions()
+	o.Dispatched = f.acctDispatch
+	o.TokenWeight = f.acctTokenWeight
+	o.HeartbeatLag = time.Duration(f.acctLagMs) * time.Millisecond
+	o.DispatchMaxAge = time.Duration(f.acctMaxAgeMs) * time.Millisecond
+	o.MaxPendingDispatches = f.acctMaxDispatch
+	o.PendingPrefixes = f.acctPending
+	o.PendingTimeout = time.Duration(f.acctPendingMs) * time.Millisecond
+	o.MaxPendingBlocks = f.acctMaxPendBlock
+	if cfg != nil {
+		switch {
+		case cfg.Discovery.Enabled && cfg.Discovery.BlockSize > 0:
+			o.BlockSize = cfg.Discovery.BlockSize
+		case len(cfg.Streams) > 0 && cfg.Streams[0].BlockSize > 0:
+			o.BlockSize = cfg.Streams[0].BlockSize
+		}
+	}
+	return o
 }
 
 func newLogger(f *flags, out io.Writer) (*slog.Logger, error) {
@@ -303,7 +351,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	}
 
 	lbOpts := lb.Options{CARPrefillLambda: f.carLambda, CARHostHitWeight: f.carHostW,
-		TargetTTFTms: f.targetTTFT, TargetTPOTms: f.targetTPOT}
+		TargetTTFTms: f.targetTTFT, TargetTPOTms: f.targetTPOT, Accounting: accountingOptions(f, cfg)}
 	if dir != nil {
 		lbOpts.Prefix = dir
 	}
@@ -312,6 +360,13 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 		return err
 	}
 	log.Info("routing", "policy", policy.Name())
+	if a := lbOpts.Accounting; policy.Name() == lb.PolicyCAR && (a.Dispatched || a.PendingPrefixes) {
+		log.Info("CAR accounting", "dispatches", a.Dispatched, "token_weight", a.TokenWeight,
+			"pending_prefixes", a.PendingPrefixes && dir != nil, "pending_block_size", a.BlockSize)
+		if a.PendingPrefixes && dir == nil {
+			log.Warn("--car_pending_prefixes has no effect with the KV index disabled")
+		}
+	}
 
 	// Requests for xLLM engines go over baidu_std, their output comes back
 	// through the rpc port's Generations into outputs.
@@ -498,6 +553,14 @@ func (r registryRouter) Policy() string { return r.policy.Name() }
 
 func (r registryRouter) Route(req lb.Request) (lb.Decision, error) {
 	return r.policy.Route(req, r.reg.Snapshot())
+}
+
+// Release passes the end of a request on to a policy that counts its
+// requests until they end (CAR with --car_dispatch_accounting).
+func (r registryRouter) Release(d lb.Decision) {
+	if rel, ok := r.policy.(lb.Releaser); ok {
+		rel.Release(d)
+	}
 }
 
 // chatTokenizer gives the request path the model's tokenizer.

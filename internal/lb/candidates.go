@@ -71,6 +71,9 @@ type candidate struct {
 	// hit is the CAR hit ratio; pred a SLO_AWARE prediction in ms and
 	// load the SLO_AWARE decode load.
 	hit, pred, load float64
+	// known is the hit ratio the directory reports, hit less any
+	// pending prefix (the Decision's HitRatio).
+	known float64
 }
 
 // exclusions counts the instances a scan left out, for the error that
@@ -87,8 +90,10 @@ type exclusions struct {
 type scratch struct {
 	p, d    []candidate
 	matches []kvdir.Match
-	pEx     exclusions
-	dEx     exclusions
+	// keys are the request's block chain keys, for pending prefixes.
+	keys []uint64
+	pEx  exclusions
+	dEx  exclusions
 }
 
 // scratchPool is a policy's own pool of scratch, so that no state is
@@ -109,7 +114,7 @@ func (sp *scratchPool) put(s *scratch) {
 	clear(s.p)
 	clear(s.d)
 	clear(s.matches)
-	s.p, s.d, s.matches = s.p[:0], s.d[:0], s.matches[:0]
+	s.p, s.d, s.matches, s.keys = s.p[:0], s.d[:0], s.matches[:0], s.keys[:0]
 	s.pEx, s.dEx = exclusions{}, exclusions{}
 	sp.pool.Put(s)
 }

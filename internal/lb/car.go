@@ -3,6 +3,7 @@ package lb
 import (
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 
 	"github.com/kvcar/kvcar/internal/instance"
@@ -20,6 +21,24 @@ type CAR struct {
 	// ties does not decide which decode instance wins its own ties.
 	prefillTurn, decodeTurn atomic.Uint64
 	scratch                 scratchPool
+	// acct is nil unless EnableAccounting turned a part on; acctMu then
+	// serialises decisions so a burst's requests see each other.
+	acct   *accounting
+	acctMu sync.Mutex
+}
+
+// EnableAccounting turns on the router-side accounting o asks for (see
+// the package doc); with neither part on it leaves CAR as it is. It
+// must be called before the first Route.
+func (c *CAR) EnableAccounting(o AccountingOptions) error {
+	if !o.enabled() {
+		return nil
+	}
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	c.acct = newAccounting(o)
+	return nil
 }
 
 // viewBox lets an interface value be swapped atomically.
@@ -36,6 +55,19 @@ func NewCAR(lambda, hostWeight float64) (*CAR, error) {
 		return nil, fmt.Errorf("lb: --car_host_hit_weight %v is outside [0, 1]", hostWeight)
 	}
 	return &CAR{lambda: lambda, hostWeight: hostWeight}, nil
+}
+
+// Release tells CAR that the request of d has ended (its answer is
+// complete or it failed), so its uncached prompt tokens stop counting
+// in the queue term's token part. Only decisions with a Ticket need it;
+// other decisions, and unknown or repeated tickets, are ignored.
+func (c *CAR) Release(d Decision) {
+	if c.acct == nil || d.Ticket == 0 {
+		return
+	}
+	c.acctMu.Lock()
+	defer c.acctMu.Unlock()
+	c.acct.release(d.Prefill, d.Ticket)
 }
 
 // SetPrefixView sets the directory view CAR queries; nil (or an
@@ -83,8 +115,21 @@ func (c *CAR) Route(req Request, snap *instance.Snapshot) (Decision, error) {
 	// The queue term is normalised over the instances that can actually
 	// be chosen, so an excluded instance's queue does not scale the
 	// others'.
-	queueCosts(s.p)
+	a := c.acct
+	var now int64
+	if a == nil {
+		queueCosts(s.p)
+	} else {
+		c.acctMu.Lock()
+		defer c.acctMu.Unlock()
+		now = a.since(a.now())
+		a.sync(snap)
+		a.queueCosts(s.p, now)
+	}
 	c.hitRatios(req.TokenIDs, s)
+	if a != nil && a.opts.PendingPrefixes {
+		c.pendingHits(req.TokenIDs, s, now)
+	}
 	for i := range s.p {
 		p := &s.p[i]
 		p.score = c.lambda*(1-p.hit) + (1-c.lambda)*p.score
@@ -94,8 +139,13 @@ func (c *CAR) Route(req Request, snap *instance.Snapshot) (Decision, error) {
 	d := Decision{
 		Prefill:      p.inst.Name(),
 		Policy:       PolicyCAR,
-		HitRatio:     p.hit,
+		HitRatio:     p.known,
 		PrefillScore: p.score,
+	}
+	if a != nil {
+		a.tickets++
+		d.Ticket = a.tickets
+		a.record(p, req.InputTokens(), s.keys, now, d.Ticket)
 	}
 	if !p.needsDecode {
 		d.Reason = pickReason(pTied, reasonCARAlone, reasonCARAloneTied)
@@ -159,6 +209,7 @@ func (c *CAR) hitRatios(tokenIDs []uint32, s *scratch) {
 			k++
 		}
 		p.hit = c.instanceHit(p.inst, ms[j:k], input)
+		p.known = p.hit
 		j = k
 	}
 }

@@ -58,6 +58,49 @@
 // Without a view every hit is 0 and CAR ranks by queue. The directory is
 // queried once per request into a pooled buffer.
 //
+// # Dispatch accounting (opt-in)
+//
+// Loads arrive with heartbeats (every 0.5 s by default) and KV events
+// only after a prefill, so between them every request of a burst sees
+// the same picture and CAR would send them all to one instance. With
+// AccountingOptions.Dispatched, CAR remembers, per instance and
+// incarnation, each request it routed there (time and uncached prompt
+// tokens, the latter by the hit ratio it was routed with) and adds the
+// requests a load report cannot include to that instance's waiting
+// count in the queue term:
+//
+//	sent   = dispatches at t with t > LoadUpdated − HeartbeatLag and t > now − DispatchMaxAge
+//	tokens = uncached prompt tokens of dispatches not yet released, t > now − DispatchMaxAge
+//	queue  = (1−β)·(waiting + sent)/max(waiting + sent) + β·tokens/max(tokens)
+//
+// A load report supersedes every dispatch made at least HeartbeatLag
+// before kvcar received it (LoadUpdated): the engine's waiting count is
+// assumed to include them by then. A request that is already in
+// prefill is not "waiting" to the engine, so after the next report it
+// counts nowhere, as in R-CAR-3. The DP rank a request lands on is the
+// engine's choice, so counts are per instance. β (TokenWeight) is 0 by
+// default: the queue term stays a request count. Load reports carry no
+// tokens, so they do not supersede the token part: a request's tokens
+// count until the caller releases its Decision (Releaser; the request
+// path does when the request ends) or DispatchMaxAge passes.
+//
+// With AccountingOptions.PendingPrefixes, the full blocks (of the KV
+// events config's block_size) of a routed prompt are pending on the
+// chosen instance until PendingTimeout: a later prompt's leading blocks
+// that are pending there count as hit tokens, raising that instance's
+// hit ratio to max(directory, pending). When the directory reports at
+// least as much for the instance, the events have confirmed them and
+// they stop being pending, so an eviction afterwards is the directory's
+// to report. Pending blocks count for the whole instance, whichever DP
+// rank the engine picks; they are never in the directory, so the query
+// API and Decision.HitRatio (the directory's ratio) never show them.
+//
+// Both parts forget an instance as soon as a snapshot shows it gone,
+// SUSPECT or of another incarnation, and both are bounded per instance
+// (MaxPendingDispatches, MaxPendingBlocks: the oldest is forgotten).
+// With either part on, CAR decisions run one at a time under a mutex,
+// so each sees those before it.
+//
 // # Ties (R-CAR-5)
 //
 // Candidates whose costs are within 1e-12 of the best are tied; a

@@ -41,6 +41,15 @@ type Policy interface {
 	Route(req Request, snap *instance.Snapshot) (Decision, error)
 }
 
+// Releaser is a Policy that keeps state per routed request: the caller
+// calls Release once the request of a Decision with a Ticket has ended.
+// *CAR is one.
+type Releaser interface {
+	Release(d Decision)
+}
+
+var _ Releaser = (*CAR)(nil)
+
 // Request is what a policy knows about a request. The policy does not
 // retain TokenIDs.
 type Request struct {
@@ -81,6 +90,10 @@ type Decision struct {
 	// or the SLO_AWARE predicted TPOT in ms; 0 for RR or without a
 	// decode instance.
 	DecodeScore float64
+	// Ticket identifies the decision to Releaser.Release when the
+	// policy keeps state per routed request (CAR with dispatch
+	// accounting); 0 when it keeps none.
+	Ticket uint64
 	// Reason says in a few fixed words why these instances won; it is a
 	// constant string, so building a decision allocates nothing.
 	Reason string
@@ -108,6 +121,9 @@ type Options struct {
 	// disabled (empty --kv_events_config_file), which makes every hit
 	// ratio 0 (R-CFG-1).
 	Prefix PrefixView
+	// Accounting is CAR's router-side accounting; its zero value (and
+	// DefaultOptions) leaves both parts off.
+	Accounting AccountingOptions
 	// TargetTTFTms is --target_ttft in ms, non-negative.
 	TargetTTFTms int
 	// TargetTPOTms is --target_tpot in ms, non-negative.
@@ -136,6 +152,9 @@ func New(name string, opts Options) (Policy, error) {
 			return nil, err
 		}
 		c.SetPrefixView(opts.Prefix)
+		if err := c.EnableAccounting(opts.Accounting); err != nil {
+			return nil, err
+		}
 		return c, nil
 	case PolicySLOAware:
 		return NewSLOAware(opts.TargetTTFTms, opts.TargetTPOTms)

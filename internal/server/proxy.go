@@ -63,6 +63,8 @@ const maxEngineAttempts = 3
 
 // Router makes a routing decision from in-process state only: the
 // registry snapshot and the KV directory (R-DIR-4). It must not block.
+// A Router that is also an lb.Releaser is told when the request of a
+// decision with a Ticket has ended.
 type Router interface {
 	Policy() string
 	Route(req lb.Request) (lb.Decision, error)
@@ -295,6 +297,10 @@ func (s *Server) handleInference(w http.ResponseWriter, r *http.Request) {
 	}
 	if p.observe != nil {
 		p.observe(d, took)
+	}
+	if rel, ok := p.router.(lb.Releaser); ok && d.Ticket != 0 {
+		// The policy counts the request until it ends.
+		defer rel.Release(d)
 	}
 	if p.exposeHeaders {
 		h := w.Header()

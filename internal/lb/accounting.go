@@ -1,0 +1,506 @@
+package lb
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/instance"
+)
+
+// Accounting flag defaults and ranges. The ranges are those the flags
+// are validated against at start-up; they bound the memory a burst of
+// requests can make the accounting hold.
+const (
+	DefaultDispatchMaxAge       = 2 * time.Second
+	DefaultPendingPrefixTimeout = 10 * time.Second
+	DefaultMaxPendingDispatches = 4096
+	DefaultMaxPendingBlocks     = 16384
+	DefaultAccountingBlockSize  = 128
+
+	MinAccountingAge = time.Millisecond
+	MaxAccountingAge = 10 * time.Minute
+	MaxHeartbeatLag  = time.Minute
+	MaxPendingCap    = 1 << 20
+	MaxPendingBlocks = 1 << 22
+	MaxAcctBlockSize = 1 << 16
+)
+
+// AccountingOptions configure CAR's router-side accounting of what
+// kvcar itself dispatched since the engines last told it anything
+// (--car_dispatch_accounting, --car_pending_prefixes and their limits).
+// The zero value turns both parts off: CAR is then the formula of
+// R-CAR-3 alone.
+type AccountingOptions struct {
+	// Dispatched adds, to each prefill candidate's waiting count, the
+	// requests CAR sent it that its latest load report cannot include
+	// (see the package doc, "Dispatch accounting").
+	Dispatched bool
+	// TokenWeight β in [0, 1] blends the uncached prompt tokens of those
+	// requests into the queue term.
+	TokenWeight float64
+	// HeartbeatLag: a load report received less than this after a
+	// dispatch does not supersede it. In [0, MaxHeartbeatLag].
+	HeartbeatLag time.Duration
+	// DispatchMaxAge: a dispatch stops counting after this long even
+	// when no load report came. In [MinAccountingAge, MaxAccountingAge].
+	DispatchMaxAge time.Duration
+	// MaxPendingDispatches bounds the dispatches remembered per
+	// instance; past it the oldest is forgotten. In [1, MaxPendingCap].
+	MaxPendingDispatches int
+
+	// PendingPrefixes counts the full blocks of prompts CAR sent an
+	// instance as expected hits there until the directory reports them
+	// or PendingTimeout passes.
+	PendingPrefixes bool
+	// PendingTimeout in [MinAccountingAge, MaxAccountingAge].
+	PendingTimeout time.Duration
+	// MaxPendingBlocks bounds the pending blocks remembered per
+	// instance; past it the oldest are forgotten. In [1, MaxPendingBlocks].
+	MaxPendingBlocks int
+	// BlockSize is the engines' KV block size in tokens (the KV events
+	// config's block_size), in [1, MaxAcctBlockSize].
+	BlockSize int
+
+	// Now is the clock; nil is time.Now. Load reports' LoadUpdated must
+	// come from the same clock.
+	Now func() time.Time
+}
+
+// DefaultAccountingOptions returns the limits' defaults with both parts
+// off.
+func DefaultAccountingOptions() AccountingOptions {
+	return AccountingOptions{
+		DispatchMaxAge:       DefaultDispatchMaxAge,
+		MaxPendingDispatches: DefaultMaxPendingDispatches,
+		PendingTimeout:       DefaultPendingPrefixTimeout,
+		MaxPendingBlocks:     DefaultMaxPendingBlocks,
+		BlockSize:            DefaultAccountingBlockSize,
+	}
+}
+
+// Validate checks every field against its range, naming the flag.
+func (o AccountingOptions) Validate() error {
+	if !(o.TokenWeight >= 0 && o.TokenWeight <= 1) {
+		return fmt.Errorf("lb: --car_dispatch_token_weight %v is outside [0, 1]", o.TokenWeight)
+	}
+	durs := []struct {
+		name     string
+		v        time.Duration
+		min, max time.Duration
+	}{
+		{"--car_dispatch_heartbeat_lag_ms", o.HeartbeatLag, 0, MaxHeartbeatLag},
+		{"--car_dispatch_max_age_ms", o.DispatchMaxAge, MinAccountingAge, MaxAccountingAge},
+		{"--car_pending_prefix_timeout_ms", o.PendingTimeout, MinAccountingAge, MaxAccountingAge},
+	}
+	for _, d := range durs {
+		if d.v < d.min || d.v > d.max {
+			return fmt.Errorf("lb: %s = %d: must be in [%d, %d]", d.name, d.v.Milliseconds(), d.min.Milliseconds(), d.max.Milliseconds())
+		}
+	}
+	ints := []struct {
+		name     string
+		v        int
+		min, max int
+	}{
+		{"--car_max_pending_dispatches", o.MaxPendingDispatches, 1, MaxPendingCap},
+		{"--car_max_pending_blocks", o.MaxPendingBlocks, 1, MaxPendingBlocks},
+		{"block_size (pending prefixes)", o.BlockSize, 1, MaxAcctBlockSize},
+	}
+	for _, d := range ints {
+		if d.v < d.min || d.v > d.max {
+			return fmt.Errorf("lb: %s = %d: must be in [%d, %d]", d.name, d.v, d.min, d.max)
+		}
+	}
+	return nil
+}
+
+func (o AccountingOptions) enabled() bool { return o.Dispatched || o.PendingPrefixes }
+
+// accounting is CAR's memory of its own recent decisions. Everything in
+// it is guarded by CAR.acctMu, held for a whole decision so that the
+// requests of a burst see each other.
+type accounting struct {
+	opts AccountingOptions
+	now  func() time.Time
+	// base is the origin of the int64 times below, taken from the same
+	// clock as the load reports' LoadUpdated, so differences use the
+	// monotonic reading.
+	base time.Time
+	// insts holds the instances CAR dispatched to, by name; pruned to the
+	// snapshot's instances whenever the snapshot changes.
+	insts       map[string]*instAcct
+	seenVersion uint64
+	// tickets numbers decisions, for Release.
+	tickets  uint64
+	seenSnap *instance.Snapshot
+}
+
+// instAcct is one instance's accounting. registered tells its
+// incarnation apart from a later one under the same name.
+type instAcct struct {
+	registered time.Time
+	// dispatches is a ring in dispatch order (times and tickets only
+	// grow).
+	dispatches ring[dispatchRec]
+	// liveTokens sums the tokens of the live records.
+	liveTokens float64
+	// pending maps a block's chain key to when it stops counting; order
+	// is the ring of insertions that bounds it.
+	pending map[uint64]int64
+	order   ring[pendingRec]
+}
+
+type dispatchRec struct {
+	at     int64 // ns since base
+	tokens float64
+	ticket uint64
+	// live is true until the request is released (it ended) or its
+	// record leaves the ring.
+	live bool
+}
+
+type pendingRec struct {
+	key     uint64
+	expires int64
+}
+
+// ring is a FIFO of at most cap entries: its buffer grows by doubling
+// up to cap, then a push overwrites the oldest entry.
+type ring[T any] struct {
+	buf        []T // len(buf) is the allocated size
+	head, size int
+	cap        int
+}
+
+func (r *ring[T]) push(v T) (evicted T, full bool) {
+	if r.size == r.cap {
+		evicted = r.buf[r.head]
+		r.buf[r.head] = v
+		r.head = (r.head + 1) % len(r.buf)
+		return evicted, true
+	}
+	if r.size == len(r.buf) {
+		nb := make([]T, min(max(2*len(r.buf), 16), r.cap))
+		for i := range r.size {
+			nb[i] = r.buf[(r.head+i)%len(r.buf)]
+		}
+		r.buf, r.head = nb, 0
+	}
+	r.buf[(r.head+r.size)%len(r.buf)] = v
+	r.size++
+	return evicted, false
+}
+
+func (r *ring[T]) front() *T { return &r.buf[r.head] }
+
+func (r *ring[T]) pop() {
+	var zero T
+	r.buf[r.head] = zero
+	r.head = (r.head + 1) % len(r.buf)
+	r.size--
+}
+
+// at returns the i-th oldest entry.
+func (r *ring[T]) at(i int) *T { return &r.buf[(r.head+i)%len(r.buf)] }
+
+func newAccounting(o AccountingOptions) *accounting {
+	now := o.Now
+	if now == nil {
+		now = time.Now
+	}
+	return &accounting{opts: o, now: now, base: now(), insts: make(map[string]*instAcct)}
+}
+
+func (a *accounting) since(t time.Time) int64 { return int64(t.Sub(a.base)) }
+
+// sync forgets the instances that left the snapshot, became SUSPECT or
+// were replaced by another incarnation, so nothing is counted for them
+// again (and never over a new process's empty cache).
+func (a *accounting) sync(snap *instance.Snapshot) {
+	if snap == a.seenSnap || snap == nil || (snap.Version == a.seenVersion && a.seenSnap != nil) {
+		return
+	}
+	a.seenSnap, a.seenVersion = snap, snap.Version
+	for name, st := range a.insts {
+		in, ok := lookupInstance(snap, name)
+		if !ok || !in.Schedulable() || !in.Registered.Equal(st.registered) {
+			delete(a.insts, name)
+		}
+	}
+}
+
+func lookupInstance(snap *instance.Snapshot, name string) (*instance.Instance, bool) {
+	lo, hi := 0, len(snap.Instances)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if snap.Instances[m].Meta.Name < name {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < len(snap.Instances) && snap.Instances[lo].Meta.Name == name {
+		return &snap.Instances[lo], true
+	}
+	return nil, false
+}
+
+// state returns in's accounting if it is of in's incarnation.
+func (a *accounting) state(in *instance.Instance) *instAcct {
+	st := a.insts[in.Meta.Name]
+	if st == nil || !st.registered.Equal(in.Registered) {
+		return nil
+	}
+	return st
+}
+
+func (a *accounting) stateOrNew(in *instance.Instance) *instAcct {
+	if st := a.state(in); st != nil {
+		return st
+	}
+	st := &instAcct{registered: in.Registered}
+	st.dispatches.cap = a.opts.MaxPendingDispatches
+	st.order.cap = a.opts.MaxPendingBlocks
+	a.insts[in.Meta.Name] = st
+	return st
+}
+
+// outstanding returns, for in, the requests CAR sent it that its latest
+// load report cannot include (dispatched after LoadUpdated −
+// HeartbeatLag), and the uncached prompt tokens of the requests sent it
+// that have not ended (been released); both only of dispatches less
+// than DispatchMaxAge old, older records are dropped. A load report
+// carries no tokens, so it supersedes only the count.
+func (a *accounting) outstanding(in *instance.Instance, now int64) (reqs, toks float64) {
+	st := a.state(in)
+	if st == nil {
+		return 0, 0
+	}
+	d := &st.dispatches
+	old := now - int64(a.opts.DispatchMaxAge)
+	for d.size > 0 && d.front().at <= old {
+		st.drop(*d.front())
+		d.pop()
+	}
+	cut := old
+	if !in.LoadUpdated.IsZero() {
+		cut = max(cut, a.since(in.LoadUpdated)-int64(a.opts.HeartbeatLag))
+	}
+	for i := d.size - 1; i >= 0 && d.at(i).at > cut; i-- {
+		reqs++
+	}
+	if st.liveTokens < 0.5 { // float drift of an empty sum
+		st.liveTokens = 0
+	}
+	return reqs, st.liveTokens
+}
+
+// drop takes a record leaving the ring out of the live sum.
+func (st *instAcct) drop(r dispatchRec) {
+	if r.live {
+		st.liveTokens -= r.tokens
+	}
+}
+
+func (a *accounting) recordDispatch(in *instance.Instance, now int64, uncached float64, ticket uint64) {
+	st := a.stateOrNew(in)
+	if old, full := st.dispatches.push(dispatchRec{at: now, tokens: uncached, ticket: ticket, live: true}); full {
+		st.drop(old)
+	}
+	st.liveTokens += uncached
+}
+
+// release marks the request of ticket, routed to instance name, ended:
+// its tokens stop counting. An unknown ticket (forgotten, or of an
+// instance that left) is ignored.
+func (a *accounting) release(name string, ticket uint64) {
+	st := a.insts[name]
+	if st == nil {
+		return
+	}
+	d := &st.dispatches
+	lo, hi := 0, d.size
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if d.at(m).ticket < ticket {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	if lo < d.size {
+		if r := d.at(lo); r.ticket == ticket && r.live {
+			r.live = false
+			st.liveTokens -= r.tokens
+		}
+	}
+}
+
+// pendingBlocks is the number of leading blocks of keys pending on in.
+func (a *accounting) pendingBlocks(in *instance.Instance, keys []uint64, now int64) int {
+	st := a.state(in)
+	if st == nil || len(st.pending) == 0 {
+		return 0
+	}
+	n := 0
+	for _, k := range keys {
+		if exp, ok := st.pending[k]; !ok || exp <= now {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// confirm forgets the first n pending blocks of keys on in: the engine's
+// events have reported them, so the directory answers for them from now
+// on, including when the engine later evicts them.
+func (a *accounting) confirm(in *instance.Instance, keys []uint64) {
+	st := a.state(in)
+	if st == nil {
+		return
+	}
+	for _, k := range keys {
+		delete(st.pending, k)
+	}
+}
+
+// addPending remembers keys as pending on in until now+PendingTimeout,
+// shallowest first; a prompt longer than MaxPendingBlocks blocks keeps
+// its first MaxPendingBlocks, the ones a later prompt can share.
+func (a *accounting) addPending(in *instance.Instance, keys []uint64, now int64) {
+	if len(keys) == 0 {
+		return
+	}
+	st := a.stateOrNew(in)
+	if st.pending == nil {
+		st.pending = make(map[uint64]int64)
+	}
+	exp := now + int64(a.opts.PendingTimeout)
+	// Drop what expired, so the map holds live entries only.
+	for st.order.size > 0 && st.order.front().expires <= now {
+		st.forget(*st.order.front())
+		st.order.pop()
+	}
+	keys = keys[:min(len(keys), a.opts.MaxPendingBlocks)]
+	for _, k := range keys {
+		st.pending[k] = exp
+		if old, full := st.order.push(pendingRec{key: k, expires: exp}); full {
+			st.forget(old)
+		}
+	}
+}
+
+// forget deletes r's key unless a later insertion renewed it.
+func (st *instAcct) forget(r pendingRec) {
+	if exp, ok := st.pending[r.key]; ok && exp == r.expires {
+		delete(st.pending, r.key)
+	}
+}
+
+// chainKeys appends to dst one key per full block of ids: a hash of the
+// block's tokens and the key of the block before it, so equal keys mean
+// equal prefixes (up to 64-bit collisions, which can only mislead a
+// routing preference, never a reported hit).
+func chainKeys(ids []uint32, blockSize int, dst []uint64) []uint64 {
+	const (
+		offset = 14695981039346656037
+		prime  = 1099511628211
+	)
+	var parent uint64 = offset
+	for b := 0; b+blockSize <= len(ids); b += blockSize {
+		h := parent ^ 0x9e3779b97f4a7c15
+		for _, t := range ids[b : b+blockSize] {
+			h ^= uint64(t)
+			h *= prime
+		}
+		// Finalise so that neighbouring blocks spread.
+		h ^= h >> 33
+		h *= 0xff51afd7ed558ccd
+		h ^= h >> 33
+		dst = append(dst, h)
+		parent = h
+	}
+	return dst
+}
+
+// queueCosts is queueCosts (R-CAR-3) with the requests CAR dispatched
+// since each candidate's load report added to its waiting count, and,
+// with TokenWeight β > 0, blended with their uncached prompt tokens:
+//
+//	queue = (1−β)·(waiting + sent) / max(waiting + sent) + β·tokens / max(tokens)
+//
+// each ratio 0 when its maximum is 0, and the request term alone while
+// no candidate has tokens outstanding.
+func (a *accounting) queueCosts(cands []candidate, now int64) {
+	if !a.opts.Dispatched {
+		queueCosts(cands)
+		return
+	}
+	var maxQ, maxT float64
+	for i := range cands {
+		c := &cands[i]
+		r, t := a.outstanding(c.inst, now)
+		c.score, c.tie = float64(c.waiting)+r, t
+		maxQ, maxT = max(maxQ, c.score), max(maxT, t)
+	}
+	beta := a.opts.TokenWeight
+	if maxT == 0 {
+		beta = 0
+	}
+	for i := range cands {
+		c := &cands[i]
+		q := 0.0
+		if maxQ > 0 {
+			q = c.score / maxQ
+		}
+		if beta > 0 {
+			q = (1-beta)*q + beta*c.tie/maxT
+		}
+		c.score, c.tie = q, 0
+	}
+}
+
+// pendingHits raises each prefill candidate's hit ratio to the share of
+// the prompt's leading full blocks pending on it, when that is more than
+// the directory reports; when the directory already reports as much,
+// the engine's events have confirmed those blocks and they stop being
+// pending. It never changes what the directory reports. Without a view
+// nothing is pending: with the index off every hit is 0 (R-CFG-1).
+func (c *CAR) pendingHits(tokenIDs []uint32, s *scratch, now int64) {
+	a := c.acct
+	if c.view.Load() == nil || len(tokenIDs) < a.opts.BlockSize {
+		return
+	}
+	s.keys = chainKeys(tokenIDs, a.opts.BlockSize, s.keys[:0])
+	input := float64(len(tokenIDs))
+	for i := range s.p {
+		p := &s.p[i]
+		n := a.pendingBlocks(p.inst, s.keys, now)
+		if n == 0 {
+			continue
+		}
+		ph := clamp01(float64(n*a.opts.BlockSize) / input)
+		if p.known >= ph {
+			a.confirm(p.inst, s.keys[:n])
+			continue
+		}
+		p.hit = max(p.hit, ph)
+	}
+}
+
+// record remembers the decision for p: one dispatched request with its
+// uncached prompt tokens (by the hit ratio it was chosen with), and the
+// prompt's blocks past those the directory reports there as pending on
+// it.
+func (a *accounting) record(p *candidate, input int, keys []uint64, now int64, ticket uint64) {
+	if a.opts.Dispatched {
+		a.recordDispatch(p.inst, now, float64(input)*(1-p.hit), ticket)
+	}
+	if a.opts.PendingPrefixes && len(keys) > 0 {
+		// The blocks the directory already reports there need no
+		// pending entry.
+		known := min(int(p.known*float64(input))/a.opts.BlockSize, len(keys))
+		a.addPending(p.inst, keys[known:], now)
+	}
+}

@@ -1,0 +1,410 @@
+package lb
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/instance"
+	"github.com/kvcar/kvcar/internal/kvdir"
+)
+
+// fakeClock is the accounting's clock in these tests.
+type fakeClock struct{ t time.Time }
+
+func (c *fakeClock) now() time.Time               { return c.t }
+func (c *fakeClock) advance(d time.Duration)      { c.t = c.t.Add(d) }
+func newClock() *fakeClock                        { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
+func (c *fakeClock) at(d time.Duration) time.Time { return c.t.Add(d) }
+
+func acctCAR(t *testing.T, lambda float64, view PrefixView, clock *fakeClock, edit func(*AccountingOptions)) *CAR {
+	t.Helper()
+	c := mustCAR(t, lambda, 0.5, view)
+	o := DefaultAccountingOptions()
+	o.Now = clock.now
+	edit(&o)
+	if err := c.EnableAccounting(o); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// registeredAt gives an instance the registration time that names its
+// incarnation to the accounting, and a load report received at seen.
+func registeredAt(in instance.Instance, reg, seen time.Time) instance.Instance {
+	in.Registered = reg
+	in.LoadUpdated = seen
+	return in
+}
+
+func fleet(clock *fakeClock, names ...string) []instance.Instance {
+	out := make([]instance.Instance, len(names))
+	for i, n := range names {
+		out[i] = registeredAt(loaded(n, instance.Default, 0, 0), clock.at(-time.Hour), clock.at(-time.Second))
+	}
+	return out
+}
+
+// A burst of requests whose prefix one instance holds: the seed's
+// formula sends every one there, as no load report arrives in between;
+// dispatch accounting adds each dispatch to that instance's queue term,
+// so the burst spreads (R-CAR-3, issue 14 item 3a).
+func TestAccountingBurstDoesNotHerd(t *testing.T) {
+	clock := newClock()
+	view := newMatches(match("a", 0, 1024, 0), match("b", 0, 0, 0), match("c", 0, 0, 0), match("d", 0, 0, 0))
+	snap := snapshot(fleet(clock, "a", "b", "c", "d")...)
+	req := Request{TokenIDs: tokens(1024)}
+
+	count := func(p Policy) map[string]int {
+		got := map[string]int{}
+		for range 8 {
+			got[route(t, p, req, snap).Prefill]++
+			clock.advance(time.Millisecond)
+		}
+		return got
+	}
+	if got := count(mustCAR(t, 0.5, 0.5, view)); got["a"] != 8 {
+		t.Fatalf("seed formula: %v, want all 8 on a", got)
+	}
+	got := count(acctCAR(t, 0.5, view, clock, func(o *AccountingOptions) { o.Dispatched = true }))
+	// a wins the first; from then on, as the longest queue, its queue
+	// term is 1, so its cost (0.5) ties the empty instances' (0.5, all
+	// miss) and ties rotate; an instance with one request sent costs
+	// more than a while a has more. So a keeps the largest share, but
+	// not the burst.
+	if got["a"] == 8 || len(got) < 3 {
+		t.Fatalf("with accounting: %v, want the burst spread over at least three instances", got)
+	}
+	t.Logf("burst of 8 with accounting: %v", got)
+}
+
+// The arithmetic of the queue term: waiting + sent over the maximum,
+// blended with the uncached tokens by β.
+func TestAccountingQueueTerm(t *testing.T) {
+	clock := newClock()
+	a := registeredAt(loaded("a", instance.Default, 2, 0), clock.at(-time.Hour), clock.at(-time.Second))
+	b := registeredAt(loaded("b", instance.Default, 0, 0), clock.at(-time.Hour), clock.at(-time.Second))
+	snap := snapshot(a, b)
+	c := acctCAR(t, 0, nil, clock, func(o *AccountingOptions) { o.Dispatched = true; o.TokenWeight = 0.25 })
+
+	// Without a view, the hit is 0 and uncached tokens are the prompt's.
+	d := route(t, c, Request{PromptTokens: 300}, snap) // b: 0 < 1
+	wantRoute(t, d, "b", "")
+	wantFloat(t, "first score", d.PrefillScore, 0)
+	d = route(t, c, Request{PromptTokens: 100}, snap) // a 2/2, b 1/2 + tokens 300/300
+	wantRoute(t, d, "b", "")
+	wantFloat(t, "second score", d.PrefillScore, 0.75*0.5+0.25*1)
+	// Now b has 2 sent, 400 tokens; a 2 waiting, none: a = 0.75·1, b = 0.75·1 + 0.25.
+	d = route(t, c, Request{PromptTokens: 100}, snap)
+	wantRoute(t, d, "a", "")
+	wantFloat(t, "third score", d.PrefillScore, 0.75)
+
+	acct := c.acct
+	now := acct.since(clock.now())
+	r, tok := acct.outstanding(&snap.Instances[1], now)
+	if r != 2 || tok != 400 {
+		t.Fatalf("b outstanding = %v requests, %v tokens; want 2, 400", r, tok)
+	}
+}
+
+// A load report received after a dispatch supersedes it; one received
+// less than HeartbeatLag after it does not; with no report a dispatch
+// stops counting after DispatchMaxAge.
+func TestAccountingHeartbeatSupersedes(t *testing.T) {
+	clock := newClock()
+	reg := clock.at(-time.Hour)
+	in := registeredAt(loaded("a", instance.Default, 0, 0), reg, clock.at(-time.Second))
+	o := DefaultAccountingOptions()
+	o.Dispatched, o.Now = true, clock.now
+	o.HeartbeatLag = 5 * time.Millisecond
+	o.DispatchMaxAge = time.Second
+	acct := newAccounting(o)
+	for _, ms := range []int{0, 10, 20} {
+		acct.recordDispatch(&in, acct.since(clock.at(time.Duration(ms)*time.Millisecond)), 1, uint64(ms+1))
+	}
+	now := acct.since(clock.at(30 * time.Millisecond))
+	check := func(what string, want float64) {
+		t.Helper()
+		if r, _ := acct.outstanding(&in, now); r != want {
+			t.Fatalf("%s: %v outstanding, want %v", what, r, want)
+		}
+	}
+	check("report before every dispatch", 3)
+	in.LoadUpdated = clock.at(12 * time.Millisecond) // supersedes t ≤ 7 ms
+	check("report at 12 ms, lag 5 ms", 2)
+	in.LoadUpdated = clock.at(25 * time.Millisecond) // supersedes t ≤ 20 ms
+	check("report at 25 ms", 0)
+
+	acct.recordDispatch(&in, acct.since(clock.at(40*time.Millisecond)), 1, 41)
+	check("dispatch after the report", 1)
+	now = acct.since(clock.at(1040 * time.Millisecond))
+	check("past the max age", 0)
+}
+
+// A request with the prefix of one routed a moment ago goes to the same
+// instance before the engine's events report it; the decision and the
+// directory still say nothing is cached there (issue 14 item 3b).
+func TestPendingPrefixFollowsFirstRequest(t *testing.T) {
+	clock := newClock()
+	view := newMatches(match("a", 0, 0, 0), match("b", 0, 0, 0), match("c", 0, 0, 0))
+	snap := snapshot(fleet(clock, "a", "b", "c")...)
+	c := acctCAR(t, 0.5, view, clock, func(o *AccountingOptions) {
+		o.PendingPrefixes, o.BlockSize, o.PendingTimeout = true, 16, time.Second
+	})
+	first := route(t, c, Request{TokenIDs: tokens(64)}, snap)
+	for i := range 3 {
+		clock.advance(10 * time.Millisecond)
+		// The same 64 tokens and 32 more: 4 of 6 blocks are pending.
+		d := route(t, c, Request{TokenIDs: tokens(96)}, snap)
+		if i == 0 {
+			wantRoute(t, d, first.Prefill, "")
+			wantFloat(t, "HitRatio (the directory's)", d.HitRatio, 0)
+			wantFloat(t, "score", d.PrefillScore, 0.5*(1-64.0/96))
+		}
+	}
+	// The directory was never told anything.
+	for _, m := range view.Query(tokens(96), nil) {
+		if m.DeviceHitTokens != 0 || m.HostOnlyHitTokens != 0 {
+			t.Fatalf("directory match changed: %+v", m)
+		}
+	}
+	// Past the timeout nothing is pending: ties rotate again.
+	clock.advance(2 * time.Second)
+	seen := map[string]bool{}
+	for range 3 {
+		d := route(t, c, Request{TokenIDs: append(tokens(64), 7, 7, 7)}, snap)
+		seen[d.Prefill] = true
+		clock.advance(2 * time.Second)
+	}
+	if len(seen) != 3 {
+		t.Fatalf("after the timeout requests went to %v, want all three in turn", seen)
+	}
+}
+
+// Once the directory reports the blocks, they stop being pending: an
+// eviction the events report later is not hidden by them.
+func TestPendingPrefixConfirmedByDirectory(t *testing.T) {
+	clock := newClock()
+	snap := snapshot(fleet(clock, "a", "b")...)
+	view := &switchView{}
+	view.set(match("a", 0, 0, 0), match("b", 0, 0, 0))
+	c := acctCAR(t, 1, view, clock, func(o *AccountingOptions) { o.PendingPrefixes, o.BlockSize = true, 16 })
+	first := route(t, c, Request{TokenIDs: tokens(64)}, snap)
+	st := c.acct.insts[first.Prefill]
+	if len(st.pending) != 4 {
+		t.Fatalf("%d pending blocks, want 4", len(st.pending))
+	}
+	view.set(match(first.Prefill, 0, 64, 0), match(other(first.Prefill), 0, 0, 0))
+	route(t, c, Request{TokenIDs: tokens(64)}, snap)
+	if len(st.pending) != 0 {
+		t.Fatalf("%d pending blocks after the directory reported them, want 0", len(st.pending))
+	}
+	// The engine evicts them: nothing claims a hit any more.
+	view.set(match("a", 0, 0, 0), match("b", 0, 0, 0))
+	d := route(t, c, Request{TokenIDs: tokens(64)}, snap)
+	wantFloat(t, "score after eviction", d.PrefillScore, 1)
+}
+
+func other(name string) string {
+	if name == "a" {
+		return "b"
+	}
+	return "a"
+}
+
+// switchView is a directory answer the test changes between decisions.
+type switchView struct{ m *matches }
+
+func (v *switchView) set(ms ...kvdir.Match) { v.m = newMatches(ms...) }
+func (v *switchView) Query(ids []uint32, dst []kvdir.Match) []kvdir.Match {
+	return v.m.Query(ids, dst)
+}
+
+// An instance that leaves, turns SUSPECT or comes back as another
+// incarnation is forgotten: nothing pending or sent is counted for it.
+func TestAccountingForgetsInstances(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(snap *instance.Snapshot, i int)
+	}{
+		{"suspect", func(s *instance.Snapshot, i int) { s.Instances[i].State = instance.Suspect }},
+		{"new incarnation", func(s *instance.Snapshot, i int) { s.Instances[i].Registered = time.Unix(1, 0) }},
+		{"removed", func(s *instance.Snapshot, i int) {
+			s.Instances = append(s.Instances[:i:i], s.Instances[i+1:]...)
+		}},
+	} {
+		clock := newClock()
+		view := newMatches(match("a", 0, 0, 0), match("b", 0, 0, 0))
+		c := acctCAR(t, 0.5, view, clock, func(o *AccountingOptions) {
+			o.Dispatched, o.PendingPrefixes, o.BlockSize = true, true, 16
+		})
+		snap := snapshot(fleet(clock, "a", "b")...)
+		d := route(t, c, Request{TokenIDs: tokens(64)}, snap)
+		if c.acct.insts[d.Prefill] == nil {
+			t.Fatalf("%s: no accounting for the chosen instance", tc.name)
+		}
+		i := 0
+		if d.Prefill == "b" {
+			i = 1
+		}
+		next := snapshot(fleet(clock, "a", "b")...)
+		next.Version = snap.Version + 1
+		tc.edit(next, i)
+		c.acct.sync(next)
+		if _, ok := c.acct.insts[d.Prefill]; ok {
+			t.Fatalf("%s: %s keeps its accounting", tc.name, d.Prefill)
+		}
+		if tc.name == "new incarnation" {
+			// The new process is routed to as an empty cache with no queue.
+			in := &next.Instances[i]
+			if n := c.acct.pendingBlocks(in, chainKeys(tokens(64), 16, nil), c.acct.since(clock.now())); n != 0 {
+				t.Fatalf("%d blocks pending on the new incarnation", n)
+			}
+		}
+	}
+}
+
+// Every structure a client can grow is bounded by its flag.
+func TestAccountingBounded(t *testing.T) {
+	clock := newClock()
+	view := newMatches(match("a", 0, 0, 0))
+	snap := snapshot(fleet(clock, "a")...)
+	c := acctCAR(t, 0.5, view, clock, func(o *AccountingOptions) {
+		o.Dispatched, o.PendingPrefixes, o.BlockSize = true, true, 4
+		o.MaxPendingDispatches, o.MaxPendingBlocks = 5, 7
+	})
+	for i := range 100 {
+		ids := tokens(40)
+		ids[0] = uint32(1000 + i) // every prompt its own chain
+		route(t, c, Request{TokenIDs: ids}, snap)
+	}
+	st := c.acct.insts["a"]
+	if n := len(st.pending); n > 7 {
+		t.Fatalf("%d pending blocks, want at most 7", n)
+	}
+	if r, _ := c.acct.outstanding(&snap.Instances[0], c.acct.since(clock.now())); r != 5 {
+		t.Fatalf("%v outstanding dispatches, want the cap 5", r)
+	}
+	if len(st.dispatches.buf) > 5 || len(st.order.buf) > 7 {
+		t.Fatalf("rings hold %d and %d entries, want at most 5 and 7", len(st.dispatches.buf), len(st.order.buf))
+	}
+}
+
+func TestAccountingOptionsValidate(t *testing.T) {
+	for _, tc := range []struct {
+		edit func(*AccountingOptions)
+		key  string
+	}{
+		{func(o *AccountingOptions) { o.TokenWeight = 1.5 }, "--car_dispatch_token_weight"},
+		{func(o *AccountingOptions) { o.HeartbeatLag = -time.Millisecond }, "--car_dispatch_heartbeat_lag_ms"},
+		{func(o *AccountingOptions) { o.DispatchMaxAge = 0 }, "--car_dispatch_max_age_ms"},
+		{func(o *AccountingOptions) { o.PendingTimeout = time.Hour }, "--car_pending_prefix_timeout_ms"},
+		{func(o *AccountingOptions) { o.MaxPendingDispatches = 0 }, "--car_max_pending_dispatches"},
+		{func(o *AccountingOptions) { o.MaxPendingBlocks = MaxPendingBlocks + 1 }, "--car_max_pending_blocks"},
+		{func(o *AccountingOptions) { o.BlockSize = 0 }, "block_size"},
+	} {
+		o := DefaultAccountingOptions()
+		o.Dispatched = true
+		tc.edit(&o)
+		c, _ := NewCAR(0.5, 0.5)
+		err := c.EnableAccounting(o)
+		if err == nil || !strings.Contains(err.Error(), tc.key) {
+			t.Errorf("%s: err = %v, want one naming it", tc.key, err)
+		}
+	}
+	if err := DefaultAccountingOptions().Validate(); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+}
+
+// Routing with both parts on allocates nothing once warm.
+func TestAccountingRouteAllocatesNothing(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts differ under -race")
+	}
+	clock := newClock()
+	view := newMatches(match("a", 0, 0, 0), match("b", 0, 0, 0))
+	snap := snapshot(fleet(clock, "a", "b")...)
+	c := acctCAR(t, 0.5, view, clock, func(o *AccountingOptions) {
+		o.Dispatched, o.PendingPrefixes, o.BlockSize = true, true, 16
+		o.MaxPendingDispatches, o.MaxPendingBlocks = 16, 64
+	})
+	req := Request{TokenIDs: tokens(256)}
+	for range 64 {
+		route(t, c, req, snap)
+	}
+	if n := testing.AllocsPerRun(100, func() { c.Route(req, snap) }); n != 0 {
+		t.Fatalf("%v allocations per decision, want 0", n)
+	}
+}
+
+func TestChainKeysArePrefixKeys(t *testing.T) {
+	a := chainKeys(tokens(64), 16, nil)
+	b := chainKeys(append(tokens(48), 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 1), 16, nil)
+	if len(a) != 4 || len(b) != 4 {
+		t.Fatalf("%d and %d keys, want 4 full blocks each", len(a), len(b))
+	}
+	for i := range 3 {
+		if a[i] != b[i] {
+			t.Fatalf("block %d of equal prefixes differs", i)
+		}
+	}
+	if a[3] == b[3] {
+		t.Fatal("different fourth blocks share a key")
+	}
+	// A different first block changes every later key.
+	other := tokens(64)
+	other[0] = 42
+	c := chainKeys(other, 16, nil)
+	for i := range c {
+		if c[i] == a[i] {
+			t.Fatalf("key %d equal despite a different first block", i)
+		}
+	}
+}
+
+// Uncached tokens count until the request is released, whatever the
+// load reports say (they carry no tokens); the request count until the
+// next report. Release of an unknown or repeated ticket changes nothing.
+func TestAccountingReleaseEndsTokens(t *testing.T) {
+	clock := newClock()
+	a := registeredAt(loaded("a", instance.Default, 0, 0), clock.at(-time.Hour), clock.at(-time.Second))
+	b := registeredAt(loaded("b", instance.Default, 0, 0), clock.at(-time.Hour), clock.at(-time.Second))
+	c := acctCAR(t, 0, nil, clock, func(o *AccountingOptions) { o.Dispatched, o.TokenWeight = true, 1 })
+	snap := snapshot(a, b)
+	d1 := route(t, c, Request{PromptTokens: 1000}, snap)
+	d2 := route(t, c, Request{PromptTokens: 10}, snap)
+	if d1.Ticket == 0 || d2.Ticket <= d1.Ticket || d1.Prefill == d2.Prefill {
+		t.Fatalf("decisions %+v, %+v: want increasing tickets on both instances", d1, d2)
+	}
+	// A report after both supersedes the counts; the tokens stay.
+	clock.advance(time.Millisecond)
+	for i := range snap.Instances {
+		snap.Instances[i].LoadUpdated = clock.now()
+	}
+	clock.advance(time.Millisecond)
+	in1, _ := lookupInstance(snap, d1.Prefill)
+	now := c.acct.since(clock.now())
+	if r, tok := c.acct.outstanding(in1, now); r != 0 || tok != 1000 {
+		t.Fatalf("after the report: %v requests, %v tokens; want 0, 1000", r, tok)
+	}
+	d3 := route(t, c, Request{PromptTokens: 10}, snap)
+	wantRoute(t, d3, d2.Prefill, "")
+	c.Release(d1)
+	c.Release(d1)
+	c.Release(Decision{Prefill: d1.Prefill, Ticket: 999})
+	c.Release(Decision{Prefill: "gone", Ticket: d1.Ticket})
+	if r, tok := c.acct.outstanding(in1, c.acct.since(clock.now())); r != 0 || tok != 0 {
+		t.Fatalf("after release: %v requests, %v tokens; want 0, 0", r, tok)
+	}
+	in2, _ := lookupInstance(snap, d2.Prefill)
+	if _, tok := c.acct.outstanding(in2, c.acct.since(clock.now())); tok != 20 {
+		t.Fatalf("the other instance: %v tokens, want 20", tok)
+	}
+	// Released tokens no longer weigh: the 1000-token instance wins now.
+	wantRoute(t, route(t, c, Request{PromptTokens: 10}, snap), d1.Prefill, "")
+	// A CAR without accounting hands out no tickets.
+	if d := route(t, mustCAR(t, 0.5, 0.5, nil), Request{}, snap); d.Ticket != 0 {
+		t.Fatalf("ticket %d without accounting", d.Ticket)
+	}
+}
