@@ -51,13 +51,8 @@ type keyTable struct {
 	// dense entry, Device and Host bitsets of words words each, in a
 	// pool, and the holders word names it (denseFlag | index).
 	words int
-	pages [][]uint64
-	used  uint32   // records handed out, free ones included
-	free  []uint32 // records to reuse
-	// pool holds the dense entries, poolUsed of them handed out.
-	pool     [][]uint64
-	poolUsed uint32
-	poolFree []uint32
+	recs  slab // records, recWords words each
+	pool  slab // dense entries, 2*words words each
 	// cells hold record+1 in the low 32 bits and the top 32 bits of the
 	// key's low half above, which give the home cell (so growth and
 	// deletion never read records) and reject most non-matching cells.
@@ -114,14 +109,13 @@ func newKeyTable(blockSize int, seed uint64) *keyTable {
 // caller holds wmu, so nothing changes the table meanwhile, and only the
 // swap takes mu.
 func (t *keyTable) setWords(w int) {
-	pool := make([][]uint64, len(t.pool))
-	for i := range pool {
-		pool[i] = make([]uint64, pageRecords*2*w)
+	pool := slab{pages: make([][]uint64, len(t.pool.pages)), used: t.pool.used, free: t.pool.free}
+	for i := range pool.pages {
+		pool.pages[i] = make([]uint64, pageRecords*2*w)
 	}
-	for d := uint32(0); d < t.poolUsed; d++ {
+	for d := uint32(0); d < t.pool.used; d++ {
 		src := t.dense(d)
-		off := int(d&(pageRecords-1)) * 2 * w
-		dst := pool[d>>pageShift][off : off+2*w]
+		dst := pool.at(d, 2*w)
 		copy(dst[:w], src[:t.words])
 		copy(dst[w:], src[t.words:])
 	}
@@ -135,18 +129,48 @@ func (t *keyTable) setWords(w int) {
 }
 
 // rec returns record r: key Hi, key Lo, holders.
-func (t *keyTable) rec(r uint32) []uint64 {
-	p := t.pages[r>>pageShift]
-	off := int(r&(pageRecords-1)) * recWords
-	return p[off : off+recWords : off+recWords]
-}
+func (t *keyTable) rec(r uint32) []uint64 { return t.recs.at(r, recWords) }
 
 // dense returns dense entry d: Device words, then Host words.
-func (t *keyTable) dense(d uint32) []uint64 {
-	p := t.pool[d>>pageShift]
-	n := 2 * t.words
-	off := int(d&(pageRecords-1)) * n
-	return p[off : off+n : off+n]
+func (t *keyTable) dense(d uint32) []uint64 { return t.pool.at(d, 2*t.words) }
+
+// slab hands out fixed-size items from pages that never move, so an
+// item's index stays valid while the slab grows; freed items are reused
+// first. The item size is the caller's: the pool's changes with the
+// bitset width, and setWords rebuilds its pages.
+type slab struct {
+	pages [][]uint64
+	used  uint32   // items handed out, free ones included
+	free  []uint32 // items to reuse
+}
+
+// alloc returns an item of size words, not cleared.
+func (s *slab) alloc(size int) uint32 {
+	if n := len(s.free); n > 0 {
+		i := s.free[n-1]
+		s.free = s.free[:n-1]
+		return i
+	}
+	i := s.used
+	s.used++
+	if int(i>>pageShift) == len(s.pages) {
+		s.pages = append(s.pages, make([]uint64, pageRecords*size))
+	}
+	return i
+}
+
+func (s *slab) release(i uint32) { s.free = append(s.free, i) }
+
+// at returns item i of size words.
+func (s *slab) at(i uint32, size int) []uint64 {
+	p := s.pages[i>>pageShift]
+	off := int(i&(pageRecords-1)) * size
+	return p[off : off+size : off+size]
+}
+
+// bytes is the memory the slab holds, by capacity.
+func (s *slab) bytes(size int) int64 {
+	return int64(len(s.pages))*pageRecords*int64(size)*8 + int64(cap(s.free))*4
 }
 
 // allocSlot reserves a slot for a new stream of the group. The slot's
@@ -256,7 +280,7 @@ func (t *keyTable) set(slot int, k kvindex.Key, dev, host bool) {
 				return
 			}
 		}
-		t.poolFree = append(t.poolFree, uint32(h))
+		t.pool.release(uint32(h))
 		rec[2] = 0
 		t.remove(r, k)
 		return
@@ -292,17 +316,7 @@ func (t *keyTable) set(slot int, k kvindex.Key, dev, host bool) {
 // promote moves a key's holders into a new dense entry and returns the
 // holders word naming it.
 func (t *keyTable) promote(entries ...uint64) uint64 {
-	var d uint32
-	if n := len(t.poolFree); n > 0 {
-		d = t.poolFree[n-1]
-		t.poolFree = t.poolFree[:n-1]
-	} else {
-		d = t.poolUsed
-		t.poolUsed++
-		if int(d>>pageShift) == len(t.pool) {
-			t.pool = append(t.pool, make([]uint64, pageRecords*2*t.words))
-		}
-	}
+	d := t.pool.alloc(2 * t.words)
 	bits := t.dense(d)
 	clear(bits)
 	for _, e := range entries {
@@ -365,17 +379,7 @@ func (t *keyTable) insert(k kvindex.Key) uint32 {
 	if 4*(t.live+1) > 3*len(t.cells) {
 		t.growCells(t.live + 1)
 	}
-	var r uint32
-	if n := len(t.free); n > 0 {
-		r = t.free[n-1]
-		t.free = t.free[:n-1]
-	} else {
-		r = t.used
-		t.used++
-		if int(r>>pageShift) == len(t.pages) {
-			t.pages = append(t.pages, make([]uint64, pageRecords*recWords))
-		}
-	}
+	r := t.recs.alloc(recWords)
 	rec := t.rec(r)
 	clear(rec)
 	rec[0], rec[1] = k.Hi, k.Lo
@@ -437,7 +441,7 @@ func (t *keyTable) remove(r uint32, k kvindex.Key) {
 	}
 	t.cells[i] = 0
 	t.live--
-	t.free = append(t.free, r)
+	t.recs.release(r)
 }
 
 // between reports whether home h lies cyclically in (i, j].
@@ -452,8 +456,7 @@ func between(i, h, j uint64) bool {
 func (t *keyTable) storageBytes() int64 {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return int64(len(t.pages))*pageRecords*recWords*8 + int64(len(t.pool))*pageRecords*int64(2*t.words)*8 +
-		int64(len(t.cells))*8 + int64(cap(t.free)+cap(t.poolFree))*4
+	return t.recs.bytes(recWords) + t.pool.bytes(2*t.words) + int64(len(t.cells))*8
 }
 
 // records returns the number of keys the table holds.

@@ -182,7 +182,7 @@ func TestSharedTableAgainstPerStreamMatch(t *testing.T) {
 				t.Errorf("seed %d: random steps never produced %q", seed, c)
 			}
 		}
-		if tab.poolUsed == 0 {
+		if tab.pool.used == 0 {
 			t.Errorf("seed %d: no key was ever held by more than two streams (no dense entry)", seed)
 		}
 		// Every view withdrawn, the table holds nothing: no stream left
