@@ -3,8 +3,9 @@
 // register, heartbeat and publish KV events at a steady rate, runs the
 // kvcar binary with discovery, and reports the time until every stream is
 // synchronised, kvcar's CPU use and memory under the load, event
-// throughput, and the latency of HTTP queries sent during the load with
-// prompts the engines hold, with how many of them hit.
+// throughput, the latency of HTTP queries sent during the load with
+// prompts the engines hold, with how many of them hit, and the time of
+// CAR's routing decisions for completions sent through kvcar meanwhile.
 package main
 
 import (
@@ -33,6 +34,7 @@ import (
 	"github.com/kvcar/kvcar/internal/etcdembed"
 	"github.com/kvcar/kvcar/internal/kvdir"
 	"github.com/kvcar/kvcar/internal/kvevent"
+	"github.com/kvcar/kvcar/internal/server"
 )
 
 type options struct {
@@ -46,6 +48,7 @@ type options struct {
 	promptBlocks int
 	queryRate    float64
 	queryTokens  int
+	routeRate    float64
 	seed         uint64
 	adversarial  bool
 	maxBlocks    int
@@ -82,6 +85,7 @@ func parse(args []string) (options, error) {
 	fs.IntVar(&o.promptBlocks, "prompt_blocks", 8, "new blocks per prefill")
 	fs.Float64Var(&o.queryRate, "query_rate", 50, "HTTP queries per second during the load window (0: none)")
 	fs.IntVar(&o.queryTokens, "query_tokens", 8192, "tokens per query: an engine's recent prompt extended with new tokens")
+	fs.Float64Var(&o.routeRate, "route_rate", 20, "completions per second routed through kvcar's CAR during the load window, prompts built like the queries' (0: none)")
 	fs.Uint64Var(&o.seed, "seed", 1, "workload seed")
 	fs.BoolVar(&o.adversarial, "adversarial", false, "engines publish to exhaust kvcar's limits: messages at and over max_message_bytes, chains past max_blocks_per_stream, repeated AllBlocksCleared")
 	fs.IntVar(&o.maxBlocks, "max_blocks_per_stream", 262144, "kvcar's max_blocks_per_stream")
@@ -94,6 +98,9 @@ func parse(args []string) (options, error) {
 	}
 	if o.queryRate < 0 || o.queryRate > 10000 {
 		return o, fmt.Errorf("--query_rate = %g: must be in [0, 10000]", o.queryRate)
+	}
+	if o.routeRate < 0 || o.routeRate > 10000 {
+		return o, fmt.Errorf("--route_rate = %g: must be in [0, 10000]", o.routeRate)
 	}
 	if o.queryTokens < 1 || o.queryTokens > 65536 {
 		return o, fmt.Errorf("--query_tokens = %d: must be in [1, 65536]", o.queryTokens)
@@ -116,6 +123,7 @@ type result struct {
 	synced          int
 	resident        int
 	queries         queryStats
+	routes          routeStats
 	systemTokens    int
 	promptTokensMax int
 }
@@ -146,6 +154,20 @@ func (r *result) print(w io.Writer, o options) {
 		fmt.Fprintf(w, "| query during the window, kvcar's own time (Server-Timing): p50 / p99 | %v / %v |\n", q.server.at(0.5), q.server.at(0.99))
 		fmt.Fprintf(w, "| same, seen by this driver's client (includes its own CPU contention): p50 / p99 | %v / %v |\n",
 			q.client.at(0.5).Round(time.Microsecond), q.client.at(0.99).Round(time.Microsecond))
+	}
+	rt := &r.routes
+	if o.routeRate > 0 {
+		fmt.Fprintf(w, "| completions routed by CAR during the window (%g/s, %d tokens each) answered / failed | %d / %d |\n", o.routeRate, o.queryTokens, len(rt.decision), rt.failed)
+		if rt.firstErr != nil {
+			fmt.Fprintf(w, "| first failed completion | %v |\n", rt.firstErr)
+		}
+	}
+	if !o.adversarial && o.routeRate > 0 {
+		fmt.Fprintf(w, "| completions on a prompt an engine served ≥ %v before, routed to that engine | %d of %d |\n", settle, rt.toServer, rt.withPrompt)
+	}
+	if len(rt.decision) > 0 {
+		fmt.Fprintf(w, "| CAR's decision during the window (%s: prompt hashed, directory walked, instance picked): p50 / p99 / max | %v / %v / %v |\n",
+			server.DecisionMicrosHeader, rt.decision.at(0.5), rt.decision.at(0.99), rt.decision[len(rt.decision)-1])
 	}
 }
 
@@ -182,7 +204,8 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 	began := time.Now()
 	kv, err := devcluster.StartKVCar(devcluster.KVCarOptions{
 		Binary: o.kvcar, Port: o.port, InternalPort: o.internalPort, Etcd: etcd.Endpoints(), ConfigFile: cfgPath,
-		Args: []string{"--log_level=warn"}, Stdout: out, Stderr: out,
+		Args:   []string{"--log_level=warn", "--load_balance_policy=CAR", "--expose_routing_headers"},
+		Stdout: out, Stderr: out,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w (run make build first)", err)
@@ -193,7 +216,11 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 	if err := kv.WaitSynced(ctx, o.streams, 60*time.Second); err != nil {
 		return nil, err
 	}
-	r = &result{syncTook: time.Since(began), systemTokens: systemBlocks * o.blockSize,
+	syncTook := time.Since(began)
+	if err := kv.WaitLoads(ctx, http.DefaultClient, o.streams, 30*time.Second); err != nil {
+		return nil, err
+	}
+	r = &result{syncTook: syncTook, systemTokens: systemBlocks * o.blockSize,
 		promptTokensMax: min((systemBlocks+o.promptBlocks)*o.blockSize, o.queryTokens/o.blockSize*o.blockSize)}
 
 	cpu0, err := devcluster.CPUTime(kv.Pid())
@@ -212,6 +239,11 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 	go func() {
 		defer wg.Done()
 		r.queries = queryDuring(window, base, engines, recent, o)
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.routes = routeDuring(window, kv.URL(), engines, recent, o)
 	}()
 	t0 := time.Now()
 	if o.adversarial {
@@ -374,6 +406,21 @@ func (r *recentPrompts) servedBefore(engine int, t time.Time) ([]uint32, bool) {
 	return nil, false
 }
 
+// pick draws an engine and builds a prompt on the newest one it served at
+// least settle ago, extended with new tokens to o.queryTokens: held is how
+// many of its tokens that engine holds (whole blocks), ok whether there
+// was such a prompt (when not, the prompt is all new tokens).
+func (r *recentPrompts) pick(rng *rand.Rand, o options) (engine int, prompt []uint32, held int, ok bool) {
+	engine = rng.IntN(len(r.byEngine))
+	served, ok := r.servedBefore(engine, time.Now().Add(-settle))
+	prompt = tokens(rng, o.queryTokens)
+	if ok {
+		held = min(len(served), o.queryTokens) / o.blockSize * o.blockSize
+		copy(prompt, served)
+	}
+	return engine, prompt, held, ok
+}
+
 // settle is how long before a query its prompt was served: kvcar sees a
 // prefill's blocks only once the engine's event reaches it.
 const settle = 200 * time.Millisecond
@@ -421,14 +468,7 @@ func queryDuring(ctx context.Context, base string, engines []*enginesim.Engine, 
 			return st
 		case <-tick.C:
 		}
-		i := rng.IntN(len(engines))
-		served, ok := recent.servedBefore(i, time.Now().Add(-settle))
-		prompt := tokens(rng, o.queryTokens)
-		held := 0
-		if ok {
-			held = min(len(served), o.queryTokens) / o.blockSize * o.blockSize
-			copy(prompt, served)
-		}
+		i, prompt, held, ok := recent.pick(rng, o)
 		t := time.Now()
 		ms, srv, err := queryTimed(ctx, base, prompt)
 		if err != nil {
@@ -511,4 +551,93 @@ func queryTimed(ctx context.Context, base string, ids []uint32) ([]match, time.D
 		}
 	}
 	return out.Matches, server, nil
+}
+
+// routeStats is what the completions routed during the window saw.
+type routeStats struct {
+	// decision is kvcar's own time for each routing decision, from its
+	// decision header.
+	decision durations
+	failed   int
+	firstErr error
+	// withPrompt counts completions built on a prompt an engine had
+	// served; toServer those kvcar sent to that engine.
+	withPrompt, toServer int
+}
+
+// routeDuring sends a completion through kvcar's public listener at
+// o.routeRate until ctx ends, its prompt built like a query's, and reads
+// the decision kvcar reports: how long CAR took and where it sent the
+// request. The engine that served a prompt holds all of it and the others
+// only the system prompt, so on an idle fleet CAR sends it there.
+func routeDuring(ctx context.Context, base string, engines []*enginesim.Engine, recent *recentPrompts, o options) routeStats {
+	var st routeStats
+	if o.routeRate == 0 {
+		return st
+	}
+	hc := &http.Client{Timeout: queryTimeout, Transport: &http.Transport{}}
+	defer hc.CloseIdleConnections()
+	rng := rand.New(rand.NewPCG(o.seed, 1999))
+	tick := time.NewTicker(time.Duration(float64(time.Second) / o.routeRate))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			slices.Sort(st.decision)
+			return st
+		case <-tick.C:
+		}
+		i, prompt, _, ok := recent.pick(rng, o)
+		to, took, err := routeOne(ctx, hc, base, prompt)
+		if err != nil {
+			if ctx.Err() == nil {
+				st.failed++
+				if st.firstErr == nil {
+					st.firstErr = err
+				}
+			}
+			continue
+		}
+		st.decision = append(st.decision, took)
+		if ok {
+			st.withPrompt++
+			if to == engines[i].Name() {
+				st.toServer++
+			}
+		}
+	}
+}
+
+// routeOne sends one completion of ids through kvcar and returns the
+// instance it went to and kvcar's decision time.
+func routeOne(ctx context.Context, hc *http.Client, base string, ids []uint32) (string, time.Duration, error) {
+	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
+	defer cancel()
+	body, _ := json.Marshal(struct {
+		Model     string   `json:"model"`
+		MaxTokens int      `json:"max_tokens"`
+		Prompt    []uint32 `json:"prompt"`
+	}{"scale", 1, ids})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+server.CompletionsPath, bytes.NewReader(body))
+	if err != nil {
+		return "", 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return "", 0, err
+	}
+	defer resp.Body.Close()
+	answer, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return "", 0, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", 0, fmt.Errorf("completion: %s: %.200s", resp.Status, answer)
+	}
+	us, err := strconv.ParseInt(resp.Header.Get(server.DecisionMicrosHeader), 10, 64)
+	if err != nil {
+		return "", 0, fmt.Errorf("completion: no decision time: %w", err)
+	}
+	return resp.Header.Get(server.PrefillNameHeader), time.Duration(us) * time.Microsecond, nil
 }

@@ -11,7 +11,9 @@ import (
 // TestQueriesDuringLoadHit runs a small scale measurement on the real
 // binary: the queries are sent while the engines prefill, are built on
 // prompts the engines served, and hit (R-API-4: the instance that served
-// a prompt reports it held; the others the shared system prompt).
+// a prompt reports it held; the others the shared system prompt); the
+// completions routed meanwhile go to the engine that holds their prompt
+// (R-CAR-1) and report their decision time.
 func TestQueriesDuringLoadHit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds kvcar and runs it as a process")
@@ -21,7 +23,7 @@ func TestQueriesDuringLoadHit(t *testing.T) {
 		t.Fatal(err)
 	}
 	o, err := parse([]string{"--kvcar=" + bin, "--port=0", "--internal_port=0", "--streams=4", "--rate=10",
-		"--duration=3s", "--block_size=16", "--prompt_blocks=4", "--query_rate=40", "--query_tokens=512"})
+		"--duration=3s", "--block_size=16", "--prompt_blocks=4", "--query_rate=40", "--query_tokens=512", "--route_rate=20"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,6 +44,11 @@ func TestQueriesDuringLoadHit(t *testing.T) {
 	if q.withPrompt < 60 || q.hits < q.withPrompt*9/10 || q.sharedHits < q.withPrompt*9/10 {
 		t.Fatalf("of %d queries on served prompts, %d hit the serving engine and %d the system prompt on the others",
 			q.withPrompt, q.hits, q.sharedHits)
+	}
+	rt := r.routes
+	if rt.failed != 0 || rt.withPrompt < 30 || rt.toServer < rt.withPrompt*9/10 || len(rt.decision) < rt.withPrompt {
+		t.Fatalf("of %d completions (%d failed), %d on served prompts, %d went to the serving engine",
+			len(rt.decision), rt.failed, rt.withPrompt, rt.toServer)
 	}
 	if r.promptTokensMax != (systemBlocks+4)*16 {
 		t.Fatalf("held prompt reported as %d tokens", r.promptTokensMax)
@@ -73,7 +80,7 @@ func TestHitAllNeedsTheServingInstanceAndTheSharedPrefix(t *testing.T) {
 
 func TestParseRejectsBadFlags(t *testing.T) {
 	for _, args := range [][]string{{"--streams=0"}, {"--streams=129"}, {"--query_rate=-1"}, {"--query_tokens=0"},
-		{"--rate=0"}, {"--duration=0s"}, {"--prompt_blocks=0"}} {
+		{"--route_rate=-1"}, {"--rate=0"}, {"--duration=0s"}, {"--prompt_blocks=0"}} {
 		if _, err := parse(args); err == nil {
 			t.Errorf("%v accepted", args)
 		}

@@ -120,3 +120,27 @@ func HasFlag(ctx context.Context, binary, name string) (bool, error) {
 	}
 	return strings.Contains(string(out), "-"+name+" ") || strings.Contains(string(out), "-"+name+"\n"), nil
 }
+
+// WaitLoads waits until kvcar's registry holds a valid load report for n
+// instances: CAR and SLO_AWARE schedule only instances with one.
+func (k *KVCar) WaitLoads(ctx context.Context, hc *http.Client, n int, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ins, err := k.Instances(ctx, hc)
+		valid := 0
+		for _, in := range ins {
+			if in.LoadValid {
+				valid++
+			}
+		}
+		if err == nil && valid >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d of %d instances with a load report after %v (last error: %v)", valid, n, timeout, err)
+		}
+		if err := sleep(ctx, pollInterval); err != nil {
+			return err
+		}
+	}
+}
