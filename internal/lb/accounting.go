@@ -286,9 +286,19 @@ func (a *accounting) outstanding(in *instance.Instance, now int64) (reqs, toks f
 	if !in.LoadUpdated.IsZero() {
 		cut = max(cut, a.since(in.LoadUpdated)-int64(a.opts.HeartbeatLag))
 	}
-	for i := d.size - 1; i >= 0 && d.at(i).at > cut; i-- {
-		reqs++
+	// Times only grow along the ring, so the dispatches after cut are a
+	// suffix: a binary search keeps a decision's cost independent of how
+	// many dispatches a burst left in the ring.
+	lo, hi := 0, d.size
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if d.at(m).at <= cut {
+			lo = m + 1
+		} else {
+			hi = m
+		}
 	}
+	reqs = float64(d.size - lo)
 	if st.liveTokens < 0.5 { // float drift of an empty sum
 		st.liveTokens = 0
 	}
@@ -465,15 +475,11 @@ func (a *accounting) queueCosts(cands []candidate, now int64) {
 // the prompt's leading full blocks pending on it, when that is more than
 // the directory reports; when the directory already reports as much,
 // the engine's events have confirmed those blocks and they stop being
-// pending. It never changes what the directory reports. Without a view
-// nothing is pending: with the index off every hit is 0 (R-CFG-1).
-func (c *CAR) pendingHits(tokenIDs []uint32, s *scratch, now int64) {
-	a := c.acct
-	if c.view.Load() == nil || len(tokenIDs) < a.opts.BlockSize {
-		return
-	}
-	s.keys = chainKeys(tokenIDs, a.opts.BlockSize, s.keys[:0])
-	input := float64(len(tokenIDs))
+// pending. It never changes what the directory reports.
+// The caller holds acctMu; pendingKeys has put the prompt's block keys in
+// s.keys.
+func (a *accounting) pendingHits(s *scratch, inputTokens int, now int64) {
+	input := float64(inputTokens)
 	for i := range s.p {
 		p := &s.p[i]
 		n := a.pendingBlocks(p.inst, s.keys, now)
@@ -487,6 +493,19 @@ func (c *CAR) pendingHits(tokenIDs []uint32, s *scratch, now int64) {
 		}
 		p.hit = max(p.hit, ph)
 	}
+}
+
+// pendingKeys puts the block keys of the prompt's leading full blocks in
+// s.keys, for pendingHits and record, and reports whether there are any
+// to look up. Without a view nothing is pending: with the index off
+// every hit is 0 (R-CFG-1).
+func (c *CAR) pendingKeys(tokenIDs []uint32, s *scratch) bool {
+	s.keys = s.keys[:0]
+	if c.view.Load() == nil || len(tokenIDs) < c.acct.opts.BlockSize {
+		return false
+	}
+	s.keys = chainKeys(tokenIDs, c.acct.opts.BlockSize, s.keys)
+	return true
 }
 
 // record remembers the decision for p: one dispatched request with its

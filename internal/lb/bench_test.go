@@ -101,3 +101,43 @@ func BenchmarkSLOAwareNewSnapshot64x2(b *testing.B) {
 		p.fitsFor(snap)
 	}
 }
+
+// The decision path with accounting, from both cores at once: the
+// directory query and the prompt's keys are computed outside the
+// accounting lock, so decisions contend only on the steps that read and
+// record dispatches. Each decision's ticket is released, as the server
+// does at request end, but its record stays in the ring until it ages
+// out, so the ring is full, as after a burst. tok is the recommended
+// setting (dispatches with token weight 0.5), tok+pend adds pending
+// prefixes.
+func BenchmarkCARRouteAccounting64x2Parallel(b *testing.B) {
+	for _, pend := range []bool{false, true} {
+		name := "tok"
+		if pend {
+			name = "tok+pend"
+		}
+		b.Run(name, func(b *testing.B) { benchAccounting(b, pend) })
+	}
+}
+
+func benchAccounting(b *testing.B, pend bool) {
+	snap, view := benchCluster(64, 2, 16)
+	c := mustCAR(b, 0.5, 0.5, view)
+	o := DefaultAccountingOptions()
+	o.Dispatched, o.TokenWeight, o.PendingPrefixes = true, 0.5, pend
+	if err := c.EnableAccounting(o); err != nil {
+		b.Fatal(err)
+	}
+	req := Request{TokenIDs: tokens(2048)}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			d, err := c.Route(req, snap)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			c.Release(d)
+		}
+	})
+}

@@ -115,7 +115,14 @@ func (c *CAR) Route(req Request, snap *instance.Snapshot) (Decision, error) {
 	// The queue term is normalised over the instances that can actually
 	// be chosen, so an excluded instance's queue does not scale the
 	// others'.
+	// The directory query and the prompt's block keys, the costly part
+	// of a decision, need no accounting state, so they are done before
+	// acctMu is taken: decisions serialise only on the few steps that
+	// read and record what was dispatched, and a Release waits for no
+	// query.
+	c.hitRatios(req.TokenIDs, s)
 	a := c.acct
+	pending := a != nil && a.opts.PendingPrefixes && c.pendingKeys(req.TokenIDs, s)
 	var now int64
 	if a == nil {
 		queueCosts(s.p)
@@ -125,10 +132,9 @@ func (c *CAR) Route(req Request, snap *instance.Snapshot) (Decision, error) {
 		now = a.since(a.now())
 		a.sync(snap)
 		a.queueCosts(s.p, now)
-	}
-	c.hitRatios(req.TokenIDs, s)
-	if a != nil && a.opts.PendingPrefixes {
-		c.pendingHits(req.TokenIDs, s, now)
+		if pending {
+			a.pendingHits(s, len(req.TokenIDs), now)
+		}
 	}
 	for i := range s.p {
 		p := &s.p[i]
