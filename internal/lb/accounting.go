@@ -117,8 +117,9 @@ func (o AccountingOptions) Validate() error {
 func (o AccountingOptions) enabled() bool { return o.Dispatched || o.PendingPrefixes }
 
 // accounting is CAR's memory of its own recent decisions. Everything in
-// it is guarded by CAR.acctMu, held for a whole decision so that the
-// requests of a burst see each other.
+// it is guarded by CAR.acctMu, held from reading the dispatches to
+// recording the decision's own, so that the requests of a burst see each
+// other; the directory query before it needs no accounting state.
 type accounting struct {
 	opts AccountingOptions
 	now  func() time.Time
