@@ -157,7 +157,8 @@ func (r *result) print(w io.Writer, o options) {
 	}
 	rt := &r.routes
 	if o.routeRate > 0 {
-		fmt.Fprintf(w, "| completions routed by CAR during the window (%g/s, %d tokens each) answered / failed | %d / %d |\n", o.routeRate, o.queryTokens, len(rt.decision), rt.failed)
+		fmt.Fprintf(w, "| completions routed by CAR during the window (%g/s, %d tokens each) answered / failed / not sent (%d waiting) | %d / %d / %d |\n",
+			o.routeRate, o.queryTokens, maxRoutesInFlight, len(rt.decision), rt.failed, rt.skipped)
 		if rt.firstErr != nil {
 			fmt.Fprintf(w, "| first failed completion | %v |\n", rt.firstErr)
 		}
@@ -559,6 +560,9 @@ type routeStats struct {
 	// decision header.
 	decision durations
 	failed   int
+	// skipped counts ticks that found maxRoutesInFlight completions
+	// waiting.
+	skipped  int
 	firstErr error
 	// withPrompt counts completions built on a prompt an engine had
 	// served; toServer those kvcar sent to that engine.
@@ -569,44 +573,71 @@ type routeStats struct {
 // o.routeRate until ctx ends, its prompt built like a query's, and reads
 // the decision kvcar reports: how long CAR took and where it sent the
 // request. The engine that served a prompt holds all of it and the others
-// only the system prompt, so on an idle fleet CAR sends it there.
+// only the system prompt, so on an idle fleet CAR sends it there. An
+// engine takes a while to answer an 8k-token prompt, so completions
+// overlap, up to maxRoutesInFlight; a tick that finds that many waiting
+// sends nothing.
 func routeDuring(ctx context.Context, base string, engines []*enginesim.Engine, recent *recentPrompts, o options) routeStats {
-	var st routeStats
+	var (
+		st routeStats
+		mu sync.Mutex
+		wg sync.WaitGroup
+	)
 	if o.routeRate == 0 {
 		return st
 	}
-	hc := &http.Client{Timeout: queryTimeout, Transport: &http.Transport{}}
+	hc := &http.Client{Timeout: queryTimeout, Transport: &http.Transport{MaxIdleConnsPerHost: maxRoutesInFlight}}
 	defer hc.CloseIdleConnections()
+	slots := make(chan struct{}, maxRoutesInFlight)
 	rng := rand.New(rand.NewPCG(o.seed, 1999))
 	tick := time.NewTicker(time.Duration(float64(time.Second) / o.routeRate))
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
+			wg.Wait()
 			slices.Sort(st.decision)
 			return st
 		case <-tick.C:
 		}
-		i, prompt, _, ok := recent.pick(rng, o)
-		to, took, err := routeOne(ctx, hc, base, prompt)
-		if err != nil {
-			if ctx.Err() == nil {
-				st.failed++
-				if st.firstErr == nil {
-					st.firstErr = err
-				}
-			}
+		select {
+		case slots <- struct{}{}:
+		default:
+			mu.Lock()
+			st.skipped++
+			mu.Unlock()
 			continue
 		}
-		st.decision = append(st.decision, took)
-		if ok {
-			st.withPrompt++
-			if to == engines[i].Name() {
-				st.toServer++
+		i, prompt, _, ok := recent.pick(rng, o)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			to, took, err := routeOne(ctx, hc, base, prompt)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				if ctx.Err() == nil {
+					st.failed++
+					if st.firstErr == nil {
+						st.firstErr = err
+					}
+				}
+				return
 			}
-		}
+			st.decision = append(st.decision, took)
+			if ok {
+				st.withPrompt++
+				if to == engines[i].Name() {
+					st.toServer++
+				}
+			}
+		}()
 	}
 }
+
+// maxRoutesInFlight bounds the completions routeDuring has waiting.
+const maxRoutesInFlight = 64
 
 // routeOne sends one completion of ids through kvcar and returns the
 // instance it went to and kvcar's decision time.
