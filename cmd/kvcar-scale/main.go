@@ -218,7 +218,9 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 		return nil, err
 	}
 	syncTook := time.Since(began)
-	if err := kv.WaitLoads(ctx, http.DefaultClient, o.streams, 30*time.Second); err != nil {
+	hc := newClient()
+	defer hc.CloseIdleConnections()
+	if err := kv.WaitLoads(ctx, hc, o.streams, 30*time.Second); err != nil {
 		return nil, err
 	}
 	r = &result{syncTook: syncTook, systemTokens: systemBlocks * o.blockSize,
@@ -239,12 +241,12 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		r.queries = queryDuring(window, base, engines, recent, o)
+		r.queries = queryDuring(window, hc, base, engines, recent, o)
 	}()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		r.routes = routeDuring(window, kv.URL(), engines, recent, o)
+		r.routes = routeDuring(window, hc, kv.URL(), engines, recent, o)
 	}()
 	t0 := time.Now()
 	if o.adversarial {
@@ -270,7 +272,7 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 		return nil, err
 	}
 	r.bound = kvdir.LimitsFromConfig(&cfg).MemoryBound().Process(o.streams)
-	ms, _, err := queryTimed(ctx, base, []uint32{})
+	ms, _, err := queryTimed(ctx, hc, base, []uint32{})
 	if err != nil {
 		return nil, err
 	}
@@ -453,7 +455,7 @@ type queryStats struct {
 // adversarial run). It counts the queries in which the engine's stream
 // reports the whole served prompt held on Device, and those in which
 // every other synchronised stream reports the system prompt.
-func queryDuring(ctx context.Context, base string, engines []*enginesim.Engine, recent *recentPrompts, o options) queryStats {
+func queryDuring(ctx context.Context, hc *http.Client, base string, engines []*enginesim.Engine, recent *recentPrompts, o options) queryStats {
 	var st queryStats
 	if o.queryRate == 0 {
 		return st
@@ -471,7 +473,7 @@ func queryDuring(ctx context.Context, base string, engines []*enginesim.Engine, 
 		}
 		i, prompt, held, ok := recent.pick(rng, o)
 		t := time.Now()
-		ms, srv, err := queryTimed(ctx, base, prompt)
+		ms, srv, err := queryTimed(ctx, hc, base, prompt)
 		if err != nil {
 			if ctx.Err() == nil {
 				st.failed++
@@ -521,7 +523,7 @@ const queryTimeout = 5 * time.Second
 
 // queryTimed queries kvcar and also returns its own time for the query,
 // from its Server-Timing header.
-func queryTimed(ctx context.Context, base string, ids []uint32) ([]match, time.Duration, error) {
+func queryTimed(ctx context.Context, hc *http.Client, base string, ids []uint32) ([]match, time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	body, _ := json.Marshal(map[string][]uint32{"token_ids": ids})
@@ -530,7 +532,7 @@ func queryTimed(ctx context.Context, base string, ids []uint32) ([]match, time.D
 		return nil, 0, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -577,7 +579,7 @@ type routeStats struct {
 // engine takes a while to answer an 8k-token prompt, so completions
 // overlap, up to maxRoutesInFlight; a tick that finds that many waiting
 // sends nothing.
-func routeDuring(ctx context.Context, base string, engines []*enginesim.Engine, recent *recentPrompts, o options) routeStats {
+func routeDuring(ctx context.Context, hc *http.Client, base string, engines []*enginesim.Engine, recent *recentPrompts, o options) routeStats {
 	var (
 		st routeStats
 		mu sync.Mutex
@@ -586,8 +588,6 @@ func routeDuring(ctx context.Context, base string, engines []*enginesim.Engine, 
 	if o.routeRate == 0 {
 		return st
 	}
-	hc := &http.Client{Timeout: queryTimeout, Transport: &http.Transport{MaxIdleConnsPerHost: maxRoutesInFlight}}
-	defer hc.CloseIdleConnections()
 	slots := make(chan struct{}, maxRoutesInFlight)
 	rng := rand.New(rand.NewPCG(o.seed, 1999))
 	tick := time.NewTicker(time.Duration(float64(time.Second) / o.routeRate))
@@ -634,6 +634,15 @@ func routeDuring(ctx context.Context, base string, engines []*enginesim.Engine, 
 			}
 		}()
 	}
+}
+
+// newClient is the driver's HTTP client. Its write buffer holds a whole
+// request, so a body reaches kvcar in one write: the query's
+// Server-Timing starts before its body is read, and a body sent in 4 KB
+// pieces by a driver waiting for a core between them would count the
+// driver's waits as kvcar's time.
+func newClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{WriteBufferSize: 1 << 20, MaxIdleConnsPerHost: maxRoutesInFlight}}
 }
 
 // maxRoutesInFlight bounds the completions routeDuring has waiting.
