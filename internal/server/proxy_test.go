@@ -595,9 +595,23 @@ func TestClientGoneFreesRequestOnStuckEngine(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	// Long enough for kvcar to have read the body and be blocked writing
-	// it to the engine that does not read.
-	time.Sleep(500 * time.Millisecond)
+	// Until kvcar has read the body and is blocked writing it to the
+	// engine that does not read: the engine holds the connection and the
+	// write has had time to fill the socket. A fixed wait was not enough
+	// under -race on loaded cores, and then the next request got the held
+	// connection and waited forever.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		hl.mu.Lock()
+		held := len(hl.held)
+		hl.mu.Unlock()
+		if held > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("kvcar did not connect to the engine within 20 s")
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
 	cancel()
 	<-done
 	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
