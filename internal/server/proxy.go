@@ -256,6 +256,9 @@ func (s *Server) handleInference(w http.ResponseWriter, r *http.Request) {
 		if int64(len(sc.buf)) < n {
 			sc.buf = make([]byte, n)
 		}
+		// Exactly what the budget holds, so that the body is read in as
+		// few reads as it arrives in.
+		sc.buf = sc.buf[:n]
 	}
 	b.in.reset()
 	chat := r.URL.Path == ChatCompletionsPath

@@ -97,7 +97,15 @@ func (s *scanner) nextKept() []byte {
 	if s.end == len(s.buf) && !s.growKept() {
 		return nil
 	}
-	p := s.buf[s.end:min(len(s.buf), s.end+readChunk)]
+	// A body whose whole length the budget holds (its Content-Length)
+	// is read into the rest of buf at once: a 100 KB body in one or two
+	// reads, not one per chunk. One of unknown length takes from the
+	// budget a chunk at a time.
+	end := len(s.buf)
+	if int64(end) > s.held {
+		end = min(end, s.end+readChunk)
+	}
+	p := s.buf[s.end:end]
 	if want := int64(s.end + len(p)); want > s.held {
 		if !s.budget.take(want - s.held) {
 			s.err = errBusy
