@@ -56,8 +56,8 @@ type keptConn struct {
 	// neither.
 	iov net.Buffers
 	ans answer
-	// raw, peekFn, peekBuf and peekOpen are the peek's, made once per
-	// connection rather than per request.
+	// raw, peekFn, peekBuf and peekOpen are the peek's, and expire what
+	// the watch calls: made once per connection, not per request.
 	raw      syscall.RawConn
 	peekFn   func(fd uintptr) bool
 	peekBuf  [1]byte

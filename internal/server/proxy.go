@@ -467,6 +467,8 @@ func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, p
 		writeError(w, http.StatusBadGateway, "upstream engine failed")
 		return
 	}
+	// The values are the connection's, shared with the next answer on
+	// it: neither side ever writes into them.
 	ans := &kc.ans
 	h := w.Header()
 	if len(ans.contentType) > 0 {
