@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 )
@@ -25,49 +24,22 @@ type scriptedEngine struct {
 
 func startScriptedEngine(t *testing.T, answer func(n int) (raw string, closeAfter bool)) *scriptedEngine {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &scriptedEngine{addr: ln.Addr().String()}
+	e := &scriptedEngine{}
 	var requests atomic.Int32
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var open []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range open {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
+	e.addr = serveTCP(t, func(c net.Conn, _ int) {
+		e.conns.Add(1)
+		defer c.Close()
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			e.conns.Add(1)
-			mu.Lock()
-			open = append(open, c)
-			mu.Unlock()
-			wg.Go(func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					_, _ = io.Copy(io.Discard, req.Body)
-					raw, closeAfter := answer(int(requests.Add(1) - 1))
-					if _, err := io.WriteString(c, raw); err != nil || closeAfter {
-						return
-					}
-				}
-			})
+			_, _ = io.Copy(io.Discard, req.Body)
+			raw, closeAfter := answer(int(requests.Add(1) - 1))
+			if _, err := io.WriteString(c, raw); err != nil || closeAfter {
+				return
+			}
 		}
 	})
 	return e

@@ -364,35 +364,8 @@ type droppingEngine struct {
 }
 
 func startDroppingEngine(t *testing.T) *droppingEngine {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &droppingEngine{addr: ln.Addr().String()}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Go(func() {
-		for i := 0; ; i++ {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, conn)
-			mu.Unlock()
-			wg.Go(func() { e.serve(conn, i == 0) })
-		}
-	})
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
+	e := &droppingEngine{}
+	e.addr = serveTCP(t, func(conn net.Conn, n int) { e.serve(conn, n == 0) })
 	return e
 }
 
