@@ -39,8 +39,9 @@
 // of a top-level "routing" member, which kvcar replaces with its own
 // decision, by the package's own HTTP/1.1 client (engineclient.go) on
 // the request's goroutine: it starts no goroutine, its connections are
-// kept per engine under the rules in its doc, and a request's context
-// ends its connection's reads and writes. Body size, prompt ids, tokenized text and the body bytes held
+// kept per engine under the rules in its doc, it reads answers' heads
+// itself (answer.go) into the connection's storage, and a request's
+// context ends its connection's reads and writes. Body size, prompt ids, tokenized text and the body bytes held
 // across requests are all bounded (Options), and the decision goes back
 // to the client only when ExposeRoutingHeaders asks for it.
 //

@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"strconv"
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 )
 
 // engineClient relays requests to engines over HTTP/1.1 on the caller's
@@ -51,12 +51,34 @@ type keptConn struct {
 	// unwatch stops the request's context from ending the connection's
 	// reads and writes; false means it already has.
 	unwatch func() bool
+	// iov is the request's head and body as written, and ans the answer
+	// read: the connection's own storage, so that a request allocates
+	// neither.
+	iov net.Buffers
+	ans answer
+	// raw, peekFn, peekBuf and peekOpen are the peek's, and expire what
+	// the watch calls: made once per connection, not per request.
+	raw      syscall.RawConn
+	peekFn   func(fd uintptr) bool
+	peekBuf  [1]byte
+	peekOpen bool
+	expire   func()
+}
+
+func newKeptConn(addr string, conn net.Conn) *keptConn {
+	kc := &keptConn{addr: addr, conn: conn, br: bufio.NewReaderSize(conn, 4<<10)}
+	if sc, ok := conn.(syscall.Conn); ok {
+		kc.raw, _ = sc.SyscallConn()
+	}
+	kc.peekFn = kc.peek
+	kc.expire = func() { _ = kc.conn.SetDeadline(time.Unix(1, 0)) }
+	return kc
 }
 
 // watch makes every read and write on kc fail once ctx ends, so that a
 // client going away frees its handler whatever the engine does.
 func (kc *keptConn) watch(ctx context.Context) {
-	kc.unwatch = context.AfterFunc(ctx, func() { _ = kc.conn.SetDeadline(time.Unix(1, 0)) })
+	kc.unwatch = context.AfterFunc(ctx, kc.expire)
 }
 
 func newEngineClient() *engineClient {
@@ -76,80 +98,66 @@ var errEngineAnswer = errors.New("engine answer")
 // engine's prefill of a long prompt under load takes seconds, not this.
 const engineResponseHeaderTimeout = 10 * time.Minute
 
-// roundTrip sends head and body to addr and reads the answer's head. The
-// caller reads the answer's body and then calls finish with whether it
-// read all of it. tries is how many connections the request was written
-// on. A request whose write failed on a kept connection is sent again on
-// a new one, up to maxEngineAttempts tries.
-func (c *engineClient) roundTrip(ctx context.Context, addr string, method string, head, body []byte) (resp *http.Response, kc *keptConn, tries int, err error) {
+// roundTrip sends head and body to addr and reads the answer's head
+// into kc.ans. The caller reads the answer's body and then calls finish
+// with whether it read all of it. tries is how many connections the
+// request was written on. A request whose write failed on a kept
+// connection is sent again on a new one, up to maxEngineAttempts tries.
+func (c *engineClient) roundTrip(ctx context.Context, addr string, method string, head, body []byte) (kc *keptConn, tries int, err error) {
 	for tries < maxEngineAttempts {
 		tries++
 		if kc, err = c.get(ctx, addr); err != nil {
-			return nil, nil, tries, err
+			return nil, tries, err
 		}
 		kc.watch(ctx)
-		bufs := net.Buffers{head, body}
-		if _, err = bufs.WriteTo(kc.conn); err != nil {
+		kc.iov = append(kc.iov[:0], head, body)
+		iov := kc.iov
+		_, err = iov.WriteTo(kc.conn)
+		clear(kc.iov[:cap(kc.iov)])
+		if err != nil {
 			kc.unwatch()
 			kc.conn.Close()
 			if kc.reused && ctx.Err() == nil {
 				continue
 			}
-			return nil, nil, tries, fmt.Errorf("writing the request: %w", err)
+			return nil, tries, fmt.Errorf("writing the request: %w", err)
 		}
-		resp, err = c.readHead(ctx, kc, method)
-		if err != nil {
+		if err = c.readHead(ctx, kc, method); err != nil {
 			kc.unwatch()
 			kc.conn.Close()
-			return nil, nil, tries, err
+			return nil, tries, err
 		}
-		return resp, kc, tries, nil
+		return kc, tries, nil
 	}
-	return nil, nil, tries, fmt.Errorf("writing the request: %w", err)
+	return nil, tries, fmt.Errorf("writing the request: %w", err)
 }
 
-// readHead reads the answer's head, giving up when ctx ends (kc is
-// watched) or after engineResponseHeaderTimeout.
-func (c *engineClient) readHead(ctx context.Context, kc *keptConn, method string) (*http.Response, error) {
+// readHead reads the answer's head into kc.ans, giving up when ctx ends
+// (kc is watched) or after engineResponseHeaderTimeout.
+func (c *engineClient) readHead(ctx context.Context, kc *keptConn, method string) error {
 	_ = kc.conn.SetReadDeadline(time.Now().Add(engineResponseHeaderTimeout))
-	resp, err := http.ReadResponse(kc.br, methodRequest(method))
+	err := kc.ans.read(kc.br, method)
 	if ctx.Err() != nil {
-		return nil, ctx.Err()
+		return ctx.Err()
 	}
 	if err != nil {
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			return nil, fmt.Errorf("%w: connection closed before the answer: %w", errEngineAnswer, err)
+			return fmt.Errorf("%w: connection closed before the answer: %w", errEngineAnswer, err)
 		}
-		return nil, fmt.Errorf("%w: %w", errEngineAnswer, err)
+		return fmt.Errorf("%w: %w", errEngineAnswer, err)
 	}
 	// The body may stream for as long as the engine generates; the
 	// client going away ends it through the watch.
 	_ = kc.conn.SetReadDeadline(time.Time{})
-	return resp, nil
+	return nil
 }
-
-// methodRequest is what http.ReadResponse needs of the request: its
-// method, for a HEAD answer's missing body.
-func methodRequest(method string) *http.Request {
-	switch method {
-	case http.MethodGet:
-		return getRequest
-	case http.MethodPost:
-		return postRequest
-	}
-	return &http.Request{Method: method}
-}
-
-var (
-	getRequest  = &http.Request{Method: http.MethodGet}
-	postRequest = &http.Request{Method: http.MethodPost}
-)
 
 // finish keeps kc for the next request when its answer was read whole,
 // nothing follows it, the request's context did not end the connection
-// and the engine did not ask to close it; it closes kc otherwise.
-func (c *engineClient) finish(kc *keptConn, resp *http.Response, whole bool) {
-	if !kc.unwatch() || !whole || resp.Close || kc.br.Buffered() > 0 {
+// and the engine did not ask to close it (nor will, as after an answer
+// that ends when the connection does); it closes kc otherwise.
+func (c *engineClient) finish(kc *keptConn, whole bool) {
+	if !kc.unwatch() || !whole || kc.ans.close || kc.br.Buffered() > 0 {
 		kc.conn.Close()
 		return
 	}
@@ -206,7 +214,7 @@ func (c *engineClient) get(ctx context.Context, addr string) (*keptConn, error) 
 		if kc == nil {
 			break
 		}
-		if time.Since(kc.idleAt) < c.idleTimeout && peekOpen(kc.conn) {
+		if time.Since(kc.idleAt) < c.idleTimeout && kc.open() {
 			kc.reused = true
 			return kc, nil
 		}
@@ -216,7 +224,7 @@ func (c *engineClient) get(ctx context.Context, addr string) (*keptConn, error) 
 	if err != nil {
 		return nil, fmt.Errorf("connecting: %w", err)
 	}
-	return &keptConn{addr: addr, conn: conn, br: bufio.NewReaderSize(conn, 4<<10)}, nil
+	return newKeptConn(addr, conn), nil
 }
 
 func (c *engineClient) takeIdle(addr string) *keptConn {
@@ -233,26 +241,25 @@ func (c *engineClient) takeIdle(addr string) *keptConn {
 	return kc
 }
 
-// peekOpen reports whether an idle connection is still open and has
-// nothing unread: a non-blocking peek that would block. An engine that
-// closed it has sent its FIN, which the peek reads as end of stream.
-func peekOpen(conn net.Conn) bool {
-	sc, ok := conn.(syscall.Conn)
-	if !ok {
+// open reports whether an idle connection is still open and has nothing
+// unread: a non-blocking peek that would block. An engine that closed it
+// has sent its FIN, which the peek reads as end of stream.
+func (kc *keptConn) open() bool {
+	if kc.raw == nil {
 		return true
 	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return false
-	}
-	open := false
-	var b [1]byte
-	err = rc.Read(func(fd uintptr) bool {
-		_, _, e := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		open = e == syscall.EAGAIN || e == syscall.EWOULDBLOCK
-		return true
-	})
-	return err == nil && open
+	kc.peekOpen = false
+	err := kc.raw.Read(kc.peekFn)
+	return err == nil && kc.peekOpen
+}
+
+// peek is the raw connection's read callback of open. MSG_DONTWAIT
+// never blocks, so the raw call need not tell the scheduler.
+func (kc *keptConn) peek(fd uintptr) bool {
+	_, _, e := syscall.RawSyscall6(syscall.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&kc.peekBuf[0])), 1,
+		syscall.MSG_PEEK|syscall.MSG_DONTWAIT, 0, 0)
+	kc.peekOpen = e == syscall.EAGAIN || e == syscall.EWOULDBLOCK
+	return true
 }
 
 // closeIdle closes every idle connection.

@@ -62,6 +62,43 @@ func startEngine(tb testing.TB, h http.HandlerFunc) string {
 	return e.Listener.Addr().String()
 }
 
+// serveTCP runs a TCP server on loopback until the test ends, handing
+// each connection, with its number from 0, to serve on its own goroutine;
+// it returns the server's host:port. The cleanup closes the listener and
+// every connection and waits for serve to return.
+func serveTCP(t *testing.T, serve func(conn net.Conn, n int)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, conn)
+			mu.Unlock()
+			wg.Go(func() { serve(conn, i) })
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
 // idsCompletion is a /v1/completions body with n realistic prompt ids.
 func idsCompletion(n int) []byte {
 	b := []byte(`{"model":"m","max_tokens":16,"prompt":[`)

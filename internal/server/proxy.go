@@ -256,6 +256,9 @@ func (s *Server) handleInference(w http.ResponseWriter, r *http.Request) {
 		if int64(len(sc.buf)) < n {
 			sc.buf = make([]byte, n)
 		}
+		// Exactly what the budget holds, so that the body is read in as
+		// few reads as it arrives in.
+		sc.buf = sc.buf[:n]
 	}
 	b.in.reset()
 	chat := r.URL.Path == ChatCompletionsPath
@@ -442,7 +445,7 @@ func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, p
 	if b != nil {
 		b.head = head
 	}
-	resp, kc, tries, err := p.engines.roundTrip(r.Context(), d.Prefill, r.Method, head, body)
+	kc, tries, err := p.engines.roundTrip(r.Context(), d.Prefill, r.Method, head, body)
 	// The engine has the whole body once its answer's head is here, or
 	// the request failed: either way the body is not needed any more, and
 	// a long answer should not hold it.
@@ -464,11 +467,15 @@ func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, p
 		writeError(w, http.StatusBadGateway, "upstream engine failed")
 		return
 	}
+	// The values are the connection's, shared with the next answer on
+	// it: neither side ever writes into them.
+	ans := &kc.ans
 	h := w.Header()
-	for _, k := range []string{"Content-Type", "Cache-Control"} {
-		if v := resp.Header[k]; len(v) > 0 && v[0] != "" {
-			h[k] = v[:1]
-		}
+	if len(ans.contentType) > 0 {
+		h["Content-Type"] = ans.contentType
+	}
+	if len(ans.cacheControl) > 0 {
+		h["Cache-Control"] = ans.cacheControl
 	}
 	// An answer of known length is whole once the engine has sent it: it
 	// goes out with its length, in as few writes as it takes, and the
@@ -476,20 +483,22 @@ func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, p
 	// of unknown length (SSE, chunked) is flushed write by write, so that
 	// each event reaches the client as the engine sends it.
 	var dst io.Writer = w
-	if resp.ContentLength >= 0 {
-		h["Content-Length"] = []string{strconv.FormatInt(resp.ContentLength, 10)}
+	if ans.length >= 0 {
+		if len(ans.contentLength) > 0 {
+			h["Content-Length"] = ans.contentLength
+		}
 	} else {
 		dst = flushWriter{w: w, f: http.NewResponseController(w)}
 	}
-	w.WriteHeader(resp.StatusCode)
+	w.WriteHeader(ans.status)
 	cb := p.copyBufs.get()
 	defer p.copyBufs.put(cb)
-	_, err = io.CopyBuffer(dst, resp.Body, cb.b[:])
+	_, err = io.CopyBuffer(dst, ans.body, cb.b[:])
 	if err != nil && r.Context().Err() == nil {
 		p.log.Warn("relaying the engine's answer failed", "engine", d.Prefill, "err", err)
 	}
 	// The connection is kept only when the answer was read whole.
-	p.engines.finish(kc, resp, err == nil)
+	p.engines.finish(kc, err == nil)
 }
 
 // appendRouting appends kvcar's routing value, which replaces the one a

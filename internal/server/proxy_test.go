@@ -364,35 +364,8 @@ type droppingEngine struct {
 }
 
 func startDroppingEngine(t *testing.T) *droppingEngine {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := &droppingEngine{addr: ln.Addr().String()}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	wg.Go(func() {
-		for i := 0; ; i++ {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, conn)
-			mu.Unlock()
-			wg.Go(func() { e.serve(conn, i == 0) })
-		}
-	})
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
+	e := &droppingEngine{}
+	e.addr = serveTCP(t, func(conn net.Conn, n int) { e.serve(conn, n == 0) })
 	return e
 }
 
@@ -595,9 +568,23 @@ func TestClientGoneFreesRequestOnStuckEngine(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	// Long enough for kvcar to have read the body and be blocked writing
-	// it to the engine that does not read.
-	time.Sleep(500 * time.Millisecond)
+	// Until kvcar has read the body and is blocked writing it to the
+	// engine that does not read: the engine holds the connection and the
+	// write has had time to fill the socket. A fixed wait was not enough
+	// under -race on loaded cores, and then the next request got the held
+	// connection and waited forever.
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		hl.mu.Lock()
+		held := len(hl.held)
+		hl.mu.Unlock()
+		if held > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("kvcar did not connect to the engine within 20 s")
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
 	cancel()
 	<-done
 	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {

@@ -106,7 +106,7 @@ func parseInference(s *scanner, in *inference, chat bool, lim inferenceLimits) *
 			switch {
 			case !chat && string(key) == "prompt", chat && string(key) == "messages":
 				if seenPrompt {
-					return badRequest("%s: given more than once", key)
+					return badRequest("%s: given more than once", string(key))
 				}
 				seenPrompt = true
 				if _, ok := s.skipSpace(); !ok {

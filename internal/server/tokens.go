@@ -1,10 +1,12 @@
 package server
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"math"
+	"math/bits"
 	"net/http"
 	"strconv"
 	"unicode/utf8"
@@ -95,7 +97,15 @@ func (s *scanner) nextKept() []byte {
 	if s.end == len(s.buf) && !s.growKept() {
 		return nil
 	}
-	p := s.buf[s.end:min(len(s.buf), s.end+readChunk)]
+	// A body whose whole length the budget holds (its Content-Length)
+	// is read into the rest of buf at once: a 100 KB body in one or two
+	// reads, not one per chunk. One of unknown length takes from the
+	// budget a chunk at a time.
+	end := len(s.buf)
+	if int64(end) > s.held {
+		end = min(end, s.end+readChunk)
+	}
+	p := s.buf[s.end:end]
 	if want := int64(s.end + len(p)); want > s.held {
 		if !s.budget.take(want - s.held) {
 			s.err = errBusy
@@ -412,6 +422,24 @@ func (s *scanner) readIDElems(ids []uint32, maxIDs int, name string) ([]uint32, 
 		if index >= maxIDs {
 			return ids, badRequest("%s: more than %d ids", name, maxIDs)
 		}
+		// Fastest path: runs of plain ids of up to eight digits, each
+		// followed at once by ',' (or the closing ']'), taken 64 bytes
+		// at a time.
+		if s.end-s.pos >= idBlockNeeds {
+			n := len(ids)
+			var closed bool
+			ids, closed = s.idRun(ids, start+maxIDs)
+			if closed {
+				return ids, nil
+			}
+			if len(ids) > n {
+				// It stopped after a ',', maybe before whitespace.
+				if _, ok = s.skipSpace(); !ok {
+					return ids, s.endError()
+				}
+				continue
+			}
+		}
 		// Fast path: an id of at most ten digits followed at once by ','
 		// or ']', inside the buffer: nearly every element of a real
 		// request, taken without a call per byte class.
@@ -461,6 +489,84 @@ func (s *scanner) readIDElems(ids []uint32, maxIDs int, name string) ([]uint32, 
 			return ids, s.syntaxError(c)
 		}
 	}
+}
+
+// idBlockNeeds is how many bytes idRun needs left in the buffer: a
+// block of 64 and the eight read from an id that starts at its end.
+const idBlockNeeds = 72
+
+// idRun appends the ids at s.pos while they are plain integers of one to
+// eight digits, each followed at once by ',' or ']', and the buffer holds
+// idBlockNeeds bytes from where it reads; it stops before any other
+// element (whitespace, a longer number, anything not an id) for the
+// element by element path, and before the id that would make ids longer
+// than limit. closed is whether it consumed the array's ']'.
+//
+// A block of 64 bytes is classified eight bytes at a time (SWAR) into a
+// bitmap of its delimiters, and the ids between them are converted
+// without a branch per digit. Where the next id starts depends only on
+// the bitmap, not on each id's digits, so consecutive ids are parsed in
+// parallel instead of each waiting on a mispredicted digit count; in
+// kvcar's profile this takes the parse of a 2k-id prompt from about 20 to
+// about 12 µs.
+func (s *scanner) idRun(ids []uint32, limit int) (_ []uint32, closed bool) {
+	const zeros = 0x3030303030303030
+	p := s.buf[:s.end]
+	pos := s.pos
+	for pos+idBlockNeeds <= len(p) {
+		// One bit per byte of the block, set where it is not a digit:
+		// each word's top bits gathered into one byte by a multiply.
+		var delims uint64
+		for w := range 8 {
+			m := nonDigits(binary.LittleEndian.Uint64(p[pos+8*w:]) ^ zeros)
+			delims |= ((m >> 7) * 0x0102040810204080 >> 56) << (8 * w)
+		}
+		start := pos
+		for ; delims != 0; delims &= delims - 1 {
+			end := pos + bits.TrailingZeros64(delims)
+			n := end - start
+			if n < 1 || n > 8 || (p[start] == '0' && n > 1) || len(ids) >= limit {
+				s.pos = start
+				return ids, false
+			}
+			d := p[end]
+			if d != ',' && d != ']' {
+				s.pos = start
+				return ids, false
+			}
+			a := binary.LittleEndian.Uint64(p[start:]) ^ zeros
+			ids = append(ids, uint32(eightDigits(a<<(64-8*n))))
+			start = end + 1
+			if d == ']' {
+				s.pos = start
+				return ids, true
+			}
+		}
+		if start == pos {
+			break // no delimiter in 64 bytes: not an id this path takes
+		}
+		pos = start
+	}
+	s.pos = pos
+	return ids, false
+}
+
+// nonDigits takes eight bytes less '0' each (XORed with 0x30, little
+// endian: the first byte lowest) and sets the top bit of each byte that
+// was not a decimal digit: those whose low seven bits reach 10 once 0x76
+// is added (the mask keeps the sum inside its byte), or whose top bit was
+// already set.
+func nonDigits(a uint64) uint64 {
+	return ((a & 0x7f7f7f7f7f7f7f7f) + 0x7676767676767676 | a) & 0x8080808080808080
+}
+
+// eightDigits is the value of eight decimal digits, one per byte, the
+// most significant first (lowest): pairs, then quads, then the eight are
+// combined by one multiply each.
+func eightDigits(a uint64) uint64 {
+	a = (a & 0x0f0f0f0f0f0f0f0f) * (10<<8 + 1) >> 8
+	a = (a & 0x00ff00ff00ff00ff) * (100<<16 + 1) >> 16
+	return (a & 0x0000ffff0000ffff) * (10000<<32 + 1) >> 32
 }
 
 // maxLiteralShown bounds how much of a bad number is quoted back.

@@ -1,0 +1,138 @@
+package server
+
+import (
+	"bytes"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"testing"
+)
+
+// idArrayBody builds {"token_ids":[...]} of n elements: mostly plain ids
+// of random width (one to ten digits), and with probability odd per
+// element one of the forms the block parser must leave to the element
+// by element path: whitespace, leading zeros, signs, fractions,
+// exponents, ids past uint32, other JSON values (not null, which
+// encoding/json takes as 0), a trailing comma.
+func idArrayBody(rng *rand.Rand, n int, odd float64) []byte {
+	oddForms := []string{"0", "00", "01", "-0", "-1", "1.5", "1e3", "4294967295", "4294967296",
+		"99999999999", " 7", "8 ", "\n9", "true", `"9"`, "[1]", "12345678", "123456789", "1234567890"}
+	b := []byte(`{"token_ids":[`)
+	for i := range n {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		if rng.Float64() < odd {
+			b = append(b, oddForms[rng.IntN(len(oddForms))]...)
+			continue
+		}
+		digits := 1 + rng.IntN(10)
+		v := uint64(rng.IntN(9) + 1)
+		for range digits - 1 {
+			v = v*10 + uint64(rng.IntN(10))
+		}
+		b = strconv.AppendUint(b, v%(math.MaxUint32+1), 10)
+	}
+	if n > 0 && rng.IntN(20) == 0 {
+		b = append(b, ',')
+	}
+	return append(b, "]}"...)
+}
+
+// TestIDBlocksMatchElementPath checks the block parser of
+// id runs (idRun) against the element by element path and encoding/json
+// (R-API-5): the same body read through buffers from 16 bytes (where no
+// block fits) to the whole body gives the same ids, or the same error
+// message, offsets included, and accepts exactly the bodies of in-range
+// integer ids that encoding/json accepts. maxIDs is set near the length
+// so that the limit also falls inside runs taken by blocks.
+func TestIDBlocksMatchElementPath(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 7))
+	for round := range 3000 {
+		odd := []float64{0, 0.002, 0.02, 0.2}[round%4]
+		body := idArrayBody(rng, rng.IntN(400), odd)
+		ref, valid, refErr := jsonTokenIDs(body)
+		maxIDs := math.MaxInt32
+		if round%5 == 0 && len(ref) > 0 {
+			maxIDs = rng.IntN(len(ref)) + 1
+		}
+		var first []uint32
+		var firstErr string
+		for i, size := range []int{16, idBlockNeeds, idBlockNeeds + 1, 100, 257, 4096, len(body) + 1} {
+			sc := scanner{r: bytes.NewReader(body), buf: make([]byte, size), limit: math.MaxInt64}
+			ids, perr := parseQuery(&sc, nil, maxIDs)
+			msg := ""
+			if perr != nil {
+				ids, msg = nil, perr.message
+				if perr.status != 400 {
+					t.Fatalf("%q: status %d %q", body, perr.status, msg)
+				}
+			}
+			if i == 0 {
+				first, firstErr = ids, msg
+				switch {
+				case perr == nil && !valid:
+					t.Fatalf("accepted %q, encoding/json: %v %v", body, refErr, ref)
+				case perr == nil && (len(ids) != len(ref) || len(ids) > maxIDs):
+					t.Fatalf("%q: %d ids, encoding/json %d (max %d)", body, len(ids), len(ref), maxIDs)
+				case perr != nil && valid && len(ref) <= maxIDs:
+					t.Fatalf("rejected %q (%s), encoding/json accepts it", body, msg)
+				}
+				for j := range ids {
+					if int64(ids[j]) != ref[j] {
+						t.Fatalf("%q: id %d is %d, encoding/json %d", body, j, ids[j], ref[j])
+					}
+				}
+				continue
+			}
+			if msg != firstErr || !slices.Equal(ids, first) {
+				t.Fatalf("%q through a %d-byte buffer: %d ids, error %q; through 16 bytes: %d ids, error %q",
+					body, size, len(ids), msg, len(first), firstErr)
+			}
+		}
+	}
+}
+
+// TestNonDigitsAndEightDigits checks the two word operations on every
+// byte value in every position, and every digit count.
+func TestNonDigitsAndEightDigits(t *testing.T) {
+	for pos := range 8 {
+		for c := range 256 {
+			w := []byte("55555555")
+			w[pos] = byte(c)
+			a := leUint64(w) ^ 0x3030303030303030
+			m := nonDigits(a)
+			want := uint64(0)
+			if c < '0' || c > '9' {
+				want = 0x80 << (8 * pos)
+			}
+			if m != want {
+				t.Fatalf("byte %#x at %d: mask %#x, want %#x", c, pos, m, want)
+			}
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for n := 1; n <= 8; n++ {
+		for range 1000 {
+			v := rng.Uint64N(uint64(math.Pow10(n)))
+			s := []byte(strconv.FormatUint(v, 10))
+			for len(s) < n {
+				s = append([]byte{'0'}, s...)
+			}
+			s = append(s, ",xxxxxxx"[:8-n]...)
+			a := leUint64(s) ^ 0x3030303030303030
+			if got := eightDigits(a << (64 - 8*n)); got != v {
+				t.Fatalf("%q (%d digits): %d, want %d", s, n, got, v)
+			}
+		}
+	}
+}
+
+func leUint64(b []byte) uint64 {
+	var v uint64
+	for i := 7; i >= 0; i-- {
+		v = v<<8 | uint64(b[i])
+	}
+	return v
+}
