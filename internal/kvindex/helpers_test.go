@@ -180,7 +180,7 @@ func checkInvariants(ix *Index) error {
 // reachable reports whether a probe from home meets slot s before an
 // empty cell, which every lookup relies on.
 func reachable(t *table, home uint64, s uint32) bool {
-	for i := home; t.cells[i] != 0; i = (i + 1) & t.mask {
+	for i := home; t.cells[i] != 0; i = t.next(i) {
 		if cellSlot(t.cells[i]) == s {
 			return true
 		}

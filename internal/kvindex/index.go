@@ -233,7 +233,7 @@ func (ix *Index) notify(s uint32) {
 }
 
 // New returns an empty index. It allocates little: storage grows by
-// doubling up to cfg.MaxBlocks entries.
+// a quarter at a time up to cfg.MaxBlocks entries.
 func New(cfg Config) *Index {
 	if cfg.BlockSize <= 0 {
 		cfg.BlockSize = DefaultBlockSize
@@ -497,7 +497,10 @@ func (ix *Index) allocSlot() (uint32, error) {
 			ix.rebuildTables(n + 1)
 		}
 		if n == cap(ix.entries) {
-			c := min(max(2*n, 16), ix.cfg.MaxBlocks)
+			// A quarter more, not double: a resident entry then carries
+			// at most a quarter of one in spare capacity. The copies add
+			// up to four per entry over a fill, cheap sequential moves.
+			c := min(max(n+n/4, 16), ix.cfg.MaxBlocks)
 			grown := make([]entry, n, c)
 			copy(grown, ix.entries)
 			ix.entries = grown
@@ -596,18 +599,14 @@ func (ix *Index) StorageBytes() int64 {
 }
 
 // MaxStorageBytes bounds what an index of this configuration holds at
-// any moment, whatever it is fed: MaxBlocks entries, both tables at the
-// size MaxBlocks entries need, and, while the entry storage grows, the
-// old half beside the new whole.
+// any moment, whatever it is fed: MaxBlocks entries, and while the entry
+// storage grows the old storage (smaller) beside the new, and both tables
+// at the size MaxBlocks entries need.
 func (c Config) MaxStorageBytes() int64 {
 	n := c.MaxBlocks
 	if n <= 0 {
 		n = DefaultMaxBlocks
 	}
 	n = min(n, maxSlots)
-	size := minTableSize
-	for 4*n > 3*size {
-		size *= 2
-	}
-	return int64(n)*entryBytes*3/2 + 2*4*int64(size)
+	return 2*int64(n)*entryBytes + 2*4*int64(tableSize(n, n))
 }

@@ -9,10 +9,13 @@ import "github.com/kvcar/kvcar/internal/kvevent"
 // at full size is far out of cache. Removals shift later cells back instead
 // of leaving tombstones, so probe chains never degrade. The table does not
 // store keys: the entry slice does, which keeps a cell at four bytes.
+//
+// The number of cells is not a power of two: a home is the top 32 bits of
+// a uniform hash scaled to [0, len(cells)) by a multiply-shift, so tables
+// grow by a quarter, not double, and the last size is the one MaxBlocks
+// entries need, whatever MaxBlocks is (see tableSize).
 type table struct {
 	cells []uint32
-	mask  uint64
-	shift uint
 }
 
 const (
@@ -26,24 +29,46 @@ const (
 // engines stay small.
 const minTableSize = 16
 
+// Tables are rebuilt when an entry would put their load past
+// maxLoadNum/maxLoadDen, at a size that puts it at growLoadNum/growLoadDen,
+// or at fullLoadNum/fullLoadDen of MaxBlocks entries if that is smaller: a
+// table never holds more cells than a full index needs.
+const (
+	maxLoadNum, maxLoadDen   = 5, 6
+	growLoadNum, growLoadDen = 2, 3
+	fullLoadNum, fullLoadDen = 4, 5
+)
+
+// tableSize returns the number of cells for n entries of an index of at
+// most maxBlocks.
+func tableSize(n, maxBlocks int) int {
+	size := (n*growLoadDen + growLoadNum - 1) / growLoadNum
+	full := (maxBlocks*fullLoadDen + fullLoadNum - 1) / fullLoadNum
+	return max(minTableSize, min(size, full))
+}
+
+// scale maps 32 uniform bits to [0, n).
+func scale(h uint64, n int) uint64 { return (h >> 32) * uint64(n) >> 32 }
+
+// next returns the cell after i, wrapping.
+func (t *table) next(i uint64) uint64 {
+	if i++; i == uint64(len(t.cells)) {
+		return 0
+	}
+	return i
+}
+
 func cell(fp uint32, s uint32) uint32 { return fp<<slotBits | (s + 1) }
 
 // cellSlot returns the slot of a non-empty cell.
 func cellSlot(c uint32) uint32 { return c&slotMask - 1 }
 
-// needsGrow reports whether n entries would push the load past 3/4.
-func (t *table) needsGrow(n int) bool { return 4*n > 3*len(t.cells) }
+// needsGrow reports whether n entries would push the load past maxLoad.
+func (t *table) needsGrow(n int) bool { return maxLoadDen*n > maxLoadNum*len(t.cells) }
 
 func (t *table) reset() { clear(t.cells) }
 
-func (t *table) alloc(size int) {
-	t.cells = make([]uint32, size)
-	t.mask = uint64(size - 1)
-	t.shift = 64
-	for s := size; s > 1; s >>= 1 {
-		t.shift--
-	}
-}
+func (t *table) alloc(size int) { t.cells = make([]uint32, size) }
 
 // engineHash spreads engine hashes, which may be small consecutive
 // integers, with a Fibonacci multiplier: the high bits pick the home cell,
@@ -51,20 +76,17 @@ func (t *table) alloc(size int) {
 // half of a 128-bit hash is folded in first; it is zero for integers.
 func (t *table) engineHash(h kvevent.EngineHash) (home uint64, fp uint32) {
 	m := (h.Lo ^ h.Hi*0xC2B2AE3D27D4EB4F) * 0x9E3779B97F4A7C15
-	return m >> t.shift, uint32(uint8(m>>8 ^ m>>32))
+	return scale(m, len(t.cells)), uint32(uint8(m>>8 ^ m>>24))
 }
 
 // keyHash uses the content key directly: XXH3 output is already uniform.
 func (t *table) keyHash(k Key) (home uint64, fp uint32) {
-	return k.Lo & t.mask, uint32(k.Hi >> 56)
+	return scale(k.Lo, len(t.cells)), uint32(k.Hi >> 56)
 }
 
 // rebuildTables sizes both tables for n entries and reinserts every entry.
 func (ix *Index) rebuildTables(n int) {
-	size := minTableSize
-	for 4*n > 3*size {
-		size *= 2
-	}
+	size := tableSize(n, ix.cfg.MaxBlocks)
 	ix.byEngine.alloc(size)
 	ix.byKey.alloc(size)
 	for s := range ix.entries {
@@ -79,7 +101,7 @@ func (ix *Index) rebuildTables(n int) {
 // place stores c in the first empty cell from i on.
 func (t *table) place(i uint64, c uint32) {
 	for t.cells[i] != 0 {
-		i = (i + 1) & t.mask
+		i = t.next(i)
 	}
 	t.cells[i] = c
 }
@@ -90,7 +112,7 @@ func (ix *Index) findEngine(h kvevent.EngineHash) (uint32, bool) {
 		return 0, false
 	}
 	i, fp := t.engineHash(h)
-	for ; ; i = (i + 1) & t.mask {
+	for ; ; i = t.next(i) {
 		c := t.cells[i]
 		if c == 0 {
 			return 0, false
@@ -115,7 +137,7 @@ func (ix *Index) lookupTiers(k Key, deviceEnough bool) uint8 {
 	}
 	var tiers uint8
 	i, fp := t.keyHash(k)
-	for ; ; i = (i + 1) & t.mask {
+	for ; ; i = t.next(i) {
 		c := t.cells[i]
 		if c == 0 {
 			return tiers
@@ -147,7 +169,7 @@ func (ix *Index) insertKey(s uint32) {
 	t := &ix.byKey
 	e := &ix.entries[s]
 	i, fp := t.keyHash(e.key)
-	for ; t.cells[i] != 0; i = (i + 1) & t.mask {
+	for ; t.cells[i] != 0; i = t.next(i) {
 		c := t.cells[i]
 		if c>>slotBits != fp {
 			continue
@@ -179,7 +201,7 @@ func (ix *Index) deleteKey(s uint32) {
 // computation inlined on this path.
 func (ix *Index) shiftDelete(t *table, i uint64, byKey bool) {
 	for j := i; ; {
-		j = (j + 1) & t.mask
+		j = t.next(j)
 		c := t.cells[j]
 		if c == 0 {
 			break
@@ -203,7 +225,7 @@ func (ix *Index) shiftDelete(t *table, i uint64, byKey bool) {
 func (t *table) locate(home uint64, s uint32) uint64 {
 	i := home
 	for t.cells[i]&slotMask != s+1 {
-		i = (i + 1) & t.mask
+		i = t.next(i)
 	}
 	return i
 }
