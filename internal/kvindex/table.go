@@ -145,9 +145,8 @@ func (ix *Index) lookupTiers(k Key, deviceEnough bool) uint8 {
 		if c>>slotBits != fp {
 			continue
 		}
-		e := &ix.entries[cellSlot(c)]
-		if e.key == k {
-			m := e.meta()
+		if s := cellSlot(c); ix.entries[s].key == k {
+			m := ix.meta[s]
 			tiers |= m & (tierDevice | tierHost)
 			if m&flagDup == 0 || (deviceEnough && tiers&tierDevice != 0) {
 				return tiers
@@ -174,9 +173,9 @@ func (ix *Index) insertKey(s uint32) {
 		if c>>slotBits != fp {
 			continue
 		}
-		if o := &ix.entries[cellSlot(c)]; o.key == e.key {
-			o.setMeta(o.meta() | flagDup)
-			e.setMeta(e.meta() | flagDup)
+		if o := cellSlot(c); ix.entries[o].key == e.key {
+			ix.meta[o] |= flagDup
+			ix.meta[s] |= flagDup
 		}
 	}
 	t.cells[i] = cell(fp, s)
