@@ -56,19 +56,19 @@ type keyTable struct {
 	pool  slab // dense entries, 2*words words each
 	// cells hold record+1 in the low recBits bits and the top bits of
 	// the key's high half above, which reject most cells of other keys
-	// without reading their records. A cell is a hint, the record the
-	// truth: a record that loses its last holder is freed and its cell
-	// left in place (stale), since finding the cells that would have to
-	// shift back after it would mean reading their records' keys. find
-	// accepts a cell only when its record is live and holds the key, so
-	// a stale cell, or one whose record was reused for another key, is
-	// passed over like any other key's cell. Stale cells count towards
-	// the load and go at the next rebuild. The array's size is not a
-	// power of two: a key's home is a multiply-shift of its bits, so the
-	// load after a rebuild is rebuildLoad whatever the number of keys.
+	// without reading their records. A cell whose record bits are all
+	// ones is a tombstone: the cell of a dropped key. Shifting the later
+	// cells of its probe run back instead would mean reading their
+	// records' keys for their homes, a cache miss each; a tombstone costs
+	// nothing, the next new key whose probe passes it takes its place,
+	// and those that end a run are emptied at once. Tombstones count
+	// towards the load and go at the next rebuild. The array's size is
+	// not a power of two: a key's home is a multiply-shift of its bits,
+	// so the load after a rebuild is rebuildLoad whatever the number of
+	// keys.
 	cells    []uint32
 	recBits  uint
-	occupied int // cells not empty: live ones and stale ones
+	occupied int // cells not empty: live ones and tombstones
 	live     int // live records
 	// published has a slot's bit set while the slot's bits are its
 	// stream's served view.
@@ -274,12 +274,12 @@ func (t *keyTable) set(slot int, k kvindex.Key, dev, host bool) {
 	if host {
 		tiers |= tierHost
 	}
-	r, cell, ok := t.find(k)
+	r, cell, ok := t.lookup(k)
 	if !ok {
 		if tiers == 0 {
 			return
 		}
-		r = t.insert(k)
+		r = t.insert(k, cell)
 	}
 	rec := t.rec(r)
 	h := rec[2]
@@ -373,23 +373,55 @@ func homeOf(k kvindex.Key, n int) int { return int((k.Lo >> 32) * uint64(n) >> 3
 // the top 32-recBits bits of k.Hi (none when recBits is 32).
 func fpOf(k kvindex.Key, recBits uint) uint32 { return uint32(k.Hi >> 32 >> recBits) }
 
+// recMask is the record bits of a cell; all of them set is a tombstone.
 func (t *keyTable) recMask() uint32 { return 1<<t.recBits - 1 }
 
-// find returns the record of k and the cell that led to it.
-func (t *keyTable) find(k kvindex.Key) (r uint32, cell int, ok bool) {
+// find returns the record of k.
+func (t *keyTable) find(k kvindex.Key) (uint32, bool) {
 	n := len(t.cells)
 	if n == 0 {
-		return 0, 0, false
+		return 0, false
 	}
 	fp, rb, rm := fpOf(k, t.recBits), t.recBits, t.recMask()
 	for i := homeOf(k, n); ; {
 		c := t.cells[i]
 		if c == 0 {
-			return 0, 0, false
+			return 0, false
 		}
-		if c>>rb == fp {
+		if c>>rb == fp && c&rm != rm {
 			r := c&rm - 1
-			if rec := t.rec(r); rec[0] == k.Hi && rec[1] == k.Lo && rec[2] != 0 {
+			if rec := t.rec(r); rec[0] == k.Hi && rec[1] == k.Lo {
+				return r, true
+			}
+		}
+		if i++; i == n {
+			i = 0
+		}
+	}
+}
+
+// lookup is find for writers: it also returns the cell of k's record, or
+// when k is not held the first tombstone of its probe run (-1 if none),
+// where insert puts it.
+func (t *keyTable) lookup(k kvindex.Key) (r uint32, cell int, ok bool) {
+	n := len(t.cells)
+	tomb := -1
+	if n == 0 {
+		return 0, tomb, false
+	}
+	fp, rb, rm := fpOf(k, t.recBits), t.recBits, t.recMask()
+	for i := homeOf(k, n); ; {
+		c := t.cells[i]
+		switch {
+		case c == 0:
+			return 0, tomb, false
+		case c&rm == rm:
+			if tomb < 0 {
+				tomb = i
+			}
+		case c>>rb == fp:
+			r := c&rm - 1
+			if rec := t.rec(r); rec[0] == k.Hi && rec[1] == k.Lo {
 				return r, i, true
 			}
 		}
@@ -400,24 +432,31 @@ func (t *keyTable) find(k kvindex.Key) (r uint32, cell int, ok bool) {
 }
 
 // needsRebuild reports whether adding extra keys could push the cells
-// past maxLoad or name a record their record bits cannot.
+// past maxLoad or name a record their record bits cannot (all ones is
+// the tombstone).
 func (t *keyTable) needsRebuild(extra int) bool {
 	return maxLoadDen*(t.occupied+extra) > maxLoadNum*len(t.cells) ||
-		uint64(t.recs.used)+uint64(extra) >= 1<<t.recBits
+		uint64(t.recs.used)+uint64(extra) >= 1<<t.recBits-1
 }
 
 // insert adds a record for k, which the table does not hold, with every
-// bit clear; set makes it live before anything else reads it.
-func (t *keyTable) insert(k kvindex.Key) uint32 {
+// bit clear, in cell tomb if that is not -1 (a tombstone of k's probe
+// run, from lookup); set makes the record live before anything reads it.
+func (t *keyTable) insert(k kvindex.Key, tomb int) uint32 {
 	if t.needsRebuild(1) {
 		t.rebuildCells(1)
+		tomb = -1
 	}
 	r := t.recs.alloc(recWords)
 	rec := t.rec(r)
 	clear(rec)
 	rec[0], rec[1] = k.Hi, k.Lo
-	placeIn(t.cells, t.recBits, k, r)
-	t.occupied++
+	if tomb >= 0 {
+		t.cells[tomb] = fpOf(k, t.recBits)<<t.recBits | (r + 1)
+	} else {
+		placeIn(t.cells, t.recBits, k, r)
+		t.occupied++
+	}
 	t.live++
 	return r
 }
@@ -435,7 +474,7 @@ func placeIn(cells []uint32, recBits uint, k kvindex.Key, r uint32) {
 }
 
 // rebuildCells builds a cell array for the live records with room for
-// extra more keys, dropping stale cells. It reads the records in order,
+// extra more keys, dropping tombstones. It reads the records in order,
 // not the old cells, so it makes no random reads. The new array is
 // filled without mu, so that queries keep reading the old one meanwhile
 // (a rebuild of tens of millions of cells takes a second); the caller
@@ -447,8 +486,8 @@ func (t *keyTable) rebuildCells(extra int) {
 	n := max(minCells, (need*rebuildLoadDen+rebuildLoadNum-1)/rebuildLoadNum)
 	// Records can be named up to the larger of the slab's high-water mark
 	// with extra more and the array's size, which bounds the live records
-	// until the next rebuild.
-	recBits := uint(bits.Len64(max(uint64(t.recs.used)+uint64(extra), uint64(n))))
+	// until the next rebuild; one more keeps clear of the tombstone.
+	recBits := uint(bits.Len64(max(uint64(t.recs.used)+uint64(extra), uint64(n)) + 1))
 	cells := make([]uint32, n)
 	for r := uint32(0); r < t.recs.used; r++ {
 		if rec := t.rec(r); rec[2] != 0 {
@@ -460,13 +499,21 @@ func (t *keyTable) rebuildCells(extra int) {
 	t.mu.Unlock()
 }
 
-// remove frees record r of key k, found through cell i. The cell stays,
-// stale, unless the next one is empty, so that no probe run breaks early;
-// then it is emptied.
+// remove frees record r, found through cell i, which becomes a
+// tombstone; if the cell after it is empty, the probe run ends there, so
+// it and the tombstones right before it are emptied instead.
 func (t *keyTable) remove(r uint32, i int) {
-	if j := i + 1; t.cells[j%len(t.cells)] == 0 {
-		t.cells[i] = 0
-		t.occupied--
+	n, rm := len(t.cells), t.recMask()
+	t.cells[i] = rm
+	if t.cells[(i+1)%n] == 0 {
+		for t.cells[i] == rm {
+			t.cells[i] = 0
+			t.occupied--
+			if i == 0 {
+				i = n
+			}
+			i--
+		}
 	}
 	t.live--
 	t.recs.release(r)
@@ -594,7 +641,7 @@ walk:
 		}
 		t.warm(keys, wr)
 		for j := range keys {
-			r, _, ok := t.find(keys[j])
+			r, ok := t.find(keys[j])
 			if !ok {
 				break walk
 			}
@@ -650,7 +697,7 @@ func (t *keyTable) warm(keys []kvindex.Key, wr *walkResult) {
 		cells[j] = uint64(t.cells[homeOf(k, n)] & rm)
 	}
 	for j, c := range cells[:len(keys)] {
-		if c != 0 {
+		if c != 0 && c != uint64(rm) {
 			cells[j] = t.rec(uint32(c) - 1)[2]
 		}
 	}
@@ -676,7 +723,7 @@ func (t *keyTable) warmChanges(changes []keyChange) {
 		cells[j] = t.cells[homeOf(changes[j].k, n)] & rm
 	}
 	for _, c := range cells[:min(len(changes), keyChunk)] {
-		if c != 0 {
+		if c != 0 && c != rm {
 			acc += t.rec(uint32(c) - 1)[0]
 		}
 	}
