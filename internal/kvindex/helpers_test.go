@@ -110,10 +110,10 @@ func checkInvariants(ix *Index) error {
 			if c == 0 {
 				continue
 			}
-			if int(cellSlot(c)) >= n {
-				return nil, fmt.Errorf("cell points at slot %d of %d", cellSlot(c), n)
+			if int(t.slot(c)) >= n {
+				return nil, fmt.Errorf("cell points at slot %d of %d", t.slot(c), n)
 			}
-			seen[cellSlot(c)]++
+			seen[t.slot(c)]++
 		}
 		return seen, nil
 	}
@@ -127,6 +127,11 @@ func checkInvariants(ix *Index) error {
 	}
 	if len(be) != n || len(bk) != n {
 		return fmt.Errorf("tables hold %d/%d slots, entries %d", len(be), len(bk), n)
+	}
+	for _, t := range []*table{&ix.byEngine, &ix.byKey} {
+		if err := checkHomes(ix, t, t == &ix.byKey); err != nil {
+			return err
+		}
 	}
 	dev, host := 0, 0
 	for s := range ix.entries {
@@ -178,9 +183,39 @@ func checkInvariants(ix *Index) error {
 // empty cell, which every lookup relies on.
 func reachable(t *table, home uint64, s uint32) bool {
 	for i := home; t.cells[i] != 0; i = t.next(i) {
-		if cellSlot(t.cells[i]) == s {
+		if t.slot(t.cells[i]) == s {
 			return true
 		}
 	}
 	return false
+}
+
+// checkHomes verifies that every cell of t holds its entry's home bits
+// and fingerprint, and that far counts the cells homeSpan or more past
+// their home.
+func checkHomes(ix *Index, t *table, byKey bool) error {
+	n := uint64(len(t.cells))
+	far := 0
+	for j, c := range t.cells {
+		if c == 0 {
+			continue
+		}
+		e := &ix.entries[t.slot(c)]
+		home, tag := t.engineHash(e.engine)
+		if byKey {
+			home, tag = t.keyHash(e.key)
+		}
+		if c>>t.sb != tag {
+			return fmt.Errorf("cell %d holds tag %#x, its entry's is %#x", j, c>>t.sb, tag)
+		}
+		if (uint64(j)+n-home)%n >= homeSpan {
+			far++
+		} else if h := t.cellHome(uint64(j), c); h != home {
+			return fmt.Errorf("cell %d: home bits give %d, home is %d", j, h, home)
+		}
+	}
+	if far != t.far {
+		return fmt.Errorf("%d cells far from home, counted %d", far, t.far)
+	}
+	return nil
 }

@@ -237,8 +237,10 @@ func New(cfg Config) *Index {
 		cfg.MaxBlocks = maxSlots
 	}
 	return &Index{
-		cfg:    cfg,
-		hasher: *NewHasher(cfg.BlockSize, cfg.HashSeed),
+		cfg:      cfg,
+		hasher:   *NewHasher(cfg.BlockSize, cfg.HashSeed),
+		byEngine: newTable(cfg.MaxBlocks),
+		byKey:    newTable(cfg.MaxBlocks),
 	}
 }
 

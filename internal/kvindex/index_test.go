@@ -3,6 +3,7 @@ package kvindex
 import (
 	"errors"
 	"maps"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/kvcar/kvcar/internal/kvevent"
@@ -624,5 +625,49 @@ func TestHistoryModeOrphans(t *testing.T) {
 	}
 	if err := ix.Apply(storedEv(kvevent.Device, 77, b, 2, 3), Delta); !errors.Is(err, ErrUnknownParent) {
 		t.Fatalf("Delta mode: %v, want ErrUnknownParent", err)
+	}
+}
+
+// TestTableFarFromHome builds a table where hundreds of engine hashes
+// share one home, so that cells lie 256 and more past it, and removes
+// them in random order: removals must then find later cells' homes from
+// their entries, count the far cells exactly, and keep every remaining
+// entry reachable (R-IDX-3 relies on lookups finding what was stored).
+func TestTableFarFromHome(t *testing.T) {
+	const maxBlocks, n = 2000, 400
+	ix := New(Config{BlockSize: testBlockSize, MaxBlocks: maxBlocks})
+	probe := newTable(maxBlocks)
+	probe.alloc(tableSize(n, maxBlocks))
+	rng := rand.New(rand.NewPCG(7, 8))
+	for v := uint64(1); len(ix.entries) < n; v++ {
+		h := kvevent.IntHash(v)
+		if home, _ := probe.engineHash(h); home == 5 {
+			ix.entries = append(ix.entries, entry{key: Key{Hi: rng.Uint64(), Lo: rng.Uint64()}, engine: h})
+			ix.meta = append(ix.meta, tierDevice)
+		}
+	}
+	ix.device = n
+	ix.rebuildTables(n)
+	if ix.byEngine.far != n-homeSpan {
+		t.Fatalf("%d far cells, want %d", ix.byEngine.far, n-homeSpan)
+	}
+	if err := checkInvariants(ix); err != nil {
+		t.Fatal(err)
+	}
+	gone := map[uint32]bool{}
+	for _, s := range rng.Perm(n) {
+		ix.deleteEngine(uint32(s))
+		gone[uint32(s)] = true
+		if err := checkHomes(ix, &ix.byEngine, false); err != nil {
+			t.Fatalf("after removing %d of %d: %v", len(gone), n, err)
+		}
+		for o := range uint32(n) {
+			if got, ok := ix.findEngine(ix.entries[o].engine); ok == gone[o] || (ok && got != o) {
+				t.Fatalf("after removing %d: slot %d found %v at %d", len(gone), o, ok, got)
+			}
+		}
+	}
+	if ix.byEngine.far != 0 {
+		t.Fatalf("%d far cells left in an empty table", ix.byEngine.far)
 	}
 }
