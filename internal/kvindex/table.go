@@ -54,7 +54,7 @@ const minTableSize = 16
 const (
 	maxLoadNum, maxLoadDen   = 5, 6
 	growLoadNum, growLoadDen = 2, 3
-	fullLoadNum, fullLoadDen = 4, 5
+	fullLoadNum, fullLoadDen = 2, 3
 )
 
 // tableSize returns the number of cells for n entries of an index of at
