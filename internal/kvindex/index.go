@@ -138,7 +138,7 @@ type entry struct {
 //
 // Entries live in one slice addressed by slot; two open-addressing tables
 // of slots find them by engine hash and by content key, which keeps a
-// resident block near 43 bytes of heap (a Go map keyed by 16-byte keys
+// resident block near 45 bytes of heap (a Go map keyed by 16-byte keys
 // would cost several times that). Several entries may share a content key
 // (engines with different hash seeds, or hash collisions): a query sees the
 // union of their tiers and each entry's removals touch only its own tiers.
