@@ -173,48 +173,39 @@ func TestGhostChaining_RIDX1(t *testing.T) {
 // place in the queue, so it goes before a ghost made after that.
 func TestGhostQueueRevived_RCFG2(t *testing.T) {
 	ix := newTestIndex(4)
+	// evicted checks that the last store evicted block gone and kept block
+	// kept, and that the structures agree.
+	evicted := func(gone, kept uint64, why string) {
+		t.Helper()
+		st := snapshotState(ix)
+		if _, ok := st[gone]; ok {
+			t.Fatalf("block %d kept, %d not: %s", gone, kept, why)
+		}
+		if _, ok := st[kept]; !ok {
+			t.Fatalf("block %d evicted: %s", kept, why)
+		}
+		if err := checkInvariants(ix); err != nil {
+			t.Fatal(err)
+		}
+	}
 	mustApply(t, ix, storedEv(kvevent.Device, -1, seq(1, 4*testBlockSize), 1, 2, 3, 4), Delta)
 	mustApply(t, ix, removedEv(kvevent.Device, 1), Delta) // ghost, queued first
 	mustApply(t, ix, removedEv(kvevent.Device, 2), Delta) // ghost, queued second
 	mustApply(t, ix, tokenlessEv(kvevent.Host, 1), Delta) // 1 revived, still queued
 	mustApply(t, ix, storedEv(kvevent.Device, 4, seq(100, testBlockSize), 5), Delta)
-	st := snapshotState(ix)
-	if _, ok := st[1]; !ok {
-		t.Fatal("revived block 1 evicted")
-	}
-	if _, ok := st[2]; ok {
-		t.Fatal("ghost 2 kept while the resident 1 was passed over")
-	}
-	if err := checkInvariants(ix); err != nil {
-		t.Fatal(err)
-	}
+	evicted(2, 1, "eviction passes over the resident 1")
 	// 1 left the queue when eviction passed it; dropped again it queues
 	// behind 3, made a ghost before it.
 	mustApply(t, ix, removedEv(kvevent.Device, 3), Delta)
 	mustApply(t, ix, removedEv(kvevent.Host, 1), Delta)
 	mustApply(t, ix, storedEv(kvevent.Device, 5, seq(200, testBlockSize), 6), Delta)
-	st = snapshotState(ix)
-	if _, ok := st[3]; ok {
-		t.Fatal("ghost 3 kept, the newer ghost 1 evicted")
-	}
-	if _, ok := st[1]; !ok {
-		t.Fatal("ghost 1 evicted before the older ghost 3")
-	}
+	evicted(3, 1, "ghost 3 is older than 1")
 	// A ghost revived and dropped while still queued keeps its first place.
 	mustApply(t, ix, removedEv(kvevent.Device, 4), Delta) // queued after 1
 	mustApply(t, ix, tokenlessEv(kvevent.Host, 1), Delta)
 	mustApply(t, ix, removedEv(kvevent.Host, 1), Delta)
 	mustApply(t, ix, storedEv(kvevent.Device, 6, seq(300, testBlockSize), 7), Delta)
-	st = snapshotState(ix)
-	if _, ok := st[1]; ok {
-		t.Fatal("ghost 1 lost its first place in the queue")
-	}
-	if _, ok := st[4]; !ok {
-		t.Fatal("ghost 4 evicted before 1")
-	}
-	if err := checkInvariants(ix); err != nil {
-		t.Fatal(err)
-	}
+	evicted(1, 4, "ghost 1 keeps its first place in the queue")
 }
 
 // TestCapacity_RCFG2: MaxBlocks counts ghosts; the oldest ghost is evicted
