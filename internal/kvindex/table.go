@@ -28,9 +28,9 @@ import (
 // its probe run wrapped.
 type table struct {
 	cells []uint32
-	sb    uint // slot bits
-	hb    uint // fingerprint bits, above the home bits
-	far   int  // cells homeSpan or more past their home
+	sb    uint   // slot bits
+	fpm   uint32 // fingerprint mask: as many bits as the home bits and the slot leave
+	far   int    // cells homeSpan or more past their home
 }
 
 const (
@@ -73,7 +73,7 @@ func tableSize(n, maxBlocks int) int {
 // entries.
 func newTable(maxBlocks int) table {
 	sb := uint(bits.Len(uint(maxBlocks)))
-	return table{sb: sb, hb: 32 - sb - homeBits}
+	return table{sb: sb, fpm: 1<<(32-sb-homeBits) - 1}
 }
 
 // scale maps 32 uniform bits to [0, n).
@@ -87,9 +87,10 @@ func (t *table) next(i uint64) uint64 {
 	return i
 }
 
-// tag is what a cell holds above the slot: fingerprint, then home bits.
+// tag is what a cell holds above the slot: the fingerprint (bits of fp's
+// top half), then the home bits. Constant shifts and a mask keep it cheap.
 func (t *table) tag(fp uint64, home uint64) uint32 {
-	return uint32(fp>>(64-t.hb))<<homeBits | uint32(home&(homeSpan-1))
+	return (uint32(fp>>32)&t.fpm)<<homeBits | uint32(home&(homeSpan-1))
 }
 
 func (t *table) cell(tag uint32, s uint32) uint32 { return tag<<t.sb | (s + 1) }
@@ -174,13 +175,20 @@ func (ix *Index) findEngine(h kvevent.EngineHash) (uint32, bool) {
 		return 0, false
 	}
 	i, tag := t.engineHash(h)
-	for ; ; i = t.next(i) {
-		c := t.cells[i]
+	// Locals, not fields: the compiler does not hoist them out of the loop.
+	cells, sb, n := t.cells, t.sb, uint64(len(t.cells))
+	for {
+		c := cells[i]
 		if c == 0 {
 			return 0, false
 		}
-		if c>>t.sb == tag && ix.entries[t.slot(c)].engine == h {
-			return t.slot(c), true
+		if c>>sb == tag {
+			if s := c&(1<<sb-1) - 1; ix.entries[s].engine == h {
+				return s, true
+			}
+		}
+		if i++; i == n {
+			i = 0
 		}
 	}
 }
@@ -199,15 +207,19 @@ func (ix *Index) lookupTiers(k Key, deviceEnough bool) uint8 {
 	}
 	var tiers uint8
 	i, tag := t.keyHash(k)
-	for ; ; i = t.next(i) {
-		c := t.cells[i]
+	cells, sb, n := t.cells, t.sb, uint64(len(t.cells))
+	for ; ; i++ {
+		if i == n {
+			i = 0
+		}
+		c := cells[i]
 		if c == 0 {
 			return tiers
 		}
-		if c>>t.sb != tag {
+		if c>>sb != tag {
 			continue
 		}
-		if s := t.slot(c); ix.entries[s].key == k {
+		if s := c&(1<<sb-1) - 1; ix.entries[s].key == k {
 			m := ix.meta[s]
 			tiers |= m & (tierDevice | tierHost)
 			if m&flagDup == 0 || (deviceEnough && tiers&tierDevice != 0) {
