@@ -27,9 +27,10 @@ import (
 // table; writers hold it exclusively for at most keyChunk changes at a
 // time, so a query waits for little. Records and dense entries live in
 // fixed pages that never move, so growing them copies nothing; the cell
-// array, rebuilt when it passes 3/4 load, and the dense entries, rebuilt
-// when the bitsets widen, are rebuilt beside the served ones and swapped
-// in (see wmu), so no query waits for a rebuild.
+// array, rebuilt from the records when its occupied cells pass
+// maxLoadNum/maxLoadDen, and the dense entries, rebuilt when the bitsets
+// widen, are rebuilt beside the served ones and swapped in (see wmu), so
+// no query waits for a rebuild.
 //
 // Size: a stream's index holds at most max_blocks_per_stream keys on a
 // tier, and a stream has bits on at most the keys of its published view
@@ -53,12 +54,22 @@ type keyTable struct {
 	words int
 	recs  slab // records, recWords words each
 	pool  slab // dense entries, 2*words words each
-	// cells hold record+1 in the low 32 bits and the top 32 bits of the
-	// key's low half above, which give the home cell (so growth and
-	// deletion never read records) and reject most non-matching cells.
-	cells []uint64
-	mask  uint64
-	live  int
+	// cells hold record+1 in the low recBits bits and the top bits of
+	// the key's high half above, which reject most cells of other keys
+	// without reading their records. A cell whose record bits are all
+	// ones is a tombstone: the cell of a dropped key. Shifting the later
+	// cells of its probe run back instead would mean reading their
+	// records' keys for their homes, a cache miss each; a tombstone costs
+	// nothing, the next new key whose probe passes it takes its place,
+	// and those that end a run are emptied at once. Tombstones count
+	// towards the load and go at the next rebuild. The array's size is
+	// not a power of two: a key's home is a multiply-shift of its bits,
+	// so the load after a rebuild is rebuildLoad whatever the number of
+	// keys.
+	cells    []uint32
+	recBits  uint
+	occupied int // cells not empty: live ones and tombstones
+	live     int // live records
 	// published has a slot's bit set while the slot's bits are its
 	// stream's served view.
 	published []uint64
@@ -90,6 +101,11 @@ const (
 	keyChunk = 16
 	// minCells is the smallest cell array allocated.
 	minCells = 1024
+	// The cells are rebuilt when occupied ones would pass 17/20 of them
+	// (a miss then probes some 23 cells of four bytes, under two cache
+	// lines, on average), at a size that puts the live keys at 7/10.
+	maxLoadNum, maxLoadDen         = 17, 20
+	rebuildLoadNum, rebuildLoadDen = 7, 10
 )
 
 // keyChange is one content key's tiers on one stream after a change.
@@ -235,9 +251,9 @@ func (t *keyTable) apply(slot int, changes []keyChange) {
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
 	// Room for every change to add a key is made first, without mu (see
-	// growCells), so that set never rebuilds the cells with mu held.
-	if need := t.live + len(changes); 4*need > 3*len(t.cells) {
-		t.growCells(need)
+	// rebuildCells), so that set never rebuilds the cells with mu held.
+	if t.needsRebuild(len(changes)) {
+		t.rebuildCells(len(changes))
 	}
 	t.mu.Lock()
 	t.warmChanges(changes)
@@ -258,12 +274,12 @@ func (t *keyTable) set(slot int, k kvindex.Key, dev, host bool) {
 	if host {
 		tiers |= tierHost
 	}
-	r, ok := t.find(k)
+	r, cell, ok := t.lookup(k)
 	if !ok {
 		if tiers == 0 {
 			return
 		}
-		r = t.insert(k)
+		r = t.insert(k, cell)
 	}
 	rec := t.rec(r)
 	h := rec[2]
@@ -282,7 +298,7 @@ func (t *keyTable) set(slot int, k kvindex.Key, dev, host bool) {
 		}
 		t.pool.release(uint32(h))
 		rec[2] = 0
-		t.remove(r, k)
+		t.remove(r, cell)
 		return
 	}
 	e := [2]uint64{h & entryMask, h >> entryBits & entryMask}
@@ -309,7 +325,7 @@ func (t *keyTable) set(slot int, k kvindex.Key, dev, host bool) {
 	}
 	rec[2] = e[0] | e[1]<<entryBits
 	if rec[2] == 0 {
-		t.remove(r, k)
+		t.remove(r, cell)
 	}
 }
 
@@ -349,114 +365,165 @@ func setBit(x *uint64, b uint64, on bool) {
 	}
 }
 
-func cellOf(k kvindex.Key, r uint32) uint64 { return k.Lo&^0xFFFFFFFF | uint64(r+1) }
+// homeOf returns k's home cell in an array of n cells: the top half of
+// k.Lo, uniform as XXH3 output is, scaled to [0, n).
+func homeOf(k kvindex.Key, n int) int { return int((k.Lo >> 32) * uint64(n) >> 32) }
 
-func (t *keyTable) home(c uint64) uint64 { return (c >> 32) & t.mask }
+// fpOf returns the fingerprint of k for cells with recBits record bits:
+// the top 32-recBits bits of k.Hi (none when recBits is 32).
+func fpOf(k kvindex.Key, recBits uint) uint32 { return uint32(k.Hi >> 32 >> recBits) }
+
+// recMask is the record bits of a cell; all of them set is a tombstone.
+func (t *keyTable) recMask() uint32 { return 1<<t.recBits - 1 }
 
 // find returns the record of k.
 func (t *keyTable) find(k kvindex.Key) (uint32, bool) {
-	if len(t.cells) == 0 {
+	n := len(t.cells)
+	if n == 0 {
 		return 0, false
 	}
-	tag := k.Lo >> 32
-	for i := tag & t.mask; ; i = (i + 1) & t.mask {
+	fp, rb, rm := fpOf(k, t.recBits), t.recBits, t.recMask()
+	for i := homeOf(k, n); ; {
 		c := t.cells[i]
 		if c == 0 {
 			return 0, false
 		}
-		if c>>32 == tag {
-			r := uint32(c) - 1
+		if c>>rb == fp && c&rm != rm {
+			r := c&rm - 1
 			if rec := t.rec(r); rec[0] == k.Hi && rec[1] == k.Lo {
 				return r, true
 			}
 		}
+		if i++; i == n {
+			i = 0
+		}
 	}
 }
 
+// lookup is find for writers: it also returns the cell of k's record, or
+// when k is not held the first tombstone of its probe run (-1 if none),
+// where insert puts it.
+func (t *keyTable) lookup(k kvindex.Key) (r uint32, cell int, ok bool) {
+	n := len(t.cells)
+	tomb := -1
+	if n == 0 {
+		return 0, tomb, false
+	}
+	fp, rb, rm := fpOf(k, t.recBits), t.recBits, t.recMask()
+	for i := homeOf(k, n); ; {
+		c := t.cells[i]
+		switch {
+		case c == 0:
+			return 0, tomb, false
+		case c&rm == rm:
+			if tomb < 0 {
+				tomb = i
+			}
+		case c>>rb == fp:
+			r := c&rm - 1
+			if rec := t.rec(r); rec[0] == k.Hi && rec[1] == k.Lo {
+				return r, i, true
+			}
+		}
+		if i++; i == n {
+			i = 0
+		}
+	}
+}
+
+// needsRebuild reports whether adding extra keys could push the cells
+// past maxLoad or name a record their record bits cannot (all ones is
+// the tombstone).
+func (t *keyTable) needsRebuild(extra int) bool {
+	return maxLoadDen*(t.occupied+extra) > maxLoadNum*len(t.cells) ||
+		uint64(t.recs.used)+uint64(extra) >= 1<<t.recBits-1
+}
+
 // insert adds a record for k, which the table does not hold, with every
-// bit clear.
-func (t *keyTable) insert(k kvindex.Key) uint32 {
-	if 4*(t.live+1) > 3*len(t.cells) {
-		t.growCells(t.live + 1)
+// bit clear, in cell tomb if that is not -1 (a tombstone of k's probe
+// run, from lookup); set makes the record live before anything reads it.
+func (t *keyTable) insert(k kvindex.Key, tomb int) uint32 {
+	if t.needsRebuild(1) {
+		t.rebuildCells(1)
+		tomb = -1
 	}
 	r := t.recs.alloc(recWords)
 	rec := t.rec(r)
 	clear(rec)
 	rec[0], rec[1] = k.Hi, k.Lo
-	t.place(cellOf(k, r))
+	if tomb >= 0 {
+		t.cells[tomb] = fpOf(k, t.recBits)<<t.recBits | (r + 1)
+	} else {
+		placeIn(t.cells, t.recBits, k, r)
+		t.occupied++
+	}
 	t.live++
 	return r
 }
 
-func (t *keyTable) place(c uint64) { placeIn(t.cells, t.mask, c) }
-
-func placeIn(cells []uint64, mask, c uint64) {
-	i := (c >> 32) & mask
+// placeIn stores record r of key k in the first empty cell from k's home.
+func placeIn(cells []uint32, recBits uint, k kvindex.Key, r uint32) {
+	n := len(cells)
+	i := homeOf(k, n)
 	for cells[i] != 0 {
-		i = (i + 1) & mask
+		if i++; i == n {
+			i = 0
+		}
 	}
-	cells[i] = c
+	cells[i] = fpOf(k, recBits)<<recBits | (r + 1)
 }
 
-// growCells rebuilds the cell array with room for need keys. The new
-// array is filled without mu, so that queries keep reading the old one
-// meanwhile (a rebuild of tens of millions of cells takes a second); the
-// caller holds wmu, so the old one does not change, and only the swap
-// takes mu. A caller already holding mu (set, outside apply) must not
-// reach here; apply makes room first.
-func (t *keyTable) growCells(need int) {
-	n := max(2*len(t.cells), minCells)
-	for 4*need > 3*n {
-		n *= 2
-	}
-	cells := make([]uint64, n)
-	mask := uint64(n - 1)
-	for _, c := range t.cells {
-		if c != 0 {
-			placeIn(cells, mask, c)
+// rebuildCells builds a cell array for the live records with room for
+// extra more keys, dropping tombstones. It reads the records in order,
+// not the old cells, so it makes no random reads. The new array is
+// filled without mu, so that queries keep reading the old one meanwhile
+// (a rebuild of tens of millions of cells takes a second); the caller
+// holds wmu, so the records do not change, and only the swap takes mu.
+// A caller already holding mu (set, outside apply) must not reach here;
+// apply makes room first.
+func (t *keyTable) rebuildCells(extra int) {
+	need := t.live + extra
+	n := max(minCells, (need*rebuildLoadDen+rebuildLoadNum-1)/rebuildLoadNum)
+	// Records can be named up to the larger of the slab's high-water mark
+	// with extra more and the array's size, which bounds the live records
+	// until the next rebuild; one more keeps clear of the tombstone.
+	recBits := uint(bits.Len64(max(uint64(t.recs.used)+uint64(extra), uint64(n)) + 1))
+	cells := make([]uint32, n)
+	for r := uint32(0); r < t.recs.used; r++ {
+		if rec := t.rec(r); rec[2] != 0 {
+			placeIn(cells, recBits, kvindex.Key{Hi: rec[0], Lo: rec[1]}, r)
 		}
 	}
 	t.mu.Lock()
-	t.cells, t.mask = cells, mask
+	t.cells, t.recBits, t.occupied = cells, recBits, t.live
 	t.mu.Unlock()
 }
 
-// remove drops record r of key k by backward-shift deletion, so probe
-// runs never hold tombstones.
-func (t *keyTable) remove(r uint32, k kvindex.Key) {
-	i := (k.Lo >> 32) & t.mask
-	for uint32(t.cells[i]) != r+1 {
-		i = (i + 1) & t.mask
-	}
-	for j := i; ; {
-		j = (j + 1) & t.mask
-		c := t.cells[j]
-		if c == 0 {
-			break
-		}
-		if !between(i, t.home(c), j) {
-			t.cells[i] = c
-			i = j
+// remove frees record r, found through cell i, which becomes a
+// tombstone; if the cell after it is empty, the probe run ends there, so
+// it and the tombstones right before it are emptied instead.
+func (t *keyTable) remove(r uint32, i int) {
+	n, rm := len(t.cells), t.recMask()
+	t.cells[i] = rm
+	if t.cells[(i+1)%n] == 0 {
+		for t.cells[i] == rm {
+			t.cells[i] = 0
+			t.occupied--
+			if i == 0 {
+				i = n
+			}
+			i--
 		}
 	}
-	t.cells[i] = 0
 	t.live--
 	t.recs.release(r)
-}
-
-// between reports whether home h lies cyclically in (i, j].
-func between(i, h, j uint64) bool {
-	if i <= j {
-		return i < h && h <= j
-	}
-	return i < h || h <= j
 }
 
 // storageBytes is the memory the table holds, by capacity.
 func (t *keyTable) storageBytes() int64 {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return t.recs.bytes(recWords) + t.pool.bytes(2*t.words) + int64(len(t.cells))*8
+	return t.recs.bytes(recWords) + t.pool.bytes(2*t.words) + int64(len(t.cells))*4
 }
 
 // records returns the number of keys the table holds.
@@ -625,11 +692,12 @@ func (t *keyTable) warm(keys []kvindex.Key, wr *walkResult) {
 	}
 	var acc uint64
 	var cells [16]uint64
+	n, rm := len(t.cells), t.recMask()
 	for j, k := range keys {
-		cells[j] = t.cells[(k.Lo>>32)&t.mask]
+		cells[j] = uint64(t.cells[homeOf(k, n)] & rm)
 	}
 	for j, c := range cells[:len(keys)] {
-		if c != 0 {
+		if c != 0 && c != uint64(rm) {
 			cells[j] = t.rec(uint32(c) - 1)[2]
 		}
 	}
@@ -648,13 +716,14 @@ func (t *keyTable) warmChanges(changes []keyChange) {
 	if len(t.cells) == 0 {
 		return
 	}
-	var cells [keyChunk]uint64
+	var cells [keyChunk]uint32
 	var acc uint64
+	n, rm := len(t.cells), t.recMask()
 	for j := range changes[:min(len(changes), keyChunk)] {
-		cells[j] = t.cells[(changes[j].k.Lo>>32)&t.mask]
+		cells[j] = t.cells[homeOf(changes[j].k, n)] & rm
 	}
 	for _, c := range cells[:min(len(changes), keyChunk)] {
-		if c != 0 {
+		if c != 0 && c != rm {
 			acc += t.rec(uint32(c) - 1)[0]
 		}
 	}

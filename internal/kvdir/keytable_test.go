@@ -434,3 +434,115 @@ func TestSharedTableGrowsUnderQueries(t *testing.T) {
 	}
 	t.Logf("%d queries while the table grew to %d words and %d cells", queries, words, cells)
 }
+
+// slotTiers reads slot's tiers from record r.
+func (t *keyTable) slotTiers(r uint32, slot int) (dev, host bool) {
+	h := t.rec(r)[2]
+	if h&denseFlag != 0 {
+		d := t.dense(uint32(h))
+		w, b := slot>>6, uint64(1)<<(slot&63)
+		return d[w]&b != 0, d[t.words+w]&b != 0
+	}
+	for _, e := range []uint64{h & entryMask, h >> entryBits & entryMask} {
+		if e != 0 && int(e&0xFFFF) == slot {
+			return e>>tierShift&tierDev != 0, e>>tierShift&tierHost != 0
+		}
+	}
+	return false, false
+}
+
+// TestKeyTableCellsUnderChurn adds and drops keys of three slots at
+// random, the table's live keys staying near a constant number, as an
+// engine at steady state does: dropped keys leave tombstones that new
+// keys take over or rebuilds clear. After every chunk each held key must
+// be found with its tiers, each dropped one not at all (no stale hit,
+// R-REC-1), every live record must have exactly one cell, and the cells
+// must stay within their load and size bounds.
+func TestKeyTableCellsUnderChurn(t *testing.T) {
+	type held struct{ dev, host bool }
+	tab := newKeyTable(modelBlock, 1024)
+	slots := []int{tab.allocSlot(), tab.allocSlot(), tab.allocSlot()}
+	model := map[kvindex.Key]map[int]held{}
+	var keys []kvindex.Key // every key ever used, held or dropped
+	rng := rand.New(rand.NewPCG(5, 6))
+	const target = 3000
+	var changes []keyChange
+	peak := 0 // live keys at most, which size the cells
+	for round := range 4000 {
+		slot := slots[rng.IntN(len(slots))]
+		changes = changes[:0]
+		for range keyChunk {
+			var k kvindex.Key
+			switch live := len(model); {
+			case len(keys) == 0 || (live < target && rng.IntN(3) > 0):
+				k = kvindex.Key{Hi: rng.Uint64(), Lo: rng.Uint64()}
+				keys = append(keys, k)
+			default:
+				k = keys[rng.IntN(len(keys))]
+			}
+			dev, host := rng.IntN(2) == 0, rng.IntN(2) == 0
+			if len(model) >= target && rng.IntN(2) == 0 {
+				dev, host = false, false
+			}
+			changes = append(changes, keyChange{k, dev, host})
+			if model[k] == nil {
+				model[k] = map[int]held{}
+			}
+			if dev || host {
+				model[k][slot] = held{dev, host}
+			} else {
+				delete(model[k], slot)
+			}
+			if len(model[k]) == 0 {
+				delete(model, k)
+			}
+		}
+		tab.apply(slot, changes)
+		peak = max(peak, len(model))
+		if round%50 != 0 && round != 3999 {
+			continue
+		}
+		for _, k := range keys {
+			r, ok := tab.find(k)
+			want := model[k]
+			if ok != (want != nil) {
+				t.Fatalf("round %d: key %x found %v, held by %d slots", round, k, ok, len(want))
+			}
+			for _, s := range slots {
+				dev, host := false, false
+				if ok {
+					dev, host = tab.slotTiers(r, s)
+				}
+				if h := want[s]; dev != h.dev || host != h.host {
+					t.Fatalf("round %d: key %x slot %d has %v/%v, want %v/%v", round, k, s, dev, host, h.dev, h.host)
+				}
+			}
+		}
+		rm := tab.recMask()
+		occupied, cellsOf := 0, map[uint32]int{}
+		for _, c := range tab.cells {
+			if c != 0 {
+				occupied++
+			}
+			if c != 0 && c&rm != rm {
+				if tab.rec(c&rm - 1)[2] == 0 {
+					t.Fatalf("round %d: a cell names freed record %d", round, c&rm-1)
+				}
+				cellsOf[c&rm-1]++
+			}
+		}
+		if len(cellsOf) != tab.live || tab.live != len(model) || occupied != tab.occupied {
+			t.Fatalf("round %d: %d records with cells, %d live, %d held; %d cells occupied, counted %d",
+				round, len(cellsOf), tab.live, len(model), occupied, tab.occupied)
+		}
+		for r, n := range cellsOf {
+			if n != 1 {
+				t.Fatalf("round %d: record %d has %d cells", round, r, n)
+			}
+		}
+		if maxLoadDen*occupied > maxLoadNum*len(tab.cells) || len(tab.cells) > max(minCells, (peak+keyChunk)*rebuildLoadDen/rebuildLoadNum+1) {
+			t.Fatalf("round %d: %d of %d cells occupied for %d live keys", round, occupied, len(tab.cells), tab.live)
+		}
+	}
+	t.Logf("%d keys used, %d live, %d cells, %d occupied", len(keys), tab.live, len(tab.cells), tab.occupied)
+}

@@ -58,9 +58,10 @@ func (b MemoryBound) Process(streams int) int64 {
 // calibration swaps them (keyTable.replace), so the tables hold at most
 // R = 2·streams·maxBlocks records of 24 bytes in pages of 4096; at most
 // one dense entry of 16·W bytes per record, W = ⌈streams/64⌉, copied once
-// more while W grows; a cell array of at most 8/3·R cells of 8 bytes,
-// with the old half beside it while it grows; and free lists of 4 bytes
-// per record and per dense entry.
+// more while W grows; a cell array sized for at most R+keyChunk keys at
+// the rebuild load, of 4-byte cells, with the old one (no larger) beside
+// it while it is rebuilt; and free lists of 4 bytes per record and per
+// dense entry.
 func KeyTableBound(streams, maxBlocks int) int64 {
 	if streams <= 0 {
 		return 0
@@ -69,7 +70,8 @@ func KeyTableBound(streams, maxBlocks int) int64 {
 	r := 2 * int64(streams) * int64(maxBlocks)
 	recs := (r + pageRecords) * 8 * recWords
 	pool := 2 * (r + pageRecords) * 16 * w
-	return recs + pool + 4*max(r, minCells)*8 + 2*r*4
+	cells := max((r+keyChunk)*rebuildLoadDen/rebuildLoadNum+1, minCells)
+	return recs + pool + 2*cells*4 + 2*r*4
 }
 
 // maxBlocksOf is the block limit an index of l applies (kvindex.New's

@@ -61,11 +61,11 @@ func buildRealDirectory(tb testing.TB, perStream int) *realDirectory {
 	return r
 }
 
-// buildStreams publishes 128 streams of at most perStream blocks each in
+// buildStreams publishes 128 streams of at most maxBlocks blocks each in
 // one key group; stream i holds the conversations chains(i) adds. Indexes
 // are built on both cores; publication into the shared table is
 // serialised by the table anyway.
-func buildStreams(tb testing.TB, perStream int, chains func(i int, add func(uint64))) *Directory {
+func buildStreams(tb testing.TB, maxBlocks int, chains func(i int, add func(uint64))) *Directory {
 	tab := newKeyTable(benchBlockSize, 1024)
 	streams := make([]*stream, realStreams)
 	for i := range streams {
@@ -82,7 +82,7 @@ func buildStreams(tb testing.TB, perStream int, chains func(i int, add func(uint
 			var tokens []uint32
 			hashes := make([]kvevent.EngineHash, realChain)
 			for i := range next {
-				ix := kvindex.New(kvindex.Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: perStream})
+				ix := kvindex.New(kvindex.Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: maxBlocks})
 				chains(i, func(id uint64) {
 					tokens = chainTokens(id, tokens)
 					for j := range hashes {
@@ -352,20 +352,27 @@ func BenchmarkDecodeApplyShared(b *testing.B) {
 // BenchmarkMemoryPerReplica reports the memory per resident block-replica
 // of 128 streams in one key group: every stream's index plus the shared
 // key table, at fill levels that are not powers of two and with each
-// conversation held by rf streams (replication factor). accounted-B is
+// conversation held by rf streams (replication factor); limit, when not
+// the fill, is max_blocks_per_stream of indexes that are not full, whose
+// storage has grown only as far as their fill needed. accounted-B is
 // what the structures hold by capacity (Index.StorageBytes and the
 // table's pages, cells and free list); heap-B is the live Go heap the
 // directory added, measured after a collection; table-B is the shared
 // table's part of accounted-B.
 func BenchmarkMemoryPerReplica(b *testing.B) {
-	for _, perStream := range []int{12032, 50048, 150016} {
+	for _, fill := range []struct{ perStream, limit int }{{12032, 12032}, {50048, 50048}, {150016, 150016}, {50048, 262144}} {
+		perStream := fill.perStream
+		name := fmt.Sprintf("blocks=%d", perStream)
+		if fill.limit != perStream {
+			name += fmt.Sprintf("/limit=%d", fill.limit)
+		}
 		for _, rf := range []int{1, 2, 8} {
-			b.Run(fmt.Sprintf("blocks=%d/rf=%d", perStream, rf), func(b *testing.B) {
+			b.Run(fmt.Sprintf("%s/rf=%d", name, rf), func(b *testing.B) {
 				for range b.N {
 					var before, after runtime.MemStats
 					runtime.GC()
 					runtime.ReadMemStats(&before)
-					d := buildStreams(b, perStream, func(i int, add func(uint64)) {
+					d := buildStreams(b, fill.limit, func(i int, add func(uint64)) {
 						for c := range perStream / realChain {
 							add(privateChain(i/rf, c))
 						}

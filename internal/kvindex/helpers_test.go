@@ -93,11 +93,14 @@ func snapshotState(ix *Index) map[uint64]entryState {
 func keysOf(tokens []uint32) []Key { return KeysFor(tokens, testBlockSize, testSeed, nil) }
 
 // checkInvariants verifies the internal structures against each other:
-// each entry is reachable once through each table, the ghost list holds
-// exactly the entries on neither tier in a consistent double chain, and the
+// each entry is reachable once through each table, the ghost queue holds
+// every entry on neither tier, each queued slot once and flagged, and the
 // replica counters add up.
 func checkInvariants(ix *Index) error {
 	n := len(ix.entries)
+	if len(ix.meta) != n {
+		return fmt.Errorf("%d meta bytes for %d entries", len(ix.meta), n)
+	}
 	if n > ix.cfg.MaxBlocks {
 		return fmt.Errorf("%d entries over max %d", n, ix.cfg.MaxBlocks)
 	}
@@ -107,10 +110,10 @@ func checkInvariants(ix *Index) error {
 			if c == 0 {
 				continue
 			}
-			if int(cellSlot(c)) >= n {
-				return nil, fmt.Errorf("cell points at slot %d of %d", cellSlot(c), n)
+			if int(t.slot(c)) >= n {
+				return nil, fmt.Errorf("cell points at slot %d of %d", t.slot(c), n)
 			}
-			seen[cellSlot(c)]++
+			seen[t.slot(c)]++
 		}
 		return seen, nil
 	}
@@ -125,7 +128,12 @@ func checkInvariants(ix *Index) error {
 	if len(be) != n || len(bk) != n {
 		return fmt.Errorf("tables hold %d/%d slots, entries %d", len(be), len(bk), n)
 	}
-	dev, host, ghosts := 0, 0, 0
+	for _, t := range []*table{&ix.byEngine, &ix.byKey} {
+		if err := checkHomes(ix, t, t == &ix.byKey); err != nil {
+			return err
+		}
+	}
+	dev, host := 0, 0
 	for s := range ix.entries {
 		e := &ix.entries[s]
 		if be[uint32(s)] != 1 || bk[uint32(s)] != 1 {
@@ -134,45 +142,39 @@ func checkInvariants(ix *Index) error {
 		if got, ok := ix.findEngine(e.engine); !ok || got != uint32(s) {
 			return fmt.Errorf("engine %#x resolves to %d,%v, want %d", e.engine, got, ok, s)
 		}
-		if e.tiers()&tierDevice != 0 {
+		if ix.tiers(uint32(s))&tierDevice != 0 {
 			dev++
 		}
-		if e.tiers()&tierHost != 0 {
+		if ix.tiers(uint32(s))&tierHost != 0 {
 			host++
-		}
-		if e.tiers() == 0 {
-			ghosts++
 		}
 		if home, _ := ix.byKey.keyHash(e.key); !reachable(&ix.byKey, home, uint32(s)) {
 			return fmt.Errorf("slot %d unreachable from its key's home", s)
 		}
-		if t := ix.keyTiers(e.key); t&tierDevice == 0 && t&e.tiers() != e.tiers() {
-			return fmt.Errorf("key of slot %d hides its tiers %b", s, e.tiers())
+		if t := ix.keyTiers(e.key); t&tierDevice == 0 && t&ix.tiers(uint32(s)) != ix.tiers(uint32(s)) {
+			return fmt.Errorf("key of slot %d hides its tiers %b", s, ix.tiers(uint32(s)))
 		}
 	}
 	if dev != ix.device || host != ix.host {
 		return fmt.Errorf("counters %d/%d, entries %d/%d", ix.device, ix.host, dev, host)
 	}
-	listed := 0
-	prev := uint32(noSlot)
-	for s := ix.ghostHead; s != noSlot; s = ix.entries[s].next() {
-		if ix.entries[s].tiers() != 0 {
-			return fmt.Errorf("resident slot %d on the ghost list", s)
+	queued := make(map[uint32]bool)
+	q := ix.ghosts
+	for i := range q.n {
+		s := q.buf[(q.head+i)%len(q.buf)]
+		if int(s) >= n || queued[s] || ix.meta[s]&flagQueued == 0 {
+			return fmt.Errorf("queue slot %d: out of range, twice or not flagged", s)
 		}
-		if ix.entries[s].prev != prev {
-			return fmt.Errorf("ghost %d has prev %d, want %d", s, ix.entries[s].prev, prev)
-		}
-		prev = s
-		listed++
-		if listed > n {
-			return fmt.Errorf("ghost list loops")
-		}
+		queued[s] = true
 	}
-	if prev != ix.ghostTail {
-		return fmt.Errorf("ghost tail %d, list ends at %d", ix.ghostTail, prev)
-	}
-	if listed != ghosts {
-		return fmt.Errorf("%d ghosts listed, %d entries on no tier", listed, ghosts)
+	for s := range ix.entries {
+		flagged := ix.meta[s]&flagQueued != 0
+		if flagged != queued[uint32(s)] {
+			return fmt.Errorf("slot %d flagged queued %v, queued %v", s, flagged, queued[uint32(s)])
+		}
+		if ix.tiers(uint32(s)) == 0 && !flagged {
+			return fmt.Errorf("ghost %d not queued", s)
+		}
 	}
 	return nil
 }
@@ -180,10 +182,40 @@ func checkInvariants(ix *Index) error {
 // reachable reports whether a probe from home meets slot s before an
 // empty cell, which every lookup relies on.
 func reachable(t *table, home uint64, s uint32) bool {
-	for i := home; t.cells[i] != 0; i = (i + 1) & t.mask {
-		if cellSlot(t.cells[i]) == s {
+	for i := home; t.cells[i] != 0; i = t.next(i) {
+		if t.slot(t.cells[i]) == s {
 			return true
 		}
 	}
 	return false
+}
+
+// checkHomes verifies that every cell of t holds its entry's home bits
+// and fingerprint, and that far counts the cells homeSpan or more past
+// their home.
+func checkHomes(ix *Index, t *table, byKey bool) error {
+	n := uint64(len(t.cells))
+	far := 0
+	for j, c := range t.cells {
+		if c == 0 {
+			continue
+		}
+		e := &ix.entries[t.slot(c)]
+		home, tag := t.engineHash(e.engine)
+		if byKey {
+			home, tag = t.keyHash(e.key)
+		}
+		if c>>t.sb != tag {
+			return fmt.Errorf("cell %d holds tag %#x, its entry's is %#x", j, c>>t.sb, tag)
+		}
+		if (uint64(j)+n-home)%n >= homeSpan {
+			far++
+		} else if h := t.cellHome(uint64(j), c); h != home {
+			return fmt.Errorf("cell %d: home bits give %d, home is %d", j, h, home)
+		}
+	}
+	if far != t.far {
+		return fmt.Errorf("%d cells far from home, counted %d", far, t.far)
+	}
+	return nil
 }

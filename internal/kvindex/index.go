@@ -121,37 +121,24 @@ const (
 // entry is gone; it only tells a query to look further for a Device copy.
 const flagDup uint8 = 1 << 2
 
-// noSlot terminates the ghost list; it is one past the largest slot.
-const noSlot uint32 = slotMask
+// flagQueued marks an entry that is on the ghost queue.
+const flagQueued uint8 = 1 << 3
 
-// entry is one engine block, 40 bytes. An entry on neither tier is a
-// ghost: it keeps its engine hash → key mapping so that children and
-// tokenless replicas can still resolve it, but it is not a hit, and it
-// sits on the ghost list in the order it became a ghost. Slots fit in 24
-// bits, so the top byte of nextMeta holds the tier bits and flagDup.
+// entry is one engine block, 32 bytes; its tier bits, flagDup and
+// flagQueued are in the parallel meta slice, one byte each, which keeps
+// the struct free of padding. An entry on neither tier is a ghost: it
+// keeps its engine hash → key mapping so that children and tokenless
+// replicas can still resolve it, but it is not a hit.
 type entry struct {
-	key      Key
-	engine   kvevent.EngineHash
-	prev     uint32
-	nextMeta uint32
-}
-
-const metaShift = slotBits
-
-func (e *entry) meta() uint8      { return uint8(e.nextMeta >> metaShift) }
-func (e *entry) tiers() uint8     { return e.meta() & (tierDevice | tierHost) }
-func (e *entry) setMeta(m uint8)  { e.nextMeta = e.nextMeta&slotMask | uint32(m)<<metaShift }
-func (e *entry) next() uint32     { return e.nextMeta & slotMask }
-func (e *entry) setNext(s uint32) { e.nextMeta = e.nextMeta&^slotMask | s }
-func newEntry(k Key, h kvevent.EngineHash, tiers uint8) entry {
-	return entry{key: k, engine: h, prev: noSlot, nextMeta: noSlot | uint32(tiers)<<metaShift}
+	key    Key
+	engine kvevent.EngineHash
 }
 
 // Index is the prefix index of one stream (one instance and DP rank).
 //
 // Entries live in one slice addressed by slot; two open-addressing tables
 // of slots find them by engine hash and by content key, which keeps a
-// resident block near 48 bytes of heap (a Go map keyed by 16-byte keys
+// resident block near 45 bytes of heap (a Go map keyed by 16-byte keys
 // would cost several times that). Several entries may share a content key
 // (engines with different hash seeds, or hash collisions): a query sees the
 // union of their tiers and each entry's removals touch only its own tiers.
@@ -165,10 +152,16 @@ type Index struct {
 	hasher Hasher
 
 	entries  []entry
+	meta     []uint8 // per slot: tier bits, flagDup, flagQueued
 	byEngine table
 	byKey    table
 
-	ghostHead, ghostTail uint32
+	// ghosts queues slots in the order they became ghosts, for eviction.
+	// A ghost revived stays queued, lazily: eviction passes over queued
+	// slots that are not ghosts and drops them from the queue. Every
+	// ghost is queued, each slot at most once (flagQueued), so the queue
+	// costs four bytes per ghost, none per resident block.
+	ghosts slotQueue
 
 	device, host int
 	stats        Stats
@@ -205,16 +198,16 @@ func (ix *Index) KeyTiers(k Key) (onDevice, onHost bool) {
 // comes once per entry. fn must not modify the index.
 func (ix *Index) ForEachKey(fn func(k Key, onDevice, onHost bool)) {
 	for i := range ix.entries {
-		e := &ix.entries[i]
-		m := e.meta()
+		m := ix.meta[i]
 		t := m & (tierDevice | tierHost)
 		if t == 0 {
 			continue
 		}
+		k := ix.entries[i].key
 		if m&flagDup != 0 {
-			t = ix.keyTiersAll(e.key)
+			t = ix.keyTiersAll(k)
 		}
-		fn(e.key, t&tierDevice != 0, t&tierHost != 0)
+		fn(k, t&tierDevice != 0, t&tierHost != 0)
 	}
 }
 
@@ -223,17 +216,16 @@ func (ix *Index) notify(s uint32) {
 	if ix.observe == nil {
 		return
 	}
-	e := &ix.entries[s]
-	m := e.meta()
+	k, m := ix.entries[s].key, ix.meta[s]
 	t := m & (tierDevice | tierHost)
 	if m&flagDup != 0 {
-		t = ix.keyTiersAll(e.key)
+		t = ix.keyTiersAll(k)
 	}
-	ix.observe(e.key, t&tierDevice != 0, t&tierHost != 0)
+	ix.observe(k, t&tierDevice != 0, t&tierHost != 0)
 }
 
 // New returns an empty index. It allocates little: storage grows by
-// doubling up to cfg.MaxBlocks entries.
+// a quarter at a time up to cfg.MaxBlocks entries.
 func New(cfg Config) *Index {
 	if cfg.BlockSize <= 0 {
 		cfg.BlockSize = DefaultBlockSize
@@ -245,10 +237,10 @@ func New(cfg Config) *Index {
 		cfg.MaxBlocks = maxSlots
 	}
 	return &Index{
-		cfg:       cfg,
-		hasher:    *NewHasher(cfg.BlockSize, cfg.HashSeed),
-		ghostHead: noSlot,
-		ghostTail: noSlot,
+		cfg:      cfg,
+		hasher:   *NewHasher(cfg.BlockSize, cfg.HashSeed),
+		byEngine: newTable(cfg.MaxBlocks),
+		byKey:    newTable(cfg.MaxBlocks),
 	}
 }
 
@@ -272,15 +264,16 @@ func (ix *Index) Stats() Stats { return ix.stats }
 func (ix *Index) Clear() {
 	if ix.observe != nil {
 		for i := range ix.entries {
-			if e := &ix.entries[i]; e.tiers() != 0 {
-				ix.observe(e.key, false, false)
+			if ix.tiers(uint32(i)) != 0 {
+				ix.observe(ix.entries[i].key, false, false)
 			}
 		}
 	}
 	ix.entries = ix.entries[:0]
+	ix.meta = ix.meta[:0]
 	ix.byEngine.reset()
 	ix.byKey.reset()
-	ix.ghostHead, ix.ghostTail = noSlot, noSlot
+	ix.ghosts.reset()
 	ix.device, ix.host = 0, 0
 }
 
@@ -289,7 +282,7 @@ func (ix *Index) Clear() {
 func (ix *Index) ForEach(fn func(h kvevent.EngineHash, k Key, onDevice, onHost bool)) {
 	for i := range ix.entries {
 		e := &ix.entries[i]
-		t := e.tiers()
+		t := ix.tiers(uint32(i))
 		fn(e.engine, e.key, t&tierDevice != 0, t&tierHost != 0)
 	}
 }
@@ -302,7 +295,7 @@ func (ix *Index) Lookup(h kvevent.EngineHash) (onDevice, onHost, ok bool) {
 	if !found {
 		return false, false, false
 	}
-	t := ix.entries[s].tiers()
+	t := ix.tiers(s)
 	return t&tierDevice != 0, t&tierHost != 0, true
 }
 
@@ -459,9 +452,9 @@ func (ix *Index) store(h kvevent.EngineHash, k Key, tier uint8) error {
 			old := e.key
 			ix.deleteKey(s)
 			e.key = k
-			e.setMeta(e.meta() &^ flagDup)
+			ix.meta[s] &^= flagDup
 			ix.insertKey(s)
-			if ix.observe != nil && e.tiers() != 0 {
+			if ix.observe != nil && ix.tiers(s) != 0 {
 				d, h := ix.KeyTiers(old)
 				ix.observe(old, d, h)
 				ix.notify(s)
@@ -476,7 +469,8 @@ func (ix *Index) store(h kvevent.EngineHash, k Key, tier uint8) error {
 	if err != nil {
 		return err
 	}
-	ix.entries[s] = newEntry(k, h, tier)
+	ix.entries[s] = entry{key: k, engine: h}
+	ix.meta[s] = tier
 	ix.insertEngine(s)
 	ix.insertKey(s)
 	if tier == 0 {
@@ -497,19 +491,25 @@ func (ix *Index) allocSlot() (uint32, error) {
 			ix.rebuildTables(n + 1)
 		}
 		if n == cap(ix.entries) {
-			c := min(max(2*n, 16), ix.cfg.MaxBlocks)
+			// A quarter more, not double: a resident entry then carries
+			// at most a quarter of one in spare capacity. The copies add
+			// up to four per entry over a fill, cheap sequential moves.
+			c := min(max(n+n/4, 16), ix.cfg.MaxBlocks)
 			grown := make([]entry, n, c)
 			copy(grown, ix.entries)
 			ix.entries = grown
+			meta := make([]uint8, n, c)
+			copy(meta, ix.meta)
+			ix.meta = meta
 		}
 		ix.entries = ix.entries[:n+1]
+		ix.meta = ix.meta[:n+1]
 		return uint32(n), nil
 	}
-	s := ix.ghostHead
-	if s == noSlot {
+	s, ok := ix.oldestGhost()
+	if !ok {
 		return 0, fmt.Errorf("kvindex: %d entries, none a ghost: %w", n, ErrCapacity)
 	}
-	ix.unlinkGhost(s)
 	ix.deleteEngine(s)
 	ix.deleteKey(s)
 	ix.stats.GhostEvictions++
@@ -525,31 +525,30 @@ func (ix *Index) addCount(tier uint8, d int) {
 	}
 }
 
-// setTier adds a replica on tier to slot s, reviving it if it was a ghost.
+// tiers returns the tier bits of slot s.
+func (ix *Index) tiers(s uint32) uint8 { return ix.meta[s] & (tierDevice | tierHost) }
+
+// setTier adds a replica on tier to slot s, reviving it if it was a ghost
+// (it stays queued; see ghosts).
 func (ix *Index) setTier(s uint32, tier uint8) {
-	e := &ix.entries[s]
-	m := e.meta()
+	m := ix.meta[s]
 	if m&tier != 0 {
 		return
 	}
-	if m&(tierDevice|tierHost) == 0 {
-		ix.unlinkGhost(s)
-	}
-	e.setMeta(m | tier)
+	ix.meta[s] = m | tier
 	ix.addCount(tier, 1)
 	ix.notify(s)
 }
 
 // clearTier drops the replica on tier from slot s and reports whether it
-// was there. An entry left on neither tier becomes the newest ghost.
+// was there. An entry left on neither tier becomes a ghost.
 func (ix *Index) clearTier(s uint32, tier uint8) bool {
-	e := &ix.entries[s]
-	m := e.meta()
+	m := ix.meta[s]
 	if m&tier == 0 {
 		return false
 	}
 	m &^= tier
-	e.setMeta(m)
+	ix.meta[s] = m
 	ix.addCount(tier, -1)
 	if m&(tierDevice|tierHost) == 0 {
 		ix.pushGhost(s)
@@ -558,33 +557,69 @@ func (ix *Index) clearTier(s uint32, tier uint8) bool {
 	return true
 }
 
+// pushGhost queues slot s, which has just become a ghost, unless it is
+// still queued from an earlier time: then it keeps that place, and is
+// evicted as early as a ghost of that time would be.
 func (ix *Index) pushGhost(s uint32) {
-	e := &ix.entries[s]
-	e.prev = ix.ghostTail
-	e.setNext(noSlot)
-	if ix.ghostTail == noSlot {
-		ix.ghostHead = s
-	} else {
-		ix.entries[ix.ghostTail].setNext(s)
+	if ix.meta[s]&flagQueued != 0 {
+		return
 	}
-	ix.ghostTail = s
+	ix.meta[s] |= flagQueued
+	ix.ghosts.push(s, ix.cfg.MaxBlocks)
 }
 
-func (ix *Index) unlinkGhost(s uint32) {
-	e := &ix.entries[s]
-	prev, next := e.prev, e.next()
-	if prev == noSlot {
-		ix.ghostHead = next
-	} else {
-		ix.entries[prev].setNext(next)
+// oldestGhost takes the oldest queued ghost off the queue, dropping the
+// queued slots before it that were revived; ok is false when there is no
+// ghost.
+func (ix *Index) oldestGhost() (uint32, bool) {
+	for {
+		s, ok := ix.ghosts.pop()
+		if !ok {
+			return 0, false
+		}
+		ix.meta[s] &^= flagQueued
+		if ix.tiers(s) == 0 {
+			return s, true
+		}
 	}
-	if next == noSlot {
-		ix.ghostTail = prev
-	} else {
-		ix.entries[next].prev = prev
+}
+
+// slotQueue is a FIFO ring of slots that grows by doubling up to the
+// number of slots an index can have.
+type slotQueue struct {
+	buf     []uint32
+	head, n int
+}
+
+func (q *slotQueue) reset() { q.head, q.n = 0, 0 }
+
+// push appends s; the queue never holds more than limit slots.
+func (q *slotQueue) push(s uint32, limit int) {
+	if q.n == len(q.buf) {
+		grown := make([]uint32, min(max(2*q.n, 16), limit))
+		for i := range q.n {
+			grown[i] = q.buf[(q.head+i)%len(q.buf)]
+		}
+		q.buf, q.head = grown, 0
 	}
-	e.prev = noSlot
-	e.setNext(noSlot)
+	i := q.head + q.n
+	if i >= len(q.buf) {
+		i -= len(q.buf)
+	}
+	q.buf[i] = s
+	q.n++
+}
+
+func (q *slotQueue) pop() (uint32, bool) {
+	if q.n == 0 {
+		return 0, false
+	}
+	s := q.buf[q.head]
+	if q.head++; q.head == len(q.buf) {
+		q.head = 0
+	}
+	q.n--
+	return s, true
 }
 
 // entryBytes is the size of one entry record.
@@ -592,22 +627,20 @@ const entryBytes = int64(unsafe.Sizeof(entry{}))
 
 // StorageBytes is the memory the index's storage holds, by capacity.
 func (ix *Index) StorageBytes() int64 {
-	return int64(cap(ix.entries))*entryBytes + int64(len(ix.byEngine.cells)+len(ix.byKey.cells))*4
+	return int64(cap(ix.entries))*entryBytes + int64(cap(ix.meta)) + int64(len(ix.ghosts.buf))*4 +
+		int64(len(ix.byEngine.cells)+len(ix.byKey.cells))*4
 }
 
 // MaxStorageBytes bounds what an index of this configuration holds at
-// any moment, whatever it is fed: MaxBlocks entries, both tables at the
-// size MaxBlocks entries need, and, while the entry storage grows, the
-// old half beside the new whole.
+// any moment, whatever it is fed: MaxBlocks entries and their meta bytes,
+// and while they grow the old storage (smaller) beside the new; a ghost
+// queue of MaxBlocks slots, and the old one beside it while it grows; and
+// both tables at the size MaxBlocks entries need.
 func (c Config) MaxStorageBytes() int64 {
 	n := c.MaxBlocks
 	if n <= 0 {
 		n = DefaultMaxBlocks
 	}
 	n = min(n, maxSlots)
-	size := minTableSize
-	for 4*n > 3*size {
-		size *= 2
-	}
-	return int64(n)*entryBytes*3/2 + 2*4*int64(size)
+	return 2*int64(n)*(entryBytes+1) + 2*4*int64(n) + 2*4*int64(tableSize(n, n))
 }

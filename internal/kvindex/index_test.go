@@ -3,6 +3,7 @@ package kvindex
 import (
 	"errors"
 	"maps"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/kvcar/kvcar/internal/kvevent"
@@ -165,6 +166,46 @@ func TestGhostChaining_RIDX1(t *testing.T) {
 	if err := checkInvariants(ix); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestGhostQueueRevived_RCFG2: a ghost revived stays queued and eviction
+// passes over it while it is resident; dropped again, it keeps its first
+// place in the queue, so it goes before a ghost made after that.
+func TestGhostQueueRevived_RCFG2(t *testing.T) {
+	ix := newTestIndex(4)
+	// evicted checks that the last store evicted block gone and kept block
+	// kept, and that the structures agree.
+	evicted := func(gone, kept uint64, why string) {
+		t.Helper()
+		st := snapshotState(ix)
+		if _, ok := st[gone]; ok {
+			t.Fatalf("block %d kept, %d not: %s", gone, kept, why)
+		}
+		if _, ok := st[kept]; !ok {
+			t.Fatalf("block %d evicted: %s", kept, why)
+		}
+		if err := checkInvariants(ix); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustApply(t, ix, storedEv(kvevent.Device, -1, seq(1, 4*testBlockSize), 1, 2, 3, 4), Delta)
+	mustApply(t, ix, removedEv(kvevent.Device, 1), Delta) // ghost, queued first
+	mustApply(t, ix, removedEv(kvevent.Device, 2), Delta) // ghost, queued second
+	mustApply(t, ix, tokenlessEv(kvevent.Host, 1), Delta) // 1 revived, still queued
+	mustApply(t, ix, storedEv(kvevent.Device, 4, seq(100, testBlockSize), 5), Delta)
+	evicted(2, 1, "eviction passes over the resident 1")
+	// 1 left the queue when eviction passed it; dropped again it queues
+	// behind 3, made a ghost before it.
+	mustApply(t, ix, removedEv(kvevent.Device, 3), Delta)
+	mustApply(t, ix, removedEv(kvevent.Host, 1), Delta)
+	mustApply(t, ix, storedEv(kvevent.Device, 5, seq(200, testBlockSize), 6), Delta)
+	evicted(3, 1, "ghost 3 is older than 1")
+	// A ghost revived and dropped while still queued keeps its first place.
+	mustApply(t, ix, removedEv(kvevent.Device, 4), Delta) // queued after 1
+	mustApply(t, ix, tokenlessEv(kvevent.Host, 1), Delta)
+	mustApply(t, ix, removedEv(kvevent.Host, 1), Delta)
+	mustApply(t, ix, storedEv(kvevent.Device, 6, seq(300, testBlockSize), 7), Delta)
+	evicted(1, 4, "ghost 1 keeps its first place in the queue")
 }
 
 // TestCapacity_RCFG2: MaxBlocks counts ghosts; the oldest ghost is evicted
@@ -575,5 +616,49 @@ func TestHistoryModeOrphans(t *testing.T) {
 	}
 	if err := ix.Apply(storedEv(kvevent.Device, 77, b, 2, 3), Delta); !errors.Is(err, ErrUnknownParent) {
 		t.Fatalf("Delta mode: %v, want ErrUnknownParent", err)
+	}
+}
+
+// TestTableFarFromHome builds a table where hundreds of engine hashes
+// share one home, so that cells lie 256 and more past it, and removes
+// them in random order: removals must then find later cells' homes from
+// their entries, count the far cells exactly, and keep every remaining
+// entry reachable (R-IDX-3 relies on lookups finding what was stored).
+func TestTableFarFromHome(t *testing.T) {
+	const maxBlocks, n = 2000, 400
+	ix := New(Config{BlockSize: testBlockSize, MaxBlocks: maxBlocks})
+	probe := newTable(maxBlocks)
+	probe.alloc(tableSize(n, maxBlocks))
+	rng := rand.New(rand.NewPCG(7, 8))
+	for v := uint64(1); len(ix.entries) < n; v++ {
+		h := kvevent.IntHash(v)
+		if home, _ := probe.engineHash(h); home == 5 {
+			ix.entries = append(ix.entries, entry{key: Key{Hi: rng.Uint64(), Lo: rng.Uint64()}, engine: h})
+			ix.meta = append(ix.meta, tierDevice)
+		}
+	}
+	ix.device = n
+	ix.rebuildTables(n)
+	if ix.byEngine.far != n-homeSpan {
+		t.Fatalf("%d far cells, want %d", ix.byEngine.far, n-homeSpan)
+	}
+	if err := checkInvariants(ix); err != nil {
+		t.Fatal(err)
+	}
+	gone := map[uint32]bool{}
+	for _, s := range rng.Perm(n) {
+		ix.deleteEngine(uint32(s))
+		gone[uint32(s)] = true
+		if err := checkHomes(ix, &ix.byEngine, false); err != nil {
+			t.Fatalf("after removing %d of %d: %v", len(gone), n, err)
+		}
+		for o := range uint32(n) {
+			if got, ok := ix.findEngine(ix.entries[o].engine); ok == gone[o] || (ok && got != o) {
+				t.Fatalf("after removing %d: slot %d found %v at %d", len(gone), o, ok, got)
+			}
+		}
+	}
+	if ix.byEngine.far != 0 {
+		t.Fatalf("%d far cells left in an empty table", ix.byEngine.far)
 	}
 }

@@ -26,7 +26,11 @@ type refModel struct {
 type refEntry struct {
 	key       Key
 	dev, host bool
-	ghostAt   uint64
+	// queued is set from when the entry becomes a ghost, at queuedAt,
+	// until eviction reaches it: a ghost revived and dropped again keeps
+	// its first place.
+	queued   bool
+	queuedAt uint64
 }
 
 func newRefModel(cfg Config) *refModel {
@@ -55,10 +59,13 @@ func (r *refModel) set(e *refEntry, m kvevent.Medium) {
 	}
 }
 
-// ghost makes e the newest ghost.
+// ghost makes e a ghost, queued last unless it still is queued.
 func (r *refModel) ghost(e *refEntry) {
+	if e.queued {
+		return
+	}
 	r.clock++
-	e.ghostAt = r.clock
+	e.queued, e.queuedAt = true, r.clock
 }
 
 // clear drops the replica and reports whether it was there.
@@ -139,18 +146,26 @@ func (r *refModel) apply(ev *kvevent.Event, mode Mode) error {
 			continue
 		}
 		if len(r.entries) >= r.max {
-			var victim kvevent.EngineHash
-			var oldest *refEntry
-			for vh, e := range r.entries {
-				if !e.dev && !e.host && (oldest == nil || e.ghostAt < oldest.ghostAt) {
-					victim, oldest = vh, e
+			// The earliest queued entry goes if it is a ghost; a revived
+			// one leaves the queue and the next is tried.
+			for {
+				var victim kvevent.EngineHash
+				var oldest *refEntry
+				for vh, e := range r.entries {
+					if e.queued && (oldest == nil || e.queuedAt < oldest.queuedAt) {
+						victim, oldest = vh, e
+					}
+				}
+				if oldest == nil {
+					return ErrCapacity
+				}
+				oldest.queued = false
+				if !oldest.dev && !oldest.host {
+					delete(r.entries, victim)
+					r.stats.GhostEvictions++
+					break
 				}
 			}
-			if oldest == nil {
-				return ErrCapacity
-			}
-			delete(r.entries, victim)
-			r.stats.GhostEvictions++
 		}
 		e := &refEntry{key: k}
 		r.set(e, ev.Medium)

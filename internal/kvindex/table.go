@@ -1,87 +1,172 @@
 package kvindex
 
-import "github.com/kvcar/kvcar/internal/kvevent"
+import (
+	"math/bits"
+
+	"github.com/kvcar/kvcar/internal/kvevent"
+)
 
 // table is an open-addressing hash table of entry slots with linear
-// probing. A cell holds an 8-bit fingerprint of the entry's hash above
-// slot+1 in the low 24 bits, so zero marks an empty cell and most probes
-// that do not match are rejected without touching the entry slice, which
-// at full size is far out of cache. Removals shift later cells back instead
-// of leaving tombstones, so probe chains never degrade. The table does not
-// store keys: the entry slice does, which keeps a cell at four bytes.
+// probing. A cell holds slot+1 in its low sb bits (as many as MaxBlocks
+// needs), the low 8 bits of the entry's home cell above them and, in the
+// bits left, a fingerprint of the entry's hash. Zero marks an empty cell;
+// the home bits and fingerprint together reject most probes that do not
+// match without touching the entry slice, which at full size is far out
+// of cache. Removals shift later cells back instead of leaving
+// tombstones, so probe chains never degrade; the home bits give each later
+// cell's home without reading its entry, as long as no cell lies 256 or
+// more past its home (far counts those; while there are any, removals read
+// the entries). The table does not store keys: the entry slice does,
+// which keeps a cell at four bytes.
+//
+// The number of cells is not a power of two: a home is the top 32 bits of
+// a uniform hash scaled to [0, len(cells)) by a multiply-shift, so tables
+// grow by a quarter, not double, and the last size is the one MaxBlocks
+// entries need, whatever MaxBlocks is (see tableSize). Past homeSpan cells
+// the size is a multiple of homeSpan, so that a cell's displacement from
+// its home, modulo homeSpan, is its position minus its home bits even when
+// its probe run wrapped.
 type table struct {
 	cells []uint32
-	mask  uint64
-	shift uint
+	sb    uint   // slot bits
+	fpm   uint32 // fingerprint mask: as many bits as the home bits and the slot leave
+	far   int    // cells homeSpan or more past their home
 }
 
 const (
 	slotBits = 24
 	slotMask = 1<<slotBits - 1
-	// maxSlots bounds MaxBlocks so that slot+1 fits the low bits of a cell.
+	// maxSlots bounds MaxBlocks so that slot+1 fits the low bits of a cell
+	// with room for the home bits above.
 	maxSlots = slotMask
+	homeBits = 8
+	homeSpan = 1 << homeBits
 )
 
 // minTableSize is the smallest table allocated; snapshot indexes of small
 // engines stay small.
 const minTableSize = 16
 
-func cell(fp uint32, s uint32) uint32 { return fp<<slotBits | (s + 1) }
+// Tables are rebuilt when an entry would put their load past
+// maxLoadNum/maxLoadDen, at a size that puts it at growLoadNum/growLoadDen,
+// or at fullLoadNum/fullLoadDen of MaxBlocks entries if that is smaller: a
+// table never holds more cells than a full index needs.
+const (
+	maxLoadNum, maxLoadDen   = 5, 6
+	growLoadNum, growLoadDen = 2, 3
+	fullLoadNum, fullLoadDen = 2, 3
+)
 
-// cellSlot returns the slot of a non-empty cell.
-func cellSlot(c uint32) uint32 { return c&slotMask - 1 }
+// tableSize returns the number of cells for n entries of an index of at
+// most maxBlocks.
+func tableSize(n, maxBlocks int) int {
+	size := (n*growLoadDen + growLoadNum - 1) / growLoadNum
+	full := (maxBlocks*fullLoadDen + fullLoadNum - 1) / fullLoadNum
+	size = max(minTableSize, min(size, full))
+	if size > homeSpan {
+		size = (size + homeSpan - 1) &^ (homeSpan - 1)
+	}
+	return size
+}
 
-// needsGrow reports whether n entries would push the load past 3/4.
-func (t *table) needsGrow(n int) bool { return 4*n > 3*len(t.cells) }
+// newTable returns an empty table for an index of at most maxBlocks
+// entries.
+func newTable(maxBlocks int) table {
+	sb := uint(bits.Len(uint(maxBlocks)))
+	return table{sb: sb, fpm: 1<<(32-sb-homeBits) - 1}
+}
 
-func (t *table) reset() { clear(t.cells) }
+// scale maps 32 uniform bits to [0, n).
+func scale(h uint64, n int) uint64 { return (h >> 32) * uint64(n) >> 32 }
+
+// next returns the cell after i, wrapping.
+func (t *table) next(i uint64) uint64 {
+	if i++; i == uint64(len(t.cells)) {
+		return 0
+	}
+	return i
+}
+
+// tag is what a cell holds above the slot: the fingerprint (bits of fp's
+// top half), then the home bits. Constant shifts and a mask keep it cheap.
+func (t *table) tag(fp uint64, home uint64) uint32 {
+	return (uint32(fp>>32)&t.fpm)<<homeBits | uint32(home&(homeSpan-1))
+}
+
+func (t *table) cell(tag uint32, s uint32) uint32 { return tag<<t.sb | (s + 1) }
+
+// slot returns the slot of a non-empty cell.
+func (t *table) slot(c uint32) uint32 { return c&(1<<t.sb-1) - 1 }
+
+// cellHome returns the home of cell c at position j from its home bits;
+// it is exact while far is zero.
+func (t *table) cellHome(j uint64, c uint32) uint64 {
+	hl := uint64(c>>t.sb) & (homeSpan - 1)
+	n := uint64(len(t.cells))
+	if n <= homeSpan {
+		return hl
+	}
+	if d := (j - hl) & (homeSpan - 1); d <= j {
+		return j - d
+	} else {
+		return j + n - d
+	}
+}
+
+// needsGrow reports whether n entries would push the load past maxLoad.
+func (t *table) needsGrow(n int) bool { return maxLoadDen*n > maxLoadNum*len(t.cells) }
+
+func (t *table) reset() {
+	clear(t.cells)
+	t.far = 0
+}
 
 func (t *table) alloc(size int) {
 	t.cells = make([]uint32, size)
-	t.mask = uint64(size - 1)
-	t.shift = 64
-	for s := size; s > 1; s >>= 1 {
-		t.shift--
-	}
+	t.far = 0
 }
 
 // engineHash spreads engine hashes, which may be small consecutive
 // integers, with a Fibonacci multiplier: the high bits pick the home cell,
-// middle bits (folded with the top half) give the fingerprint. The high
-// half of a 128-bit hash is folded in first; it is zero for integers.
-func (t *table) engineHash(h kvevent.EngineHash) (home uint64, fp uint32) {
+// the low half gives the fingerprint. The high half of a 128-bit hash is
+// folded in first; it is zero for integers.
+func (t *table) engineHash(h kvevent.EngineHash) (home uint64, tag uint32) {
 	m := (h.Lo ^ h.Hi*0xC2B2AE3D27D4EB4F) * 0x9E3779B97F4A7C15
-	return m >> t.shift, uint32(uint8(m>>8 ^ m>>32))
+	home = scale(m, len(t.cells))
+	return home, t.tag(m<<32, home)
 }
 
 // keyHash uses the content key directly: XXH3 output is already uniform.
-func (t *table) keyHash(k Key) (home uint64, fp uint32) {
-	return k.Lo & t.mask, uint32(k.Hi >> 56)
+func (t *table) keyHash(k Key) (home uint64, tag uint32) {
+	home = scale(k.Lo, len(t.cells))
+	return home, t.tag(k.Hi, home)
 }
 
 // rebuildTables sizes both tables for n entries and reinserts every entry.
 func (ix *Index) rebuildTables(n int) {
-	size := minTableSize
-	for 4*n > 3*size {
-		size *= 2
-	}
+	size := tableSize(n, ix.cfg.MaxBlocks)
 	ix.byEngine.alloc(size)
 	ix.byKey.alloc(size)
 	for s := range ix.entries {
 		e := &ix.entries[s]
-		home, fp := ix.byEngine.engineHash(e.engine)
-		ix.byEngine.place(home, cell(fp, uint32(s)))
-		home, fp = ix.byKey.keyHash(e.key)
-		ix.byKey.place(home, cell(fp, uint32(s)))
+		home, tag := ix.byEngine.engineHash(e.engine)
+		ix.byEngine.place(home, ix.byEngine.cell(tag, uint32(s)))
+		home, tag = ix.byKey.keyHash(e.key)
+		ix.byKey.place(home, ix.byKey.cell(tag, uint32(s)))
 	}
 }
 
-// place stores c in the first empty cell from i on.
+// place stores c in the first empty cell from its home i on.
 func (t *table) place(i uint64, c uint32) {
+	d := 0
 	for t.cells[i] != 0 {
-		i = (i + 1) & t.mask
+		i = t.next(i)
+		d++
 	}
 	t.cells[i] = c
+	if d >= homeSpan {
+		t.far++
+	}
 }
 
 func (ix *Index) findEngine(h kvevent.EngineHash) (uint32, bool) {
@@ -89,14 +174,21 @@ func (ix *Index) findEngine(h kvevent.EngineHash) (uint32, bool) {
 	if len(t.cells) == 0 {
 		return 0, false
 	}
-	i, fp := t.engineHash(h)
-	for ; ; i = (i + 1) & t.mask {
-		c := t.cells[i]
+	i, tag := t.engineHash(h)
+	// Locals, not fields: the compiler does not hoist them out of the loop.
+	cells, sb, n := t.cells, t.sb, uint64(len(t.cells))
+	for {
+		c := cells[i]
 		if c == 0 {
 			return 0, false
 		}
-		if c>>slotBits == fp && ix.entries[cellSlot(c)].engine == h {
-			return cellSlot(c), true
+		if c>>sb == tag {
+			if s := c&(1<<sb-1) - 1; ix.entries[s].engine == h {
+				return s, true
+			}
+		}
+		if i++; i == n {
+			i = 0
 		}
 	}
 }
@@ -114,18 +206,21 @@ func (ix *Index) lookupTiers(k Key, deviceEnough bool) uint8 {
 		return 0
 	}
 	var tiers uint8
-	i, fp := t.keyHash(k)
-	for ; ; i = (i + 1) & t.mask {
-		c := t.cells[i]
+	i, tag := t.keyHash(k)
+	cells, sb, n := t.cells, t.sb, uint64(len(t.cells))
+	for ; ; i++ {
+		if i == n {
+			i = 0
+		}
+		c := cells[i]
 		if c == 0 {
 			return tiers
 		}
-		if c>>slotBits != fp {
+		if c>>sb != tag {
 			continue
 		}
-		e := &ix.entries[cellSlot(c)]
-		if e.key == k {
-			m := e.meta()
+		if s := c&(1<<sb-1) - 1; ix.entries[s].key == k {
+			m := ix.meta[s]
 			tiers |= m & (tierDevice | tierHost)
 			if m&flagDup == 0 || (deviceEnough && tiers&tierDevice != 0) {
 				return tiers
@@ -136,8 +231,8 @@ func (ix *Index) lookupTiers(k Key, deviceEnough bool) uint8 {
 
 func (ix *Index) insertEngine(s uint32) {
 	t := &ix.byEngine
-	home, fp := t.engineHash(ix.entries[s].engine)
-	t.place(home, cell(fp, s))
+	home, tag := t.engineHash(ix.entries[s].engine)
+	t.place(home, t.cell(tag, s))
 }
 
 // insertKey adds slot s to the key table, flagging every entry that shares
@@ -146,66 +241,77 @@ func (ix *Index) insertEngine(s uint32) {
 func (ix *Index) insertKey(s uint32) {
 	t := &ix.byKey
 	e := &ix.entries[s]
-	i, fp := t.keyHash(e.key)
-	for ; t.cells[i] != 0; i = (i + 1) & t.mask {
+	i, tag := t.keyHash(e.key)
+	d := 0
+	for ; t.cells[i] != 0; i = t.next(i) {
+		d++
 		c := t.cells[i]
-		if c>>slotBits != fp {
+		if c>>t.sb != tag {
 			continue
 		}
-		if o := &ix.entries[cellSlot(c)]; o.key == e.key {
-			o.setMeta(o.meta() | flagDup)
-			e.setMeta(e.meta() | flagDup)
+		if o := t.slot(c); ix.entries[o].key == e.key {
+			ix.meta[o] |= flagDup
+			ix.meta[s] |= flagDup
 		}
 	}
-	t.cells[i] = cell(fp, s)
+	t.cells[i] = t.cell(tag, s)
+	if d >= homeSpan {
+		t.far++
+	}
 }
 
 func (ix *Index) deleteEngine(s uint32) {
 	t := &ix.byEngine
 	home, _ := t.engineHash(ix.entries[s].engine)
-	ix.shiftDelete(t, t.locate(home, s), false)
+	ix.shiftDelete(t, home, s, false)
 }
 
 func (ix *Index) deleteKey(s uint32) {
 	t := &ix.byKey
 	home, _ := t.keyHash(ix.entries[s].key)
-	ix.shiftDelete(t, t.locate(home, s), true)
+	ix.shiftDelete(t, home, s, true)
 }
 
-// shiftDelete empties cell i of t (byKey says which table it is) by
-// backward-shift deletion: later cells of the probe run move back into
-// the hole unless that would put them before their home, so lookups never
-// need tombstones. A flag rather than a hash callback keeps the home
-// computation inlined on this path.
-func (ix *Index) shiftDelete(t *table, i uint64, byKey bool) {
+// shiftDelete removes slot s, whose home is home, from t (byKey says which
+// table it is) by backward-shift deletion: later cells of the probe run
+// move back into the hole unless that would put them before their home,
+// so lookups never need tombstones. A later cell's home comes from its
+// home bits, or, while some cell lies far from its home, from its entry;
+// a flag rather than a hash callback keeps that computation inlined.
+func (ix *Index) shiftDelete(t *table, home uint64, s uint32, byKey bool) {
+	i, d := home, 0
+	for t.cells[i]&(1<<t.sb-1) != s+1 {
+		i = t.next(i)
+		d++
+	}
+	if d >= homeSpan {
+		t.far--
+	}
+	n := uint64(len(t.cells))
 	for j := i; ; {
-		j = (j + 1) & t.mask
+		j = t.next(j)
 		c := t.cells[j]
 		if c == 0 {
 			break
 		}
-		e := &ix.entries[cellSlot(c)]
-		var home uint64
-		if byKey {
-			home, _ = t.keyHash(e.key)
-		} else {
-			home, _ = t.engineHash(e.engine)
+		var h uint64
+		switch {
+		case t.far == 0:
+			h = t.cellHome(j, c)
+		case byKey:
+			h, _ = t.keyHash(ix.entries[t.slot(c)].key)
+		default:
+			h, _ = t.engineHash(ix.entries[t.slot(c)].engine)
 		}
-		if !between(i, home, j) {
+		if !between(i, h, j) {
+			if t.far > 0 && (j+n-h)%n >= homeSpan && (i+n-h)%n < homeSpan {
+				t.far--
+			}
 			t.cells[i] = c
 			i = j
 		}
 	}
 	t.cells[i] = 0
-}
-
-// locate returns the cell holding slot s, probing from its home.
-func (t *table) locate(home uint64, s uint32) uint64 {
-	i := home
-	for t.cells[i]&slotMask != s+1 {
-		i = (i + 1) & t.mask
-	}
-	return i
 }
 
 // between reports whether home h lies cyclically in (i, j]: a cell at j
