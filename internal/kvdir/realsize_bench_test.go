@@ -150,17 +150,27 @@ func (r *realDirectory) prompts(kind string) ([][]uint32, int) {
 // 128 streams holding 16,384, 65,536 and 262,144 blocks each (R-DIR-4),
 // reporting per-query p50 and p99. "perstream" is the walk the directory
 // did before the shared key table (every stream's own index, under its
-// lock) over the same data and "all" prompts, for comparison. The
-// directory is built once per size and shared by the sub-benchmarks.
+// lock) over the same data and "all" prompts, for comparison;
+// "all-cold" is "all" with the caches evicted before each query, as a
+// router's sparse decisions find them. The directory is built once per
+// size and shared by the sub-benchmarks.
 func BenchmarkQueryRealSize(b *testing.B) {
 	for _, perStream := range []int{16384, 65536, 262144} {
 		b.Run(fmt.Sprintf("blocks=%d", perStream), func(b *testing.B) {
 			r := buildRealDirectory(b, perStream)
-			for _, kind := range []string{"all", "half", "none", "one", "perstream"} {
+			for _, kind := range []string{"all", "half", "none", "one", "perstream", "all-cold"} {
 				b.Run(kind, func(b *testing.B) {
 					pk := kind
-					if kind == "perstream" {
+					if kind == "perstream" || kind == "all-cold" {
 						pk = "all"
+					}
+					// all-cold evicts the caches before each query, untimed:
+					// a router's decisions are sparse next to its event
+					// writes and heartbeats, so the streams' views and the
+					// table's records are rarely in cache when one starts.
+					var evict []byte
+					if kind == "all-cold" {
+						evict = make([]byte, coldBytes)
 					}
 					prompts, want := r.prompts(pk)
 					dst := make([]Match, 0, realStreams)
@@ -203,6 +213,9 @@ func BenchmarkQueryRealSize(b *testing.B) {
 					hot := make([]uint32, realChain*benchBlockSize)
 					for i := range b.N {
 						copy(hot, prompts[i%len(prompts)])
+						for j := 0; j < len(evict); j += 64 {
+							evict[j]++
+						}
 						t0 := time.Now()
 						query(hot)
 						lat = append(lat, time.Since(t0))
@@ -219,6 +232,10 @@ func BenchmarkQueryRealSize(b *testing.B) {
 		})
 	}
 }
+
+// coldBytes is what all-cold writes over before each query: more than
+// any last-level cache of the machines this runs on.
+const coldBytes = 64 << 20
 
 // steadyWriter applies fresh prefills to stream s, whose view it first
 // replaces with one of perStream generated blocks, as a stream goroutine
