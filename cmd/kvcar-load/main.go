@@ -273,24 +273,10 @@ func startKVCar(ctx context.Context, o options, engines *fleet, etcd []string, i
 	}
 	hc := newClient(1)
 	defer hc.CloseIdleConnections()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		is, err := kv.Instances(ctx, hc)
-		valid := 0
-		for _, in := range is {
-			if in.LoadValid {
-				valid++
-			}
-		}
-		if err == nil && valid == o.engines {
-			return kv, nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return nil, errors.Join(fmt.Errorf("kvcar has load reports of %d of %d engines after 30 s (%v)", valid, o.engines, err),
-				kv.Stop(), ctx.Err())
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := kv.WaitLoads(ctx, hc, o.engines, 30*time.Second); err != nil {
+		return nil, errors.Join(fmt.Errorf("kvcar's load reports: %w", err), kv.Stop())
 	}
+	return kv, nil
 }
 
 // kvcarLog returns kvcar's output as an error, for a kvcar that did not
