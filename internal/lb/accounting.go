@@ -2,6 +2,7 @@ package lb
 
 import (
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/kvcar/kvcar/internal/instance"
@@ -204,6 +205,13 @@ func (r *ring[T]) pop() {
 // at returns the i-th oldest entry.
 func (r *ring[T]) at(i int) *T { return &r.buf[(r.head+i)%len(r.buf)] }
 
+// search returns the index of the oldest entry for which after holds, or
+// size if none does; after must be false up to some entry and true from
+// it on, as for sort.Search.
+func (r *ring[T]) search(after func(*T) bool) int {
+	return sort.Search(r.size, func(i int) bool { return after(r.at(i)) })
+}
+
 func newAccounting(o AccountingOptions) *accounting {
 	now := o.Now
 	if now == nil {
@@ -290,16 +298,7 @@ func (a *accounting) outstanding(in *instance.Instance, now int64) (reqs, toks f
 	// Times only grow along the ring, so the dispatches after cut are a
 	// suffix: a binary search keeps a decision's cost independent of how
 	// many dispatches a burst left in the ring.
-	lo, hi := 0, d.size
-	for lo < hi {
-		m := int(uint(lo+hi) >> 1)
-		if d.at(m).at <= cut {
-			lo = m + 1
-		} else {
-			hi = m
-		}
-	}
-	reqs = float64(d.size - lo)
+	reqs = float64(d.size - d.search(func(r *dispatchRec) bool { return r.at > cut }))
 	if st.liveTokens < 0.5 { // float drift of an empty sum
 		st.liveTokens = 0
 	}
@@ -330,15 +329,7 @@ func (a *accounting) release(name string, ticket uint64) {
 		return
 	}
 	d := &st.dispatches
-	lo, hi := 0, d.size
-	for lo < hi {
-		m := int(uint(lo+hi) >> 1)
-		if d.at(m).ticket < ticket {
-			lo = m + 1
-		} else {
-			hi = m
-		}
-	}
+	lo := d.search(func(r *dispatchRec) bool { return r.ticket >= ticket })
 	if lo < d.size {
 		if r := d.at(lo); r.ticket == ticket && r.live {
 			r.live = false
@@ -476,9 +467,8 @@ func (a *accounting) queueCosts(cands []candidate, now int64) {
 // the prompt's leading full blocks pending on it, when that is more than
 // the directory reports; when the directory already reports as much,
 // the engine's events have confirmed those blocks and they stop being
-// pending. It never changes what the directory reports.
-// The caller holds acctMu; pendingKeys has put the prompt's block keys in
-// s.keys.
+// pending. It never changes what the directory reports. The caller
+// holds acctMu; pendingKeys has put the prompt's block keys in s.keys.
 func (a *accounting) pendingHits(s *scratch, inputTokens int, now int64) {
 	input := float64(inputTokens)
 	for i := range s.p {

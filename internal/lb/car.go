@@ -112,9 +112,6 @@ func (c *CAR) Route(req Request, snap *instance.Snapshot) (Decision, error) {
 		return Decision{}, s.noPrefillError(true)
 	}
 
-	// The queue term is normalised over the instances that can actually
-	// be chosen, so an excluded instance's queue does not scale the
-	// others'.
 	// The directory query and the prompt's block keys, the costly part
 	// of a decision, need no accounting state, so they are done before
 	// acctMu is taken: decisions serialise only on the few steps that
@@ -123,6 +120,10 @@ func (c *CAR) Route(req Request, snap *instance.Snapshot) (Decision, error) {
 	c.hitRatios(req.TokenIDs, s)
 	a := c.acct
 	pending := a != nil && a.opts.PendingPrefixes && c.pendingKeys(req.TokenIDs, s)
+
+	// The queue term is normalised over the instances that can actually
+	// be chosen, so an excluded instance's queue does not scale the
+	// others'.
 	var now int64
 	if a == nil {
 		queueCosts(s.p)
