@@ -88,8 +88,8 @@ type exclusions struct {
 // scratch is one decision's working memory, pooled so that a decision
 // allocates nothing once the pool is warm.
 type scratch struct {
-	p, d    []candidate
-	matches []kvdir.Match
+	p, d []candidate
+	hits []kvdir.Hit
 	// keys are the request's block chain keys, for pending prefixes.
 	keys []uint64
 	pEx  exclusions
@@ -108,13 +108,12 @@ func (sp *scratchPool) get() *scratch {
 }
 
 func (sp *scratchPool) put(s *scratch) {
-	// Drop the references into the snapshot and the directory so a
-	// pooled scratch keeps no old view alive. Elements past the lengths
-	// were cleared when the slices were shortened.
+	// Drop the references into the snapshot so a pooled scratch keeps no
+	// old view alive (hits hold none). Elements past the lengths were
+	// cleared when the slices were shortened.
 	clear(s.p)
 	clear(s.d)
-	clear(s.matches)
-	s.p, s.d, s.matches, s.keys = s.p[:0], s.d[:0], s.matches[:0], s.keys[:0]
+	s.p, s.d, s.hits, s.keys = s.p[:0], s.d[:0], s.hits[:0], s.keys[:0]
 	s.pEx, s.dEx = exclusions{}, exclusions{}
 	sp.pool.Put(s)
 }
