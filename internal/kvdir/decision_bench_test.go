@@ -68,7 +68,7 @@ func BenchmarkDecisionRealSize(b *testing.B) {
 
 // snapshotOf is a registry snapshot of d's instances, DEFAULT with
 // valid loads of empty queues and the incarnations their streams follow, its strings
-// its own, as the registry's are.
+// its own and its briefs made, as the registry makes them.
 func snapshotOf(d *kvdir.Directory) *instance.Snapshot {
 	var ins []instance.Instance
 	for _, m := range d.Query(nil, nil) {
@@ -79,5 +79,5 @@ func snapshotOf(d *kvdir.Directory) *instance.Snapshot {
 		})
 	}
 	slices.SortFunc(ins, func(a, b instance.Instance) int { return strings.Compare(a.Meta.Name, b.Meta.Name) })
-	return &instance.Snapshot{Instances: ins, Version: 1, Synced: true}
+	return instance.NewSnapshot(ins, 1, true)
 }

@@ -63,7 +63,7 @@ func withBackend(in instance.Instance, b string) instance.Instance {
 func snapshot(ins ...instance.Instance) *instance.Snapshot {
 	ins = slices.Clone(ins)
 	slices.SortFunc(ins, func(a, b instance.Instance) int { return strings.Compare(a.Meta.Name, b.Meta.Name) })
-	return &instance.Snapshot{Instances: ins, Version: 1, Synced: true}
+	return instance.NewSnapshot(ins, 1, true)
 }
 
 // match is a synchronised stream's answer for instance name, subscribed
