@@ -1,10 +1,10 @@
 package instance
 
 import (
-	"slices"
 	"errors"
 	"log/slog"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
