@@ -533,10 +533,6 @@ func (t *keyTable) records() int {
 	return t.live
 }
 
-// walkBatch is the most blocks a walk hashes before loading their cells
-// and records together.
-const walkBatch = 32
-
 // walkResult is one query's answer over one key group, per slot. It
 // lives in the query scratch and is reused.
 type walkResult struct {
@@ -557,7 +553,7 @@ type walkResult struct {
 	nplanes int
 	// keys holds a batch of the prompt's block keys; sink keeps the
 	// warming loads from being optimised away.
-	keys [walkBatch]kvindex.Key
+	keys [16]kvindex.Key
 	sink uint64
 }
 
@@ -628,20 +624,15 @@ func (t *keyTable) walk(tokens []uint32, wr *walkResult) {
 	}
 	var parent kvindex.Key
 	i := 0
-	// Blocks go in batches that grow fourfold from one: a prompt that
-	// misses at once costs one hash, and a long hit loads the cells, then
-	// the records, of a whole batch before using any, so that their cache
-	// misses overlap instead of each stalling the walk in turn. A round
-	// of loads costs a walk that finds the caches cold about a
-	// microsecond (each level a miss and a page walk), hashing a block
-	// some 50 ns, so the batches grow fast: 1, 4, 16, 32 blocks, five
-	// rounds for 64 where doubling up to 16 took eight (1.5–2 µs less
-	// at 16k blocks per stream, cold).
+	// Blocks go in batches that double from one: a prompt that misses
+	// at once costs one hash, and a long hit loads the cells, then the
+	// records, of a whole batch before using any, so that their cache
+	// misses overlap instead of each stalling the walk in turn.
 	batch := 1
 walk:
 	for i < n {
 		m := min(batch, n-i, len(wr.keys))
-		batch *= 4
+		batch *= 2
 		keys := wr.keys[:m]
 		for j := range keys {
 			b := i + j
@@ -700,7 +691,7 @@ func (t *keyTable) warm(keys []kvindex.Key, wr *walkResult) {
 		return
 	}
 	var acc uint64
-	var cells [walkBatch]uint64
+	var cells [16]uint64
 	n, rm := len(t.cells), t.recMask()
 	for j, k := range keys {
 		cells[j] = uint64(t.cells[homeOf(k, n)] & rm)
