@@ -344,7 +344,17 @@ func drive(ctx context.Context, engines []*enginesim.Engine, o options, recent *
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(o.seed, uint64(i+1)))
-			tick := time.NewTicker(time.Duration(float64(time.Second) / o.rate))
+			// Each engine starts at its own point of the period, as a
+			// fleet's engines do: started together, 128 engines would
+			// prefill in one burst per period, a burst that takes both
+			// cores from kvcar for its duration.
+			period := time.Duration(float64(time.Second) / o.rate)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Duration(rng.Int64N(int64(period)))):
+			}
+			tick := time.NewTicker(period)
 			defer tick.Stop()
 			for {
 				select {

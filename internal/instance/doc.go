@@ -22,7 +22,11 @@
 // routing may do with an instance (its state, whether its load is
 // usable, where the load came from) is published at once. Publishing
 // copies the instances in an order kept sorted across publications; it
-// sorts again only when an instance comes or goes.
+// sorts again only when an instance comes or goes. It also packs what the
+// routing policies scan of every instance (type, role, state, load
+// validity, waiting requests, backend) into the snapshot's Briefs, 32
+// bytes each, so a routing decision reads a few contiguous cache lines
+// rather than a line or two of each 400-byte Instance.
 //
 // # etcd layout
 //

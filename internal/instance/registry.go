@@ -392,6 +392,7 @@ func (r *Registry) flushLocked() {
 	for i, e := range r.order {
 		s.Instances[i] = e.inst
 	}
+	s.makeBriefs()
 	old := r.snap.Swap(s)
 	close(old.next)
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -58,6 +59,10 @@ func TestJoinIsActive(t *testing.T) {
 	}
 	if s := reg.Snapshot(); s.Version <= v0 || !s.Synced {
 		t.Errorf("snapshot version %d (was %d) synced %v", s.Version, v0, s.Synced)
+	}
+	// The registry's snapshots come with their briefs.
+	if s := reg.Snapshot(); !slices.Equal(s.Briefs(), AppendBriefs(nil, s.Instances)) || len(s.Briefs()) != len(s.Instances) {
+		t.Errorf("snapshot briefs %+v, want those of %d instances", s.Briefs(), len(s.Instances))
 	}
 	if _, ok := reg.Lookup("127.0.0.1:8001"); ok {
 		t.Error("Lookup found an instance that never registered")

@@ -209,7 +209,81 @@ type Snapshot struct {
 	Synced bool
 
 	next chan struct{} // closed when a newer snapshot replaces this one
+
+	// briefs are Instances' briefs, made with the snapshot; briefsOf is
+	// the Instances array they were made for, so a copy of the snapshot
+	// given other Instances does not read them (see Briefs).
+	briefs   []Brief
+	briefsOf *Instance
 }
+
+// NewSnapshot returns a snapshot of ins, which must be sorted by name and
+// not modified afterwards, with their briefs made.
+func NewSnapshot(ins []Instance, version uint64, synced bool) *Snapshot {
+	s := &Snapshot{Instances: ins, Version: version, Synced: synced}
+	s.makeBriefs()
+	return s
+}
+
+func (s *Snapshot) makeBriefs() {
+	if len(s.Instances) == 0 {
+		return
+	}
+	s.briefs = AppendBriefs(make([]Brief, 0, len(s.Instances)), s.Instances)
+	s.briefsOf = &s.Instances[0]
+}
+
+// Briefs returns the briefs of s.Instances, in their order, made with
+// the snapshot; nil for a snapshot built without them (or a copy given
+// other Instances), whose reader makes them with AppendBriefs. The
+// slice is the snapshot's: it must not be modified.
+func (s *Snapshot) Briefs() []Brief {
+	if len(s.Instances) > 0 && len(s.briefs) == len(s.Instances) && s.briefsOf == &s.Instances[0] {
+		return s.briefs
+	}
+	return nil
+}
+
+// Brief is what the routing policies read of every instance of a snapshot
+// when they look for candidates, packed into 32 bytes: a scan of a fleet
+// reads a few contiguous cache lines instead of a line or two of every
+// Instance, which a decision finding the caches cold pays a miss for.
+type Brief struct {
+	WaitingRequests uint64 // Load.WaitingRequests
+	BackendType     string // Meta.BackendType
+	typ, role       int8
+	state           int8
+	// HasLoad and LoadValid are the Instance's.
+	HasLoad, LoadValid bool
+}
+
+// AppendBriefs appends the briefs of ins to dst.
+func AppendBriefs(dst []Brief, ins []Instance) []Brief {
+	for i := range ins {
+		in := &ins[i]
+		dst = append(dst, Brief{WaitingRequests: in.Load.WaitingRequests, BackendType: in.Meta.BackendType,
+			typ: small(int(in.Type)), role: small(int(in.Role)), state: small(int(in.State)), HasLoad: in.HasLoad, LoadValid: in.LoadValid})
+	}
+	return dst
+}
+
+// small packs a type or state; every value past int8 becomes -1, which,
+// like it, is none of the defined ones.
+func small(v int) int8 {
+	if v < 0 || v > 127 {
+		return -1
+	}
+	return int8(v)
+}
+
+// Type, Role and State are the Instance's (-1 for a value that is none of
+// the defined ones and past int8).
+func (b *Brief) Type() Type   { return Type(b.typ) }
+func (b *Brief) Role() Type   { return Type(b.role) }
+func (b *Brief) State() State { return State(b.state) }
+
+// Schedulable is Instance.Schedulable.
+func (b *Brief) Schedulable() bool { return State(b.state) != Suspect }
 
 // Lookup returns the instance called name.
 func (s *Snapshot) Lookup(name string) (Instance, bool) {

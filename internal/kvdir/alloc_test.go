@@ -5,9 +5,10 @@ import (
 	"testing"
 )
 
-// R-DIR-4: a query reads published views only and, once its pooled
-// scratch is warm and dst has room, allocates nothing, whether it
-// matches a prompt over every stream or only reads their status.
+// R-DIR-4: a query (Query, and a router's Hits) reads published views
+// only and, once its pooled scratch is warm and dst has room, allocates
+// nothing, whether it matches a prompt over every stream or only reads
+// their status.
 // `make test` runs this without the race detector (tests named *Alloc*).
 func TestQueryDoesNotAllocate(t *testing.T) {
 	if raceEnabled {
@@ -30,6 +31,13 @@ func TestQueryDoesNotAllocate(t *testing.T) {
 		}
 		if len(dst) != streams {
 			t.Errorf("%s: %d matches, want %d", tc.name, len(dst), streams)
+		}
+		hits := make([]Hit, 0, streams)
+		if n := testing.AllocsPerRun(50, func() { _, hits = d.Hits(tc.tokens, hits[:0]) }); n != 0 {
+			t.Errorf("%s: %v allocations per router query, want 0", tc.name, n)
+		}
+		if len(hits) != streams {
+			t.Errorf("%s: %d hits, want %d", tc.name, len(hits), streams)
 		}
 	}
 }

@@ -70,7 +70,7 @@ func viewOf(streams []*stream) *Directory {
 	d := &Directory{}
 	set := &streamSet{streams: streams, groups: []keyGroup{{benchBlockSize, 1024}}, groupOf: make([]int, len(streams)),
 		tables: []*keyTable{streams[0].keys}}
-	d.set.Store(set)
+	d.set.Store(set.index())
 	d.scratch.New = func() any { return &queryScratch{} }
 	return d
 }

@@ -61,6 +61,10 @@ type streamSet struct {
 	// in the stream, because a kept stream may change group index from
 	// one set to the next while queries still read the old set.
 	groupOf []int
+	// slotOf[i] is streams[i]'s slot in its group's table and layout the
+	// streams as routers see them, for Hits.
+	slotOf []int32
+	layout *Layout
 }
 
 type keyGroup struct {
@@ -84,7 +88,7 @@ func New(lim Limits, opts Options) (*Directory, error) {
 		return nil, fmt.Errorf("kvdir: %w", err)
 	}
 	d := &Directory{lim: lim, log: opts.Logger, tctx: tctx, discovered: make(chan struct{}), hubs: map[hubKey]*hub{}, tables: map[keyGroup]*keyTable{}}
-	d.set.Store(&streamSet{})
+	d.set.Store((&streamSet{}).index())
 	if opts.Registerer != nil {
 		d.metrics = newMetrics(opts.Registerer, d)
 	}
@@ -183,7 +187,7 @@ func (d *Directory) SetStreams(specs []StreamSpec) error {
 	}
 	// Publish the new set before stopping retired streams so no query
 	// sees a stream that is going away.
-	d.set.Store(next)
+	d.set.Store(next.index())
 	stopAll(retired)
 	// A retired stream's slot is reused only once its view is withdrawn
 	// from the shared table; a query still reading an older set then
@@ -268,7 +272,7 @@ func (d *Directory) Close() error {
 	}
 	d.closed = true
 	stopAll(d.set.Load().streams)
-	d.set.Store(&streamSet{})
+	d.set.Store((&streamSet{}).index())
 	for k, h := range d.hubs {
 		h.close()
 		delete(d.hubs, k)
@@ -285,19 +289,7 @@ func (d *Directory) Close() error {
 // reads in-process state only and does not allocate when dst has room.
 func (d *Directory) Query(tokenIDs []uint32, dst []Match) []Match {
 	set := d.set.Load()
-	var qs *queryScratch
-	if len(tokenIDs) > 0 && len(set.groups) > 0 {
-		qs = d.scratch.Get().(*queryScratch)
-		for len(qs.walks) < len(set.groups) {
-			qs.walks = append(qs.walks, walkResult{})
-		}
-		for i, t := range set.tables {
-			qs.walks[i].walked = false
-			if len(tokenIDs) >= t.blockSize {
-				t.walk(tokenIDs, &qs.walks[i])
-			}
-		}
-	}
+	qs := d.walkAll(set, tokenIDs)
 	for si, s := range set.streams {
 		dst = append(dst, Match{})
 		var wr *walkResult
@@ -306,9 +298,7 @@ func (d *Directory) Query(tokenIDs []uint32, dst []Match) []Match {
 		}
 		s.match(wr, &dst[len(dst)-1])
 	}
-	if qs != nil {
-		d.scratch.Put(qs)
-	}
+	d.putScratch(qs)
 	return dst
 }
 

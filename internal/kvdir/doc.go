@@ -20,6 +20,9 @@
 // (block size, seed) over the group's shared key table (keytable.go),
 // which mirrors the content keys of every stream's published index as
 // per-slot tier bitsets, so its cost does not grow with the number of
-// streams; it then reads each stream's status from a lock-free copy. kvdir must not do HTTP or etcd I/O, and must not decide
-// routing: it reports what the engines hold.
+// streams; it then reads each stream's status from a lock-free copy.
+// A router's query (Directory.Hits) reads only the walk's dense per-slot
+// results and answers against the stream set's immutable Layout, so it
+// touches no stream structure. kvdir must not do HTTP or etcd I/O, and
+// must not decide routing: it reports what the engines hold.
 package kvdir

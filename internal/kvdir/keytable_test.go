@@ -110,6 +110,8 @@ func TestSharedTableAgainstPerStreamMatch(t *testing.T) {
 		tab := ms[0].s.keys
 		seen := map[string]int{}
 		var dst []Match
+		var hits []Hit
+		var layout *Layout
 		for step := range 6000 {
 			m := ms[rng.IntN(len(ms))]
 			s := m.s
@@ -155,9 +157,23 @@ func TestSharedTableAgainstPerStreamMatch(t *testing.T) {
 				tokens := randomPrompt(rng, ms)
 				keys := kvindex.KeysFor(tokens, modelBlock, 1024, nil)
 				dst = d.Query(tokens, dst[:0])
+				layout, hits = d.Hits(tokens, hits[:0])
+				if len(hits) != len(ms) || len(layout.Streams) != len(ms) {
+					t.Fatalf("seed %d step %d: %d hits over %d streams, want %d", seed, step, len(hits), len(layout.Streams), len(ms))
+				}
 				for i, mm := range ms {
 					wd, wh := referenceMatch(mm.s, keys)
 					got := dst[i]
+					// The router's answer is the query's, read from the
+					// walk alone: the same hits, and only for a stream
+					// with a view.
+					h := hits[i]
+					if si := layout.Streams[i]; si.InstanceName != got.InstanceName || si.DPRank != got.DPRank {
+						t.Fatalf("seed %d step %d: layout stream %d is %s/%d, query %s/%d", seed, step, i, si.InstanceName, si.DPRank, got.InstanceName, got.DPRank)
+					}
+					if h.OK != (len(tokens) >= modelBlock && got.Synchronized) || h.DeviceTokens != got.DeviceHitTokens || h.HostOnlyTokens != got.HostOnlyHitTokens {
+						t.Fatalf("seed %d step %d stream %d: hits %+v, query %+v", seed, step, i, h, got)
+					}
 					if got.DeviceHitTokens != wd*modelBlock || got.HostOnlyHitTokens != wh*modelBlock {
 						t.Fatalf("seed %d step %d stream %d (slot %d, synced %v): query %d/%d tokens, own index %d/%d blocks",
 							seed, step, i, mm.s.slot, got.Synchronized, got.DeviceHitTokens, got.HostOnlyHitTokens, wd, wh)

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -69,7 +70,8 @@ func buildStreams(tb testing.TB, maxBlocks int, chains func(i int, add func(uint
 	tab := newKeyTable(benchBlockSize, 1024)
 	streams := make([]*stream, realStreams)
 	for i := range streams {
-		streams[i] = newStream(StreamSpec{InstanceName: fmt.Sprintf("10.0.%d.%d:8000", i/256, i%256), BlockSize: benchBlockSize, HashSeed: 1024})
+		name := fmt.Sprintf("10.0.%d.%d:8000", i/256, i%256)
+		streams[i] = newStream(StreamSpec{InstanceName: name, Incarnation: "inc-" + name, BlockSize: benchBlockSize, HashSeed: 1024})
 		streams[i].attach(tab)
 	}
 	var wg sync.WaitGroup
@@ -114,6 +116,9 @@ func buildStreams(tb testing.TB, maxBlocks int, chains func(i int, add func(uint
 		tb.Fatal(err)
 	default:
 	}
+	// Sorted by name, as SetStreams sorts a directory's streams and as
+	// a router joining them with a registry snapshot needs them.
+	slices.SortFunc(streams, func(a, b *stream) int { return strings.Compare(a.spec.InstanceName, b.spec.InstanceName) })
 	return viewOf(streams)
 }
 

@@ -163,9 +163,10 @@ func TestPendingPrefixFollowsFirstRequest(t *testing.T) {
 		}
 	}
 	// The directory was never told anything.
-	for _, m := range view.Query(tokens(96), nil) {
-		if m.DeviceHitTokens != 0 || m.HostOnlyHitTokens != 0 {
-			t.Fatalf("directory match changed: %+v", m)
+	_, hits := view.Hits(tokens(96), nil)
+	for _, h := range hits {
+		if h.DeviceTokens != 0 || h.HostOnlyTokens != 0 {
+			t.Fatalf("directory hit changed: %+v", h)
 		}
 	}
 	// Past the timeout nothing is pending: ties rotate again.
@@ -216,8 +217,8 @@ func other(name string) string {
 type switchView struct{ m *matches }
 
 func (v *switchView) set(ms ...kvdir.Match) { v.m = newMatches(ms...) }
-func (v *switchView) Query(ids []uint32, dst []kvdir.Match) []kvdir.Match {
-	return v.m.Query(ids, dst)
+func (v *switchView) Hits(ids []uint32, dst []kvdir.Hit) (*kvdir.Layout, []kvdir.Hit) {
+	return v.m.Hits(ids, dst)
 }
 
 // An instance that leaves, turns SUSPECT or comes back as another

@@ -33,21 +33,21 @@ const (
 // sideOf places an instance by its type, and a MIX instance by its
 // current role (R-CAR-2). A MIX instance with a role other than PREFILL
 // or DECODE is malformed and serves nowhere.
-func sideOf(in *instance.Instance) side {
-	switch t := in.Type; {
-	case t == instance.Default, t == instance.Prefill, t == instance.Mix && in.Role == instance.Prefill:
+func sideOf(b *instance.Brief) side {
+	switch t := b.Type(); {
+	case t == instance.Default, t == instance.Prefill, t == instance.Mix && b.Role() == instance.Prefill:
 		return sidePrefill
-	case t == instance.Decode, t == instance.Mix && in.Role == instance.Decode:
+	case t == instance.Decode, t == instance.Mix && b.Role() == instance.Decode:
 		return sideDecode
 	}
 	return sideNone
 }
 
-func backendOf(in *instance.Instance) string {
-	if in.Meta.BackendType == "" {
+func backendOf(b *instance.Brief) string {
+	if b.BackendType == "" {
 		return defaultBackend
 	}
-	return in.Meta.BackendType
+	return b.BackendType
 }
 
 // candidate is one instance under consideration, with the values the
@@ -88,8 +88,10 @@ type exclusions struct {
 // scratch is one decision's working memory, pooled so that a decision
 // allocates nothing once the pool is warm.
 type scratch struct {
-	p, d    []candidate
-	matches []kvdir.Match
+	p, d []candidate
+	hits []kvdir.Hit
+	// briefs holds the briefs of a snapshot that came without them.
+	briefs []instance.Brief
 	// keys are the request's block chain keys, for pending prefixes.
 	keys []uint64
 	pEx  exclusions
@@ -108,13 +110,13 @@ func (sp *scratchPool) get() *scratch {
 }
 
 func (sp *scratchPool) put(s *scratch) {
-	// Drop the references into the snapshot and the directory so a
-	// pooled scratch keeps no old view alive. Elements past the lengths
-	// were cleared when the slices were shortened.
+	// Drop the references into the snapshot so a pooled scratch keeps no
+	// old view alive (hits hold none). Elements past the lengths were
+	// cleared when the slices were shortened.
 	clear(s.p)
 	clear(s.d)
-	clear(s.matches)
-	s.p, s.d, s.matches, s.keys = s.p[:0], s.d[:0], s.matches[:0], s.keys[:0]
+	clear(s.briefs)
+	s.p, s.d, s.hits, s.keys, s.briefs = s.p[:0], s.d[:0], s.hits[:0], s.keys[:0], s.briefs[:0]
 	s.pEx, s.dEx = exclusions{}, exclusions{}
 	sp.pool.Put(s)
 }
@@ -128,9 +130,16 @@ func (s *scratch) collect(snap *instance.Snapshot, needLoad bool) {
 	if snap == nil {
 		return
 	}
-	for i := range snap.Instances {
-		in := &snap.Instances[i]
-		sd := sideOf(in)
+	// The briefs, not the Instances: a scan reads 32 contiguous bytes of
+	// each instance rather than lines of 400-byte structures.
+	bs := snap.Briefs()
+	if bs == nil {
+		s.briefs = instance.AppendBriefs(s.briefs[:0], snap.Instances)
+		bs = s.briefs
+	}
+	for i := range bs {
+		b := &bs[i]
+		sd := sideOf(b)
 		if sd == sideNone {
 			continue
 		}
@@ -139,22 +148,22 @@ func (s *scratch) collect(snap *instance.Snapshot, needLoad bool) {
 			ex = &s.dEx
 		}
 		switch {
-		case !in.Schedulable():
+		case !b.Schedulable():
 			ex.suspect++
 			continue
-		case needLoad && !in.HasLoad:
+		case needLoad && !b.HasLoad:
 			ex.noLoad++
 			continue
-		case needLoad && !in.LoadValid:
+		case needLoad && !b.LoadValid:
 			ex.invalidLoad++
 			continue
 		}
-		c := candidate{inst: in, idx: i, waiting: in.Load.WaitingRequests, backend: backendOf(in)}
+		c := candidate{inst: &snap.Instances[i], idx: i, waiting: b.WaitingRequests, backend: backendOf(b)}
 		if sd == sideDecode {
 			s.d = append(s.d, c)
 			continue
 		}
-		c.needsDecode = in.Type != instance.Default
+		c.needsDecode = b.Type() != instance.Default
 		s.p = append(s.p, c)
 	}
 	// Compact in place, copying only after the first removal: usually

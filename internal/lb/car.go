@@ -7,7 +7,6 @@ import (
 	"sync/atomic"
 
 	"github.com/kvcar/kvcar/internal/instance"
-	"github.com/kvcar/kvcar/internal/kvdir"
 )
 
 // CAR is cache-aware routing (R-CAR-3..8): the prefill instance with the
@@ -21,6 +20,8 @@ type CAR struct {
 	// ties does not decide which decode instance wins its own ties.
 	prefillTurn, decodeTurn atomic.Uint64
 	scratch                 scratchPool
+	// join is the last snapshot-to-directory join (see joinFor).
+	join atomic.Pointer[carJoin]
 	// acct is nil unless EnableAccounting turned a part on; acctMu then
 	// serialises decisions so a burst's requests see each other.
 	acct   *accounting
@@ -117,7 +118,7 @@ func (c *CAR) Route(req Request, snap *instance.Snapshot) (Decision, error) {
 	// acctMu is taken: decisions serialise only on the few steps that
 	// read and record what was dispatched, and a Release waits for no
 	// query.
-	c.hitRatios(req.TokenIDs, s)
+	c.hitRatios(req.TokenIDs, snap, s)
 	a := c.acct
 	pending := a != nil && a.opts.PendingPrefixes && c.pendingKeys(req.TokenIDs, s)
 
@@ -193,66 +194,42 @@ func pickReason(tied bool, plain, rotated string) string {
 // one directory query. Without a view, without token ids, or for any
 // fault of a stream, the ratio is 0: the cache term only ever loses its
 // benefit, and routing goes on (R-CAR-8).
-func (c *CAR) hitRatios(tokenIDs []uint32, s *scratch) {
+//
+// An instance's ratio is the minimum over its DP ranks' streams, since a
+// request cannot choose the DP that serves it, and 0 when any rank is
+// missing, unsynchronised or of another incarnation (R-CAR-6, R-CAR-7):
+// which streams those are is the join, kept between decisions, so a
+// decision reads only the candidates and the streams' dense hits.
+func (c *CAR) hitRatios(tokenIDs []uint32, snap *instance.Snapshot, s *scratch) {
 	// Candidates start with hit 0.
 	box := c.view.Load()
 	if box == nil || len(tokenIDs) == 0 {
 		return
 	}
-	s.matches = box.v.Query(tokenIDs, s.matches[:0])
+	layout, hits := box.v.Hits(tokenIDs, s.hits[:0])
+	s.hits = hits
+	if layout == nil || len(hits) != len(layout.Streams) {
+		return // not a layout this view's answer can be read by
+	}
+	j := c.joinFor(snap, layout)
 	input := float64(len(tokenIDs))
-
-	// Both lists are sorted by instance name: walk them together.
-	ms := s.matches
-	j := 0
 	for i := range s.p {
 		p := &s.p[i]
-		name := p.inst.Name()
-		for j < len(ms) && ms[j].InstanceName < name {
-			j++
+		sp := j.spans[p.idx]
+		if sp.lo == sp.hi {
+			continue
 		}
-		k := j
-		for k < len(ms) && ms[k].InstanceName == name {
-			k++
+		hit := 1.0
+		for _, h := range hits[sp.lo:sp.hi] {
+			if !h.OK {
+				hit = 0
+				break
+			}
+			hit = min(hit, clamp01((float64(h.DeviceTokens)+c.hostWeight*float64(h.HostOnlyTokens))/input))
 		}
-		p.hit = c.instanceHit(p.inst, ms[j:k], input)
-		p.known = p.hit
-		j = k
+		p.hit = hit
+		p.known = hit
 	}
-}
-
-// instanceHit is the hit ratio of one instance from its streams'
-// matches, sorted by DP rank: the minimum over its DP ranks, since a
-// request cannot choose the DP that serves it; 0 when any rank is
-// missing, unsynchronised or of another incarnation (R-CAR-6, R-CAR-7).
-func (c *CAR) instanceHit(in *instance.Instance, ms []kvdir.Match, input float64) float64 {
-	if len(ms) == 0 {
-		return 0
-	}
-	dpSize := max(in.Meta.DPSize, 1)
-	ranks, last := 0, -1
-	hit := 1.0
-	for i := range ms {
-		m := &ms[i]
-		if m.DPRank < 0 || m.DPRank >= dpSize {
-			continue // a stream of a DP topology the instance no longer has
-		}
-		if m.DPRank != last {
-			ranks++
-			last = m.DPRank
-		}
-		if !m.Synchronized || !sameIncarnation(in, m) {
-			return 0
-		}
-		h := (float64(m.DeviceHitTokens) + c.hostWeight*float64(m.HostOnlyHitTokens)) / input
-		if h = clamp01(h); h < hit {
-			hit = h
-		}
-	}
-	if ranks != dpSize {
-		return 0
-	}
-	return hit
 }
 
 // sameIncarnation reports whether the stream of m belongs to the
@@ -265,10 +242,9 @@ func (c *CAR) instanceHit(in *instance.Instance, ms []kvdir.Match, input float64
 // snapshot to notice a new process at the address (R-DISC-5), while a
 // static stream has no tie to the registry and gives no routing benefit
 // (R-CAR-7).
-func sameIncarnation(in *instance.Instance, m *kvdir.Match) bool {
-	inc := m.Incarnation
+func sameIncarnation(in *instance.Instance, inc string, discovered bool) bool {
 	if inc == "" {
-		return m.Discovered && in.Meta.IncarnationID == "" && in.Meta.RegisterTsMs == 0
+		return discovered && in.Meta.IncarnationID == "" && in.Meta.RegisterTsMs == 0
 	}
 	if id := in.Meta.IncarnationID; id != "" {
 		return inc == id

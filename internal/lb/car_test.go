@@ -2,6 +2,7 @@ package lb
 
 import (
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -215,6 +216,65 @@ func TestCARIncarnation(t *testing.T) {
 	}
 }
 
+// R-CAR-6, R-CAR-7: CAR keeps which streams decide each instance's ratio
+// between decisions (the join). One CAR over one directory layout routes
+// a sequence of snapshots, copies as the registry makes them and edits
+// of identity, DP size and membership, each as a new CAR with nothing
+// kept would: a kept join is used only for the instances' same
+// identities, and a change to any makes a new one.
+func TestCARJoinFollowsTheFleet(t *testing.T) {
+	view := newMatches(match("a", 0, 500, 0), match("a", 1, 300, 0), match("b", 0, 700, 0))
+	a := withDP(loaded("a", F, 0, 0), 2)
+	b := loaded("b", F, 9, 0)
+	base := snapshot(a, b)
+	// copyOf is the next snapshot of an unchanged fleet: new structures,
+	// the same strings, as the registry publishes after a load report.
+	copyOf := func(s *instance.Snapshot, edit func(in []instance.Instance)) *instance.Snapshot {
+		next := &instance.Snapshot{Instances: slices.Clone(s.Instances), Version: s.Version + 1, Synced: true}
+		if edit != nil {
+			edit(next.Instances)
+		}
+		return next
+	}
+	kept := mustCAR(t, 1, 0.5, view)
+	steps := []struct {
+		name  string
+		snap  *instance.Snapshot
+		wantA float64 // a's hit ratio; b's is 0.7 while it is there
+	}{
+		{"first", base, 0.3},
+		{"same snapshot", base, 0.3},
+		{"next snapshot, loads changed", copyOf(base, func(in []instance.Instance) { in[1].Load.WaitingRequests = 0 }), 0.3},
+		{"a new incarnation", copyOf(base, func(in []instance.Instance) { in[0].Meta.IncarnationID = "inc-a-2" }), 0},
+		{"the old one back, equal strings elsewhere", copyOf(base, func(in []instance.Instance) {
+			in[0].Meta.Name, in[0].Meta.IncarnationID = strings.Clone("a"), strings.Clone("inc-a")
+		}), 0.3},
+		{"one DP rank", copyOf(base, func(in []instance.Instance) { in[0].Meta.DPSize = 1 }), 0.5},
+		{"three DP ranks, one without a stream", copyOf(base, func(in []instance.Instance) { in[0].Meta.DPSize = 3 }), 0},
+		{"register time instead of an id", copyOf(base, func(in []instance.Instance) {
+			in[0].Meta.IncarnationID, in[0].Meta.RegisterTsMs = "", 5
+		}), 0},
+		{"an instance before a", snapshot(loaded("0", F, 9, 0), a, b), 0.3},
+		{"b gone", snapshot(a), 0.3},
+		{"back to the first", base, 0.3},
+	}
+	for _, st := range steps {
+		d := route(t, kept, Request{TokenIDs: tokens(1000)}, st.snap)
+		fresh := route(t, mustCAR(t, 1, 0.5, view), Request{TokenIDs: tokens(1000)}, st.snap)
+		if d != fresh {
+			t.Fatalf("%s: decision %+v with the kept join, %+v with a new one", st.name, d, fresh)
+		}
+		want := max(st.wantA, 0.7)
+		if len(st.snap.Instances) == 1 {
+			want = st.wantA
+		}
+		wantFloat(t, st.name+": HitRatio", d.HitRatio, want)
+		if want == st.wantA && d.Prefill != "a" {
+			t.Fatalf("%s: routed to %s, want a", st.name, d.Prefill)
+		}
+	}
+}
+
 // R-CAR-7: the allocation-free identity check agrees with
 // Instance.Incarnation.
 func TestSameIncarnationAgreesWithInstance(t *testing.T) {
@@ -229,7 +289,7 @@ func TestSameIncarnationAgreesWithInstance(t *testing.T) {
 		for _, inc := range []string{in.Incarnation(), "p-1", "5", "1700000000123", "-9223372036854775808", ""} {
 			for _, disc := range []bool{false, true} {
 				want := inc == in.Incarnation() && (inc != "" || disc)
-				if got := sameIncarnation(&in, &kvdir.Match{Incarnation: inc, Discovered: disc}); got != want {
+				if got := sameIncarnation(&in, inc, disc); got != want {
 					t.Errorf("sameIncarnation(%+v, %q, discovered %v) = %v, want %v", m, inc, disc, got, want)
 				}
 			}

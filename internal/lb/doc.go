@@ -3,14 +3,14 @@
 // chooses, for one request, the instance that runs its prefill and the
 // instance that decodes it, from an instance.Snapshot (the registry's
 // immutable view: types, roles, states, loads, profiles) and, for CAR,
-// the matches of the in-process KV directory.
+// the hits of the in-process KV directory.
 //
 // lb does no I/O of any kind: no network, no etcd, no files, no
 // logging. Policies are pure functions of their arguments plus the
 // little state they keep for themselves (tie and round-robin turns,
 // fitted latency models), held in the policy value (with its pool
 // of scratch buffers) and safe for concurrent use; there is no
-// package-level mutable state. lb must not modify the snapshot or the matches,
+// package-level mutable state. lb must not modify the snapshot or the hits,
 // must not change the registry (it never flips a MIX role) and must not
 // read KV metadata from anywhere but the PrefixView it is given.
 //
@@ -56,7 +56,15 @@
 // and register_ts_ms keeps its benefit (R-DISC-5), a static stream gets
 // none (R-CAR-7).
 // Without a view every hit is 0 and CAR ranks by queue. The directory is
-// queried once per request into a pooled buffer.
+// queried once per request into a pooled buffer, through
+// PrefixView.Hits: one dense hit per stream of the directory's layout.
+// Which streams decide which instance (the join of the snapshot's names,
+// DP sizes and incarnations with the layout's) is kept in the policy
+// between decisions and checked against each new snapshot by the
+// identity of its strings, so a decision reads no names; the candidate
+// scan reads the snapshot's 32-byte briefs (instance.Brief), not its
+// Instances. Both keep a decision that finds the caches cold, as a
+// router's sparse decisions do, to a few contiguous arrays.
 //
 // # Dispatch accounting (opt-in)
 //

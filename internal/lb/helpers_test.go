@@ -63,7 +63,7 @@ func withBackend(in instance.Instance, b string) instance.Instance {
 func snapshot(ins ...instance.Instance) *instance.Snapshot {
 	ins = slices.Clone(ins)
 	slices.SortFunc(ins, func(a, b instance.Instance) int { return strings.Compare(a.Meta.Name, b.Meta.Name) })
-	return &instance.Snapshot{Instances: ins, Version: 1, Synced: true}
+	return instance.NewSnapshot(ins, 1, true)
 }
 
 // match is a synchronised stream's answer for instance name, subscribed
@@ -80,10 +80,14 @@ func match(name string, dp, device, hostOnly int) kvdir.Match {
 	}
 }
 
-// matches is a directory's answer: a fixed list of matches, returned in
-// the directory's order (instance, then DP). It counts its queries.
+// matches is a directory's answer: a fixed list of matches, in the
+// directory's order (instance, then DP), answered as a directory's Hits
+// answers them: the streams' layout, made once as the directory makes
+// one per stream set, and their hits, a stream that is not synchronised
+// reporting none. It counts its queries.
 type matches struct {
 	list    []kvdir.Match
+	layout  *kvdir.Layout
 	queries atomic.Int64
 	lastLen atomic.Int64
 }
@@ -93,13 +97,25 @@ func newMatches(ms ...kvdir.Match) *matches {
 	slices.SortFunc(ms, func(a, b kvdir.Match) int {
 		return cmp.Or(strings.Compare(a.InstanceName, b.InstanceName), cmp.Compare(a.DPRank, b.DPRank))
 	})
-	return &matches{list: ms}
+	l := &kvdir.Layout{}
+	for _, m := range ms {
+		l.Streams = append(l.Streams, kvdir.StreamInfo{InstanceName: m.InstanceName, DPRank: m.DPRank, Incarnation: m.Incarnation, Discovered: m.Discovered})
+	}
+	return &matches{list: ms, layout: l}
 }
 
-func (m *matches) Query(tokenIDs []uint32, dst []kvdir.Match) []kvdir.Match {
+func (m *matches) Hits(tokenIDs []uint32, dst []kvdir.Hit) (*kvdir.Layout, []kvdir.Hit) {
 	m.queries.Add(1)
 	m.lastLen.Store(int64(len(tokenIDs)))
-	return append(dst, m.list...)
+	for i := range m.list {
+		ms := &m.list[i]
+		if !ms.Synchronized {
+			dst = append(dst, kvdir.Hit{})
+			continue
+		}
+		dst = append(dst, kvdir.Hit{DeviceTokens: ms.DeviceHitTokens, HostOnlyTokens: ms.HostOnlyHitTokens, OK: true})
+	}
+	return m.layout, dst
 }
 
 func tokens(n int) []uint32 {

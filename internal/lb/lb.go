@@ -100,12 +100,14 @@ type Decision struct {
 }
 
 // PrefixView answers prefix-hit queries from the in-process KV
-// directory; *kvdir.Directory satisfies it. Query appends one match per
-// stream to dst, sorted by instance name (byte order, as
-// instance.Snapshot sorts instances) then DP rank, and returns the
-// extended slice; it must not block on the network (R-DIR-4).
+// directory; *kvdir.Directory satisfies it. Hits appends one hit per
+// stream of the layout it returns, in the layout's order (sorted by
+// instance name in byte order, as instance.Snapshot sorts instances,
+// then DP rank), and returns the extended slice; it must not block on
+// the network (R-DIR-4). A layout is immutable, and the same value as
+// long as the streams are, so CAR keeps what it derives from one.
 type PrefixView interface {
-	Query(tokenIDs []uint32, dst []kvdir.Match) []kvdir.Match
+	Hits(tokenIDs []uint32, dst []kvdir.Hit) (*kvdir.Layout, []kvdir.Hit)
 }
 
 var _ PrefixView = (*kvdir.Directory)(nil)

@@ -1,0 +1,58 @@
+package instance
+
+import (
+	"slices"
+	"testing"
+)
+
+// A brief says what the instance says of everything the routing scan
+// reads; types and states past int8 stay none of the defined ones.
+func TestBriefsMatchInstances(t *testing.T) {
+	ins := []Instance{
+		{Meta: Meta{Name: "a", BackendType: "xllm"}, Type: Mix, Role: Decode, State: LeaseLost, HasLoad: true, LoadValid: true, Load: Load{WaitingRequests: 1 << 40}},
+		{Meta: Meta{Name: "b"}, Type: Prefill, Role: Prefill, State: Suspect, HasLoad: true},
+		{Meta: Meta{Name: "c", BackendType: "vllm"}, Type: Type(1000), Role: Type(-5), State: State(300)},
+	}
+	s := NewSnapshot(ins, 7, true)
+	bs := s.Briefs()
+	if len(bs) != len(ins) {
+		t.Fatalf("%d briefs for %d instances", len(bs), len(ins))
+	}
+	for i := range ins {
+		in, b := &ins[i], &bs[i]
+		if b.WaitingRequests != in.Load.WaitingRequests || b.BackendType != in.Meta.BackendType ||
+			b.HasLoad != in.HasLoad || b.LoadValid != in.LoadValid || b.Schedulable() != in.Schedulable() {
+			t.Errorf("instance %s: brief %+v", in.Meta.Name, *b)
+		}
+		for _, v := range []struct{ got, want int }{{int(b.Type()), int(in.Type)}, {int(b.Role()), int(in.Role)}, {int(b.State()), int(in.State)}} {
+			if v.got != v.want && (v.got != -1 || (v.want >= 0 && v.want <= 127)) {
+				t.Errorf("instance %s: brief type/role/state %d, instance %d", in.Meta.Name, v.got, v.want)
+			}
+		}
+	}
+	if s.Version != 7 || !s.Synced {
+		t.Errorf("snapshot %+v", s)
+	}
+}
+
+// A snapshot without briefs, or a copy given other Instances, has none:
+// its reader makes them from the Instances it has, never reading briefs
+// of others.
+func TestBriefsOnlyForTheirInstances(t *testing.T) {
+	s := NewSnapshot([]Instance{{Meta: Meta{Name: "a"}, Load: Load{WaitingRequests: 3}}}, 1, true)
+	other := *s
+	other.Instances = slices.Clone(s.Instances)
+	other.Instances[0].Load.WaitingRequests = 9
+	if b := other.Briefs(); b != nil {
+		t.Errorf("a copy with other instances reads briefs %+v", b)
+	}
+	if b := (&Snapshot{Instances: s.Instances}).Briefs(); b != nil {
+		t.Errorf("a snapshot built without briefs reads %+v", b)
+	}
+	if b := (&Snapshot{}).Briefs(); b != nil {
+		t.Errorf("an empty snapshot reads briefs %+v", b)
+	}
+	if b := AppendBriefs(nil, other.Instances); len(b) != 1 || b[0].WaitingRequests != 9 {
+		t.Errorf("AppendBriefs of the copy: %+v", b)
+	}
+}
