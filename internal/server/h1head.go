@@ -99,22 +99,12 @@ func (hr *headReader) line() ([]byte, error) {
 	return b, nil
 }
 
-// maxLeadingEmptyLines are the empty lines skipped before a request line
-// (RFC 9112 2.2: some clients send a CRLF after a POST body).
-const maxLeadingEmptyLines = 4
-
 // read reads one request head into h. A *headError is a head to refuse
 // with its status; any other error is the connection's (closed, timed
 // out, cut off), with nothing to answer.
 func (hr *headReader) read(h *reqHead) error {
 	hr.used = 0
-	var line []byte
-	var err error
-	for range maxLeadingEmptyLines + 1 {
-		if line, err = hr.line(); err != nil || len(line) > 0 {
-			break
-		}
-	}
+	line, err := hr.line()
 	if err != nil {
 		return hr.readErr(err)
 	}
@@ -187,7 +177,16 @@ func (hr *headReader) read(h *reqHead) error {
 		}
 	}
 	hr.dropUnseen()
+	if haveLength {
+		// One value, as net/http keeps it, however often it was repeated.
+		if vs := hr.header["Content-Length"]; len(vs) > 1 {
+			hr.header["Content-Length"] = vs[:1:1]
+		}
+	}
 	if h.chunked {
+		// Handlers see the coding in the request's TransferEncoding, as
+		// from net/http, not among the fields.
+		delete(hr.header, "Transfer-Encoding")
 		if haveLength {
 			// RFC 9112 6.1: such a request "ought to be handled as an
 			// error"; two framings are how requests are smuggled.
@@ -365,11 +364,15 @@ func validHost(b []byte) bool {
 	return true
 }
 
+// hostChar are the bytes net/http takes in a Host value.
 var hostChar = func() (t [128]bool) {
-	for c := range 128 {
-		t[c] = c < 0x80 && tokenChar[c]
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
 	}
-	for _, c := range "[]:@!$&'()*+,;=%" {
+	for c := 'a'; c <= 'z'; c++ {
+		t[c], t[c-'a'+'A'] = true, true
+	}
+	for _, c := range "!$%&'()*+,-.:;=[]_~" {
 		t[c] = true
 	}
 	return t
