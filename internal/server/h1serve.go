@@ -264,10 +264,10 @@ func (s *HTTP1Server) watch() {
 
 // Connection states, the watcher's view of what a connection waits for.
 const (
-	connIdle   int32 = iota // the next request's first byte
-	connHead                // the rest of a head
-	connBody                // the handler runs, the body not read to its end
-	connWork                // the handler runs, the body read
+	connIdle int32 = iota // the next request's first byte
+	connHead              // the rest of a head
+	connBody              // the handler runs, the body not read to its end
+	connWork              // the handler runs, the body read
 	connClosed
 )
 
