@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvcar/kvcar/internal/sockio"
 )
 
 // relayEnv, when set in kvcar-load's environment, makes it the relay
@@ -24,8 +26,9 @@ const relayEnv = "KVCAR_LOAD_RELAY_ENGINES"
 // goroutine per client connection that reads a request by its
 // Content-Length, writes it unchanged to a kept connection to an engine
 // (the engines in turn), reads the answer by its Content-Length and writes
-// it back, each in one write. No parsing beyond the framing, no routing,
-// no limits: what kvcar adds over it is kvcar's own, what it adds over
+// it back, each in one write, through the same raw socket I/O as kvcar
+// (internal/sockio). No parsing beyond the framing, no routing, no
+// limits: what kvcar adds over it is kvcar's own, what it adds over
 // direct is the hop's.
 
 // relayMaxHead bounds a head the relay reads; the driver's are small.
@@ -62,8 +65,15 @@ func runRelay(engines string) error {
 // and the message read last (head, then body).
 type relayEnd struct {
 	conn net.Conn
+	io   *sockio.Conn
 	br   *bufio.Reader
 	msg  []byte
+}
+
+func newRelayEnd(c net.Conn) *relayEnd {
+	e := &relayEnd{conn: c, io: sockio.New(c)}
+	e.br = bufio.NewReaderSize(e.io, 64<<10)
+	return e
 }
 
 // readMessage reads one HTTP/1.1 message framed by Content-Length (none
@@ -96,7 +106,7 @@ func (e *relayEnd) readMessage() error {
 }
 
 func relayConn(c net.Conn, addrs []string) {
-	client := &relayEnd{conn: c, br: bufio.NewReaderSize(c, 64<<10)}
+	client := newRelayEnd(c)
 	engines := make([]*relayEnd, len(addrs))
 	defer func() {
 		for _, e := range engines {
@@ -115,16 +125,16 @@ func relayConn(c net.Conn, addrs []string) {
 			if err != nil {
 				return
 			}
-			engines[i] = &relayEnd{conn: ec, br: bufio.NewReaderSize(ec, 64<<10)}
+			engines[i] = newRelayEnd(ec)
 		}
 		e := engines[i]
-		if _, err := e.conn.Write(client.msg); err != nil {
+		if _, err := e.io.Write(client.msg); err != nil {
 			return
 		}
 		if e.readMessage() != nil {
 			return
 		}
-		if _, err := c.Write(e.msg); err != nil {
+		if _, err := client.io.Write(e.msg); err != nil {
 			return
 		}
 	}

@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"github.com/kvcar/kvcar/internal/sockio"
 )
 
 // HTTP1Server serves an http.Handler over HTTP/1.0 and 1.1 with one
@@ -276,6 +278,7 @@ const (
 type h1conn struct {
 	srv    *HTTP1Server
 	conn   net.Conn
+	io     *sockio.Conn
 	raw    syscall.RawConn
 	br     *bufio.Reader
 	hr     headReader
@@ -303,10 +306,9 @@ type h1conn struct {
 }
 
 func (s *HTTP1Server) newConn(conn net.Conn) *h1conn {
-	c := &h1conn{srv: s, conn: conn, br: bufio.NewReaderSize(conn, readBufSize), remote: conn.RemoteAddr().String()}
-	if sc, ok := conn.(syscall.Conn); ok {
-		c.raw, _ = sc.SyscallConn()
-	}
+	c := &h1conn{srv: s, conn: conn, io: sockio.New(conn), remote: conn.RemoteAddr().String()}
+	c.br = bufio.NewReaderSize(c.io, readBufSize)
+	c.raw = c.io.Raw()
 	c.hr = headReader{br: c.br, maxBytes: s.opts.MaxHeaderBytes}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.base = *(&http.Request{}).WithContext(c.ctx)

@@ -3,7 +3,6 @@ package server
 import (
 	"bufio"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"slices"
@@ -46,10 +45,10 @@ type h1writer struct {
 	head []byte
 	body *[]byte
 	keys []string
-	// iov is what send writes, wv what writeRaw hands the connection:
-	// the writer's own, so that a write allocates nothing.
-	iov, wv net.Buffers
-	size    []byte
+	// iov is what send writes: the writer's own, so that a write
+	// allocates nothing.
+	iov  [][]byte
+	size []byte
 }
 
 func (w *h1writer) reset(h *reqHead) {
@@ -315,11 +314,9 @@ func (w *h1writer) writeRaw(bufs ...[]byte) {
 	}
 	var err error
 	if len(bufs) == 1 {
-		_, err = w.c.conn.Write(bufs[0])
+		_, err = w.c.io.Write(bufs[0])
 	} else {
-		w.wv = bufs
-		_, err = w.wv.WriteTo(w.c.conn)
-		w.wv = nil
+		_, err = w.c.io.Writev(bufs)
 	}
 	clear(bufs)
 	if err != nil {
