@@ -329,18 +329,7 @@ func validToken(b []byte) bool {
 	return true
 }
 
-var tokenChar = func() (t [128]bool) {
-	for c := '0'; c <= '9'; c++ {
-		t[c] = true
-	}
-	for c := 'a'; c <= 'z'; c++ {
-		t[c], t[c-'a'+'A'] = true, true
-	}
-	for _, c := range "!#$%&'*+-.^_`|~" {
-		t[c] = true
-	}
-	return t
-}()
+var tokenChar = asciiTable("!#$%&'*+-.^_`|~")
 
 // validValue reports whether a field value holds no control character
 // but tab (RFC 9110 5.5; obs-text is taken, as net/http takes it).
@@ -365,18 +354,21 @@ func validHost(b []byte) bool {
 }
 
 // hostChar are the bytes net/http takes in a Host value.
-var hostChar = func() (t [128]bool) {
+var hostChar = asciiTable("!$%&'()*+,-.:;=[]_~")
+
+// asciiTable marks the letters, the digits and extra.
+func asciiTable(extra string) (t [128]bool) {
 	for c := '0'; c <= '9'; c++ {
 		t[c] = true
 	}
 	for c := 'a'; c <= 'z'; c++ {
 		t[c], t[c-'a'+'A'] = true, true
 	}
-	for _, c := range "!$%&'()*+,-.:;=[]_~" {
+	for _, c := range extra {
 		t[c] = true
 	}
 	return t
-}()
+}
 
 // quoteTrunc quotes a client's bytes for an error message, bounded.
 func quoteTrunc(b []byte) string { return strconv.Quote(truncated(b)) }
