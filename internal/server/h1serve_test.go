@@ -511,9 +511,10 @@ func TestH1StreamingRelayedAsItComes(t *testing.T) {
 // the connection closes) and returns then; Serve returns
 // http.ErrServerClosed.
 func TestH1GracefulShutdown(t *testing.T) {
-	release := make(chan struct{})
+	release, started := make(chan struct{}), make(chan struct{}, 1)
 	engine := startEngine(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
+		started <- struct{}{}
 		<-release
 		_, _ = io.WriteString(w, `{"choices":[]}`)
 	})
@@ -534,7 +535,11 @@ func TestH1GracefulShutdown(t *testing.T) {
 	idle.answer(http.MethodGet)
 	busy := dialRaw(t, addr)
 	busy.send(completionRequest(`{"prompt":[1]}`))
-	time.Sleep(100 * time.Millisecond)
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the engine did not get the request")
+	}
 
 	shut := make(chan error, 1)
 	go func() {
