@@ -56,8 +56,9 @@ type headReader struct {
 	// being read.
 	header http.Header
 	seen   []string
-	// lastTarget is the previous request target, reused when repeated.
-	lastTarget string
+	// lastTarget and lastHost are the previous request's, reused when
+	// repeated.
+	lastTarget, lastHost string
 }
 
 // errHeadTooLarge is a head past maxBytes.
@@ -177,6 +178,9 @@ func (hr *headReader) read(h *reqHead) error {
 		}
 	}
 	hr.dropUnseen()
+	// Handlers find the host in the request's Host, as from net/http,
+	// not among the fields.
+	delete(hr.header, "Host")
 	if haveLength {
 		// One value, as net/http keeps it, however often it was repeated.
 		if vs := hr.header["Content-Length"]; len(vs) > 1 {
@@ -276,6 +280,12 @@ func (hr *headReader) add(name, value []byte) (key, stored string) {
 	if key == "" {
 		key = textproto.CanonicalMIMEHeaderKey(string(name))
 	}
+	if key == "Host" && hr.lastHost == string(value) {
+		// Removed from the fields once read; kept here for the next head.
+		hr.seen = append(hr.seen, key)
+		hr.header[key] = append(hr.header[key], hr.lastHost)
+		return key, hr.lastHost
+	}
 	vs, fresh := hr.header[key], true
 	for _, k := range hr.seen {
 		if k == key {
@@ -293,6 +303,9 @@ func (hr *headReader) add(name, value []byte) (key, stored string) {
 	}
 	stored = string(value)
 	hr.header[key] = append(vs, stored)
+	if key == "Host" {
+		hr.lastHost = stored
+	}
 	return key, stored
 }
 

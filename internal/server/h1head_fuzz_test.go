@@ -73,9 +73,8 @@ func FuzzHeadReader(f *testing.F) {
 		if h.close != ref.Close {
 			t.Fatalf("%q: close %v, net/http %v", data, h.close, ref.Close)
 		}
-		// net/http moves Host out of the fields; the rest must agree.
-		got := hr.header.Clone()
-		delete(got, "Host")
+		// Both move Host out of the fields; the rest must agree.
+		got := hr.header
 		for k, v := range ref.Header {
 			if strings.Join(got[k], "\x00") != strings.Join(v, "\x00") {
 				t.Fatalf("%q: field %s %q, net/http %q", data, k, got[k], v)
