@@ -75,21 +75,9 @@ func checkAllocsFlatLoop(t *testing.T, loop func(body []byte) func()) {
 // prepared bytes and reads answers into reused storage, so that what is
 // counted is kvcar's (and the engine's, the same for both sizes).
 func TestH1AllocationsDoNotGrowWithPrompt(t *testing.T) {
-	s := New(Options{Router: routerFor(t, answeringEngine(t))})
-	s.SetReady(true)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := NewHTTP1Server(s.Handler(), HTTP1Options{})
-	served := make(chan error, 1)
-	go func() { served <- hs.Serve(ln) }()
-	t.Cleanup(func() {
-		hs.Close()
-		<-served
-	})
+	addr, _ := h1Stack(t, Options{}, HTTP1Options{}, answeringEngine(t))
 	checkAllocsFlatLoop(t, func(body []byte) func() {
-		c, err := net.Dial("tcp", ln.Addr().String())
+		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
