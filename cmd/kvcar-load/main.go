@@ -44,9 +44,17 @@ type options struct {
 	profileDir string
 	kvcarArgs  []string
 	command    string
+	bound      bool
 }
 
 func main() {
+	if engines := os.Getenv(relayEnv); engines != "" {
+		if err := runRelay(engines); err != nil {
+			fmt.Fprintln(os.Stderr, "kvcar-load:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	o, err := parse(os.Args[1:])
@@ -79,6 +87,7 @@ func parse(args []string) (options, error) {
 	fs.StringVar(&o.backend, "backend", backendVLLM, "engines: vllm (trivial OpenAI servers registered as vLLM, relayed over HTTP) or xllm (emulated xLLM engines, dispatched over baidu_std)")
 	fs.BoolVar(&o.readme, "readme", false, "print the README section: the table with date, commit, command and load average")
 	fs.StringVar(&o.profileDir, "profile_dir", "", "save a CPU profile of kvcar over each cell's window here (<policy>-<ids>-c<clients>.pprof)")
+	fs.BoolVar(&o.bound, "bound", true, "measure each cell also through the relay bound: a minimal relay (Content-Length framing, kept engine connections, no parsing or routing) run as its own process")
 	extra := fs.String("kvcar_args", "--log_level=warn", "further kvcar flags, space separated")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -133,18 +142,29 @@ func ints(flag, s string, lo, hi int) ([]int, error) {
 // cell is one measured load: a target (direct or a policy), a prompt
 // size and a concurrency.
 type cell struct {
-	target      string // "direct" or the policy
+	target      string // "direct", boundTarget or the policy
 	ids, conc   int
 	requests    int
 	window      time.Duration
 	p50, p99    time.Duration
 	byStatus    map[int]int
 	connErr     int
-	kvcarCPU    time.Duration // over the window; 0 for direct
+	kvcarCPU    time.Duration // of kvcar or the relay, over the window; 0 for direct
 	load1       float64       // load average at the window's end
 	loadAtStart float64
 	// direct is the same load sent to the engines right before.
 	direct *cell
+}
+
+// boundTarget names the relay bound's cells.
+const boundTarget = "relay bound"
+
+// measured is the process whose CPU time a cell reads: kvcar or the
+// relay bound; pid 0 for direct cells. profileURL, when set, is kvcar's
+// internal listener.
+type measured struct {
+	pid        int
+	profileURL string
 }
 
 func (c *cell) rate() float64 { return float64(c.requests) / c.window.Seconds() }
@@ -202,6 +222,21 @@ func run(ctx context.Context, o options, log io.Writer) (_ *report, err error) {
 	}
 	defer func() { err = errors.Join(err, engines.close()) }()
 	direct := engines.urls
+	var relayURLs []string
+	boundPid := 0
+	if o.bound {
+		var addrs []string
+		for _, u := range engines.urls {
+			addrs = append(addrs, strings.TrimSuffix(strings.TrimPrefix(u, "http://"), server.CompletionsPath))
+		}
+		relay, rerr := startRelay(ctx, addrs)
+		if rerr != nil {
+			return nil, rerr
+		}
+		defer func() { err = errors.Join(err, relay.stop()) }()
+		relayURLs = []string{"http://" + relay.addr + server.CompletionsPath}
+		boundPid = relay.pid()
+	}
 	bodies := map[int]*prompts{}
 	for _, n := range o.ids {
 		bodies[n] = newPrompts(o.prompts, n, o.seed)
@@ -211,15 +246,28 @@ func run(ctx context.Context, o options, log io.Writer) (_ *report, err error) {
 	measure := func(policy string, kv *devcluster.KVCar) error {
 		for _, n := range o.ids {
 			for _, c := range o.conc {
-				d, err := measureCell(ctx, "direct", direct, bodies[n], n, c, nil, o)
+				d, err := measureCell(ctx, "direct", direct, bodies[n], n, c, measured{}, o)
 				if err != nil {
 					return err
 				}
-				ce, err := measureCell(ctx, policy, []string{kv.URL() + server.CompletionsPath}, bodies[n], n, c, kv, o)
+				var b *cell
+				if relayURLs != nil {
+					if b, err = measureCell(ctx, boundTarget, relayURLs, bodies[n], n, c, measured{pid: boundPid}, o); err != nil {
+						return err
+					}
+					b.direct = d
+					fmt.Fprintf(log, "%s %d ids c=%d: %.0f req/s p50 %v p99 %v errors %d CPU/req %v load %.2f\n",
+						boundTarget, n, c, b.rate(), b.p50, b.p99, b.errors(), b.cpuPerRequest(), b.load1)
+				}
+				ce, err := measureCell(ctx, policy, []string{kv.URL() + server.CompletionsPath}, bodies[n], n, c,
+					measured{pid: kv.Pid(), profileURL: kv.InternalURL()}, o)
 				if err != nil {
 					return err
 				}
 				ce.direct = d
+				if b != nil {
+					rep.cells = append(rep.cells, b)
+				}
 				fmt.Fprintf(log, "%s %d ids c=%d: %.0f req/s (direct %.0f) p50 %v (direct %v) p99 %v errors %d kvcar CPU/req %v load %.2f\n",
 					policy, n, c, ce.rate(), d.rate(), ce.p50, d.p50, ce.p99, ce.errors(), ce.cpuPerRequest(), ce.load1)
 				rep.cells = append(rep.cells, ce)
@@ -289,7 +337,7 @@ func kvcarLog(dir, policy string) error {
 	return fmt.Errorf("kvcar output:\n%s", b[max(0, len(b)-4096):])
 }
 
-func measureCell(ctx context.Context, target string, urls []string, ps *prompts, ids, conc int, kv *devcluster.KVCar, o options) (*cell, error) {
+func measureCell(ctx context.Context, target string, urls []string, ps *prompts, ids, conc int, m measured, o options) (*cell, error) {
 	hc := newClient(conc)
 	defer hc.CloseIdleConnections()
 	ce := &cell{target: target, ids: ids, conc: conc}
@@ -298,15 +346,15 @@ func measureCell(ctx context.Context, target string, urls []string, ps *prompts,
 	var profiled chan error
 	ce.loadAtStart = loadAverage()
 	t := closedLoop(ctx, hc, urls, ps, conc, o.warmup, o.duration, func(start bool) {
-		if kv == nil {
+		if m.pid == 0 {
 			return
 		}
-		if start && o.profileDir != "" {
+		if start && o.profileDir != "" && m.profileURL != "" {
 			profiled = make(chan error, 1)
 			name := filepath.Join(o.profileDir, fmt.Sprintf("%s-%d-c%d.pprof", target, ids, conc))
-			go func() { profiled <- saveProfile(ctx, kv.InternalURL(), name, o.duration) }()
+			go func() { profiled <- saveProfile(ctx, m.profileURL, name, o.duration) }()
 		}
-		c, err := devcluster.CPUTime(kv.Pid())
+		c, err := devcluster.CPUTime(m.pid)
 		cpuErr = errors.Join(cpuErr, err)
 		if start {
 			cpu0 = c

@@ -1,12 +1,27 @@
 package main
 
 import (
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvcar/kvcar/internal/devcluster"
 )
+
+// TestMain serves the relay bound when the test binary is run again as
+// one, as kvcar-load's main does.
+func TestMain(m *testing.M) {
+	if engines := os.Getenv(relayEnv); engines != "" {
+		if err := runRelay(engines); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
+	os.Exit(m.Run())
+}
 
 // TestShortRunIsSane runs the program on the real binary with a short
 // window: every cell completes without an error, kvcar's cells carry a
@@ -31,8 +46,8 @@ func TestShortRunIsSane(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, log.String())
 	}
-	if len(rep.cells) != 4 {
-		t.Fatalf("%d cells, want 4 (RR and CAR at 2 concurrencies)", len(rep.cells))
+	if len(rep.cells) != 8 {
+		t.Fatalf("%d cells, want 8 (RR, CAR and the relay bound before each at 2 concurrencies)", len(rep.cells))
 	}
 	for _, c := range rep.cells {
 		for _, x := range []*cell{c, c.direct} {
@@ -40,9 +55,9 @@ func TestShortRunIsSane(t *testing.T) {
 				t.Errorf("%s c=%d: %d answered, %d errors (%s), p50 %v p99 %v", x.target, x.conc, x.requests, x.errors(), errorsText(x), x.p50, x.p99)
 			}
 		}
-		// kvcar parses every body and relays it: it cannot have used no
-		// CPU, nor a whole core for each request; the direct load is not
-		// kvcar's.
+		// kvcar and the relay bound relay every body: neither can have
+		// used no CPU, nor a whole core for each request; the direct load
+		// is neither's.
 		if perReq := c.cpuPerRequest(); perReq <= 0 || perReq > 100*time.Millisecond || c.direct.cpuPerRequest() != 0 {
 			t.Errorf("%s c=%d: kvcar CPU per request %v, direct %v", c.target, c.conc, perReq, c.direct.cpuPerRequest())
 		}
@@ -51,7 +66,7 @@ func TestShortRunIsSane(t *testing.T) {
 	rep.write(&out, true)
 	table := out.String()
 	t.Log(table)
-	for _, want := range []string{"Generated ", "| CAR | 2048 | 4 |", "| RR | 2048 | 1 |", "kvcar-load --kvcar="} {
+	for _, want := range []string{"Generated ", "| CAR | 2048 | 4 |", "| RR | 2048 | 1 |", "| relay bound | 2048 | 4 |", "kvcar-load --kvcar="} {
 		if !strings.Contains(table, want) {
 			t.Errorf("report lacks %q", want)
 		}

@@ -407,12 +407,16 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	}
 	defer rpcSrv.Close()
 	errLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
+	// The public listener, which carries the request path, is served by
+	// kvcar's own HTTP/1.1 loop (same timeouts and head limit as the
+	// internal one's net/http server); the internal one by net/http.
 	servers := []struct {
 		name string
-		hs   *http.Server
+		hs   httpServer
 		ln   net.Listener
 	}{
-		{"public", newHTTPServer(srv.Handler(), errLog), ln},
+		{"public", server.NewHTTP1Server(srv.Handler(), server.HTTP1Options{ReadHeaderTimeout: readHeaderTimeout,
+			ReadTimeout: readTimeout, IdleTimeout: idleTimeout, Logger: log}), ln},
 		{"internal", newHTTPServer(srv.InternalHandler(), errLog), iln},
 	}
 	// Each Serve returns once its server is shut down below; errc has
@@ -475,12 +479,26 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	return nil
 }
 
+// httpServer is what serves a listener: net/http's server or kvcar's own.
+type httpServer interface {
+	Serve(net.Listener) error
+	Shutdown(context.Context) error
+	Close() error
+}
+
+// Timeouts of both listeners' servers.
+const (
+	readHeaderTimeout = 10 * time.Second
+	readTimeout       = 60 * time.Second
+	idleTimeout       = 120 * time.Second
+)
+
 func newHTTPServer(h http.Handler, errLog *log.Logger) *http.Server {
 	return &http.Server{
 		Handler:           h,
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       60 * time.Second,
-		IdleTimeout:       120 * time.Second,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		IdleTimeout:       idleTimeout,
 		ErrorLog:          errLog,
 	}
 }

@@ -45,6 +45,15 @@
 // across requests are all bounded (Options), and the decision goes back
 // to the client only when ExposeRoutingHeaders asks for it.
 //
+// HTTP1Server (h1serve.go, h1head.go, h1write.go) is the package's own
+// HTTP/1.1 server, which kvcar runs on the public listener: one goroutine
+// per connection serves its requests in order, its head read in place
+// within a byte limit and refused (400, 431, 417, 501 or 505, naming the
+// fault, the connection then closed) when it is malformed, framed two
+// ways or of another HTTP version; its timeouts and the watch for a
+// client gone while its request is served are one goroutine's per
+// server. The internal listener stays on net/http.
+//
 // Every error, on every route, has the body
 // {"error":{"code":<status>,"message":"<text>"}}.
 //

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
+
+	"github.com/kvcar/kvcar/internal/sockio"
 )
 
 // engineClient relays requests to engines over HTTP/1.1 on the caller's
@@ -45,6 +47,7 @@ type engineClient struct {
 type keptConn struct {
 	addr   string
 	conn   net.Conn
+	io     *sockio.Conn
 	br     *bufio.Reader
 	idleAt time.Time
 	reused bool
@@ -54,7 +57,7 @@ type keptConn struct {
 	// iov is the request's head and body as written, and ans the answer
 	// read: the connection's own storage, so that a request allocates
 	// neither.
-	iov net.Buffers
+	iov [][]byte
 	ans answer
 	// raw, peekFn, peekBuf and peekOpen are the peek's, and expire what
 	// the watch calls: made once per connection, not per request.
@@ -63,13 +66,14 @@ type keptConn struct {
 	peekBuf  [1]byte
 	peekOpen bool
 	expire   func()
+	// deadline is the read deadline set last, zero for none.
+	deadline time.Time
 }
 
 func newKeptConn(addr string, conn net.Conn) *keptConn {
-	kc := &keptConn{addr: addr, conn: conn, br: bufio.NewReaderSize(conn, 4<<10)}
-	if sc, ok := conn.(syscall.Conn); ok {
-		kc.raw, _ = sc.SyscallConn()
-	}
+	kc := &keptConn{addr: addr, conn: conn, io: sockio.New(conn)}
+	kc.br = bufio.NewReaderSize(kc.io, 4<<10)
+	kc.raw = kc.io.Raw()
 	kc.peekFn = kc.peek
 	kc.expire = func() { _ = kc.conn.SetDeadline(time.Unix(1, 0)) }
 	return kc
@@ -111,8 +115,7 @@ func (c *engineClient) roundTrip(ctx context.Context, addr string, method string
 		}
 		kc.watch(ctx)
 		kc.iov = append(kc.iov[:0], head, body)
-		iov := kc.iov
-		_, err = iov.WriteTo(kc.conn)
+		_, err = kc.io.Writev(kc.iov)
 		clear(kc.iov[:cap(kc.iov)])
 		if err != nil {
 			kc.unwatch()
@@ -135,7 +138,13 @@ func (c *engineClient) roundTrip(ctx context.Context, addr string, method string
 // readHead reads the answer's head into kc.ans, giving up when ctx ends
 // (kc is watched) or after engineResponseHeaderTimeout.
 func (c *engineClient) readHead(ctx context.Context, kc *keptConn, method string) error {
-	_ = kc.conn.SetReadDeadline(time.Now().Add(engineResponseHeaderTimeout))
+	// The deadline is moved only when it would move by more than a
+	// second: a timer change per request costs more than the precision
+	// is worth.
+	if want := time.Now().Add(engineResponseHeaderTimeout); kc.deadline.IsZero() || want.Sub(kc.deadline) > time.Second {
+		_ = kc.conn.SetReadDeadline(want)
+		kc.deadline = want
+	}
 	err := kc.ans.read(kc.br, method)
 	if ctx.Err() != nil {
 		return ctx.Err()
@@ -146,9 +155,14 @@ func (c *engineClient) readHead(ctx context.Context, kc *keptConn, method string
 		}
 		return fmt.Errorf("%w: %w", errEngineAnswer, err)
 	}
-	// The body may stream for as long as the engine generates; the
-	// client going away ends it through the watch.
-	_ = kc.conn.SetReadDeadline(time.Time{})
+	// A body of unknown length (SSE) may stream for as long as the
+	// engine generates; the client going away ends it through the watch.
+	// One of known length is the whole answer already made: it comes
+	// under the head's deadline.
+	if kc.ans.length < 0 {
+		_ = kc.conn.SetReadDeadline(time.Time{})
+		kc.deadline = time.Time{}
+	}
 	return nil
 }
 

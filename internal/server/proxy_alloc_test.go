@@ -6,9 +6,13 @@
 package server
 
 import (
+	"bufio"
+	"bytes"
+	"net"
 	"net/http"
 	"runtime"
 	"runtime/debug"
+	"strconv"
 	"testing"
 )
 
@@ -31,9 +35,16 @@ func TestInferenceAllocationsDoNotGrowWithPrompt(t *testing.T) {
 // 2048, once h's pooled storage is warm.
 func checkAllocsFlat(t *testing.T, h http.Handler) {
 	t.Helper()
+	checkAllocsFlatLoop(t, func(body []byte) func() { return completionLoop(t, h, body) })
+}
+
+// checkAllocsFlatLoop is checkAllocsFlat with the requests served by what
+// loop returns for a body.
+func checkAllocsFlatLoop(t *testing.T, loop func(body []byte) func()) {
+	t.Helper()
 	measure := func(ids int) (bytesPerOp, allocsPerOp float64) {
 		const runs = 200
-		serve := completionLoop(t, h, idsCompletion(ids))
+		serve := loop(idsCompletion(ids))
 		for range 20 {
 			serve()
 		}
@@ -56,4 +67,50 @@ func checkAllocsFlat(t *testing.T, h http.Handler) {
 		t.Errorf("a prompt of 65536 ids allocates %.0f B per request in %.1f allocations, %.0f B more than one of 2048",
 			largeB, largeN, largeB-smallB)
 	}
+}
+
+// TestH1AllocationsDoNotGrowWithPrompt is TestInferenceAllocationsDoNotGrowWithPrompt
+// through kvcar's HTTP/1.1 server over loopback: the head read, the
+// response written, the body read and relayed. The client writes
+// prepared bytes and reads answers into reused storage, so that what is
+// counted is kvcar's (and the engine's, the same for both sizes).
+func TestH1AllocationsDoNotGrowWithPrompt(t *testing.T) {
+	addr, _ := h1Stack(t, Options{}, HTTP1Options{}, answeringEngine(t))
+	checkAllocsFlatLoop(t, func(body []byte) func() {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		req := []byte(completionRequest(string(body)))
+		br := bufio.NewReaderSize(c, 64<<10)
+		return func() {
+			if _, err := c.Write(req); err != nil {
+				t.Fatal(err)
+			}
+			status, length := 0, -1
+			for {
+				line, err := br.ReadSlice('\n')
+				if err != nil {
+					t.Fatal(err)
+				}
+				if status == 0 {
+					status, _ = strconv.Atoi(string(bytes.Fields(line)[1]))
+					continue
+				}
+				if len(bytes.TrimSpace(line)) == 0 {
+					break
+				}
+				if k, v, _ := bytes.Cut(line, []byte(":")); string(k) == "Content-Length" {
+					length, _ = strconv.Atoi(string(bytes.TrimSpace(v)))
+				}
+			}
+			if status != http.StatusOK || length < 0 {
+				t.Fatalf("status %d, length %d", status, length)
+			}
+			if _, err := br.Discard(length); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
 }

@@ -30,10 +30,13 @@ func startServer(t *testing.T, opts Options, ready bool) *httptest.Server {
 }
 
 // startPublicServer serves the public routes of a Server made from
-// opts, ready: the request path.
+// opts, ready (the request path), as kvcar does: by its own HTTP/1.1
+// loop, HTTP1Server.
 func startPublicServer(t *testing.T, opts Options) *httptest.Server {
 	t.Helper()
-	return serveRoutes(t, opts, true, (*Server).Handler)
+	s := New(opts)
+	s.SetReady(true)
+	return serveH1(t, s.Handler(), HTTP1Options{})
 }
 
 func serveRoutes(t *testing.T, opts Options, ready bool, routes func(*Server) http.Handler) *httptest.Server {

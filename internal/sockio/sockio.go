@@ -1,0 +1,169 @@
+package sockio
+
+import (
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"unsafe"
+)
+
+// Conn reads and writes a TCP connection with raw system calls on its
+// non-blocking socket, waiting in the runtime's poller (and under the
+// connection's deadlines) only when the socket has nothing to give or no
+// room. A read or write through net.Conn enters the scheduler's syscall
+// state, and when every P has been idle, as between requests at one
+// client, that entry wakes the runtime's monitor thread: a futex wake-up
+// per system call, a tenth of a relay's CPU at one client. A non-blocking
+// call on a socket returns in microseconds, so it need not tell the
+// scheduler. Connections that are not sockets go through net.Conn.
+type Conn struct {
+	conn net.Conn
+	// raw is nil when conn is not a socket.
+	raw syscall.RawConn
+	// The callbacks are made once; these carry their arguments and
+	// results.
+	readFn, writeFn func(fd uintptr) bool
+	p               []byte
+	bufs            [][]byte
+	one             [1][]byte
+	iov             []syscall.Iovec
+	n               int
+	errno           syscall.Errno
+}
+
+// New returns conn's raw I/O. conn is still the one to close and to set
+// deadlines on; the reads and writes here keep to them.
+func New(conn net.Conn) *Conn {
+	s := &Conn{conn: conn}
+	if sc, ok := conn.(syscall.Conn); ok {
+		if raw, err := sc.SyscallConn(); err == nil {
+			s.raw = raw
+		}
+	}
+	s.readFn, s.writeFn = s.read, s.write
+	return s
+}
+
+// Raw is the connection's raw access, nil when it is not a socket.
+func (s *Conn) Raw() syscall.RawConn { return s.raw }
+
+// Read reads into p, as net.Conn's Read.
+func (s *Conn) Read(p []byte) (int, error) {
+	if s.raw == nil {
+		return s.conn.Read(p)
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	s.p, s.n, s.errno = p, 0, 0
+	err := s.raw.Read(s.readFn)
+	s.p = nil
+	if err != nil {
+		return 0, err
+	}
+	if s.errno != 0 {
+		return 0, os.NewSyscallError("read", s.errno)
+	}
+	if s.n == 0 {
+		return 0, io.EOF
+	}
+	return s.n, nil
+}
+
+// read is the raw read: false (wait for the socket) when it would block.
+func (s *Conn) read(fd uintptr) bool {
+	for {
+		n, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&s.p[0])), uintptr(len(s.p)))
+		switch e {
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return false
+		}
+		s.n, s.errno = int(n), e
+		return true
+	}
+}
+
+// Write writes p whole.
+func (s *Conn) Write(p []byte) (int, error) {
+	if s.raw == nil {
+		return s.conn.Write(p)
+	}
+	s.one[0] = p
+	s.bufs = s.one[:]
+	return s.writeBuffers()
+}
+
+// Writev writes bufs whole, in one system call when the socket has room.
+// bufs is consumed.
+func (s *Conn) Writev(bufs [][]byte) (int, error) {
+	if s.raw == nil {
+		nb := net.Buffers(bufs)
+		n, err := nb.WriteTo(s.conn)
+		return int(n), err
+	}
+	s.bufs = bufs
+	return s.writeBuffers()
+}
+
+func (s *Conn) writeBuffers() (int, error) {
+	s.n, s.errno = 0, 0
+	err := s.raw.Write(s.writeFn)
+	clear(s.bufs)
+	s.bufs = nil
+	s.one[0] = nil
+	clear(s.iov)
+	if err == nil && s.errno != 0 {
+		err = os.NewSyscallError("writev", s.errno)
+	}
+	return s.n, err
+}
+
+// maxIovecs bounds one writev's vector, under the kernel's IOV_MAX.
+const maxIovecs = 1024
+
+// write is the raw writev of what is left of s.bufs: false (wait for
+// room) when the socket is full.
+func (s *Conn) write(fd uintptr) bool {
+	for {
+		s.iov = s.iov[:0]
+		for _, b := range s.bufs {
+			if len(b) > 0 && len(s.iov) < maxIovecs {
+				v := syscall.Iovec{Base: &b[0]}
+				v.SetLen(len(b))
+				s.iov = append(s.iov, v)
+			}
+		}
+		if len(s.iov) == 0 {
+			return true
+		}
+		n, _, e := syscall.RawSyscall(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&s.iov[0])), uintptr(len(s.iov)))
+		switch e {
+		case 0:
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return false
+		default:
+			s.errno = e
+			return true
+		}
+		s.n += int(n)
+		s.consume(int(n))
+	}
+}
+
+// consume drops n written bytes from the front of s.bufs.
+func (s *Conn) consume(n int) {
+	for len(s.bufs) > 0 {
+		if n < len(s.bufs[0]) {
+			s.bufs[0] = s.bufs[0][n:]
+			return
+		}
+		n -= len(s.bufs[0])
+		s.bufs[0] = nil
+		s.bufs = s.bufs[1:]
+	}
+}
