@@ -401,19 +401,24 @@ func (t *keyTable) find(k kvindex.Key) (uint32, bool) {
 }
 
 // lookup is find for writers: it also returns the cell of k's record, or
-// when k is not held the first tombstone of its probe run (-1 if none),
-// where insert puts it.
+// when k is not held the cell insert puts it in: the first tombstone of
+// its probe run, or the empty cell that ends the run if it has none (-1
+// when there are no cells). The probe is not repeated by insert.
 func (t *keyTable) lookup(k kvindex.Key) (r uint32, cell int, ok bool) {
 	n := len(t.cells)
 	tomb := -1
 	if n == 0 {
 		return 0, tomb, false
 	}
+	cells := t.cells
 	fp, rb, rm := fpOf(k, t.recBits), t.recBits, t.recMask()
 	for i := homeOf(k, n); ; {
-		c := t.cells[i]
+		c := cells[i]
 		switch {
 		case c == 0:
+			if tomb < 0 {
+				tomb = i
+			}
 			return 0, tomb, false
 		case c&rm == rm:
 			if tomb < 0 {
@@ -440,22 +445,26 @@ func (t *keyTable) needsRebuild(extra int) bool {
 }
 
 // insert adds a record for k, which the table does not hold, with every
-// bit clear, in cell tomb if that is not -1 (a tombstone of k's probe
-// run, from lookup); set makes the record live before anything reads it.
-func (t *keyTable) insert(k kvindex.Key, tomb int) uint32 {
+// bit clear, in cell if that is not -1 (the tombstone or empty cell
+// lookup found for k); set makes the record live before anything reads it.
+func (t *keyTable) insert(k kvindex.Key, cell int) uint32 {
 	if t.needsRebuild(1) {
 		t.rebuildCells(1)
-		tomb = -1
+		cell = -1
 	}
 	r := t.recs.alloc(recWords)
 	rec := t.rec(r)
 	clear(rec)
 	rec[0], rec[1] = k.Hi, k.Lo
-	if tomb >= 0 {
-		t.cells[tomb] = fpOf(k, t.recBits)<<t.recBits | (r + 1)
-	} else {
+	switch {
+	case cell < 0:
 		placeIn(t.cells, t.recBits, k, r)
 		t.occupied++
+	case t.cells[cell] == 0:
+		t.cells[cell] = fpOf(k, t.recBits)<<t.recBits | (r + 1)
+		t.occupied++
+	default: // a tombstone, already counted as occupied
+		t.cells[cell] = fpOf(k, t.recBits)<<t.recBits | (r + 1)
 	}
 	t.live++
 	return r
@@ -463,14 +472,18 @@ func (t *keyTable) insert(k kvindex.Key, tomb int) uint32 {
 
 // placeIn stores record r of key k in the first empty cell from k's home.
 func placeIn(cells []uint32, recBits uint, k kvindex.Key, r uint32) {
+	placeAt(cells, homeOf(k, len(cells)), fpOf(k, recBits)<<recBits|(r+1))
+}
+
+// placeAt stores cell c in the first empty cell from i on.
+func placeAt(cells []uint32, i int, c uint32) {
 	n := len(cells)
-	i := homeOf(k, n)
 	for cells[i] != 0 {
 		if i++; i == n {
 			i = 0
 		}
 	}
-	cells[i] = fpOf(k, recBits)<<recBits | (r + 1)
+	cells[i] = c
 }
 
 // rebuildCells builds a cell array for the live records with room for
@@ -489,11 +502,25 @@ func (t *keyTable) rebuildCells(extra int) {
 	// until the next rebuild; one more keeps clear of the tombstone.
 	recBits := uint(bits.Len64(max(uint64(t.recs.used)+uint64(extra), uint64(n)) + 1))
 	cells := make([]uint32, n)
-	for r := uint32(0); r < t.recs.used; r++ {
-		if rec := t.rec(r); rec[2] != 0 {
-			placeIn(cells, recBits, kvindex.Key{Hi: rec[0], Lo: rec[1]}, r)
+	// Records go a page at a time in runs of keyChunk: the home cells of a
+	// run are loaded first, so that their cache misses overlap instead of
+	// each placement stalling on its own.
+	var homes [keyChunk]int
+	var acc uint32
+	for r0 := uint32(0); r0 < t.recs.used; r0 += keyChunk {
+		m := min(keyChunk, t.recs.used-r0)
+		for j := range m {
+			rec := t.rec(r0 + j)
+			homes[j] = homeOf(kvindex.Key{Hi: rec[0], Lo: rec[1]}, n)
+			acc += cells[homes[j]]
+		}
+		for j := range m {
+			if rec := t.rec(r0 + j); rec[2] != 0 {
+				placeAt(cells, homes[j], fpOf(kvindex.Key{Hi: rec[0], Lo: rec[1]}, recBits)<<recBits|(r0+j+1))
+			}
 		}
 	}
+	t.sink += uint64(acc)
 	t.mu.Lock()
 	t.cells, t.recBits, t.occupied = cells, recBits, t.live
 	t.mu.Unlock()
@@ -505,7 +532,11 @@ func (t *keyTable) rebuildCells(extra int) {
 func (t *keyTable) remove(r uint32, i int) {
 	n, rm := len(t.cells), t.recMask()
 	t.cells[i] = rm
-	if t.cells[(i+1)%n] == 0 {
+	next := i + 1
+	if next == n {
+		next = 0
+	}
+	if t.cells[next] == 0 {
 		for t.cells[i] == rm {
 			t.cells[i] = 0
 			t.occupied--
@@ -709,26 +740,57 @@ func (t *keyTable) warm(keys []kvindex.Key, wr *walkResult) {
 	wr.sink += acc
 }
 
-// warmChanges loads the home cells of the changes' keys, then the
-// records they name, so that the cache misses of a chunk overlap instead
-// of stalling each change in turn.
+// warmChanges loads what set will read for the changes, so that the
+// cache misses of a chunk overlap instead of stalling each change in
+// turn: first every home cell, loads independent of each other; then,
+// those cells now in cache, each key's probe run is searched for the
+// cell whose fingerprint matches (a held key's own, most of the time,
+// however far from home it lies), and last the records those cells name
+// are loaded, again independently. A new key's run usually names none,
+// so it costs its cell and nothing more.
 func (t *keyTable) warmChanges(changes []keyChange) {
-	if len(t.cells) == 0 {
+	n := len(t.cells)
+	if n == 0 {
 		return
 	}
-	var cells [keyChunk]uint32
+	changes = changes[:min(len(changes), keyChunk)]
+	cells := t.cells
+	var homes [keyChunk]int
 	var acc uint64
-	n, rm := len(t.cells), t.recMask()
-	for j := range changes[:min(len(changes), keyChunk)] {
-		cells[j] = t.cells[homeOf(changes[j].k, n)] & rm
+	for j := range changes {
+		homes[j] = homeOf(changes[j].k, n)
+		acc += uint64(cells[homes[j]])
 	}
-	for _, c := range cells[:min(len(changes), keyChunk)] {
-		if c != 0 && c != rm {
-			acc += t.rec(uint32(c) - 1)[0]
+	var recs [keyChunk]uint32
+	rb, rm := t.recBits, t.recMask()
+	for j := range changes {
+		fp := fpOf(changes[j].k, rb)
+		recs[j] = rm
+		for i, left := homes[j], warmProbe; left > 0; left-- {
+			c := cells[i]
+			if c == 0 {
+				break
+			}
+			if c>>rb == fp && c&rm != rm {
+				recs[j] = c&rm - 1
+				break
+			}
+			if i++; i == n {
+				i = 0
+			}
+		}
+	}
+	for _, r := range recs[:len(changes)] {
+		if r != rm {
+			acc += t.rec(r)[0]
 		}
 	}
 	t.sink += acc
 }
+
+// warmProbe bounds the cells warmChanges searches per key: a run longer
+// than that is rare at the table's load, and set still finds its key.
+const warmProbe = 32
 
 // fill writes ix's keys for slot, which must not be published: nothing
 // of it is visible until setPublished.
