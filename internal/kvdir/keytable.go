@@ -4,9 +4,19 @@ import (
 	"math/bits"
 	"slices"
 	"sync"
+	"unsafe"
 
 	"github.com/kvcar/kvcar/internal/kvindex"
+	"github.com/kvcar/kvcar/internal/prefetch"
 )
+
+// fetchCell starts loading cell i of cells without waiting for it.
+func fetchCell(cells []uint32, i int) {
+	prefetch.Addr(uintptr(unsafe.Pointer(unsafe.SliceData(cells))) + uintptr(i)*4)
+}
+
+// fetchWords starts loading the first word of w without waiting for it.
+func fetchWords(w []uint64) { prefetch.Addr(uintptr(unsafe.Pointer(unsafe.SliceData(w)))) }
 
 // keyTable is the query accelerator of one key group (block size, seed):
 // one record per content key held by any stream of the group, naming the
@@ -74,8 +84,6 @@ type keyTable struct {
 	// stream's served view.
 	published []uint64
 	slotUsed  []bool
-	// sink keeps the warming loads of writers from being optimised away.
-	sink uint64
 }
 
 // Record layout and the inline holder entries: an entry is 24 bits,
@@ -99,6 +107,11 @@ const (
 	// keyChunk bounds the changes one exclusive hold of the table
 	// applies, which bounds how long a query can wait for a writer.
 	keyChunk = 16
+	// keyBatch bounds the changes one apply takes: a stream queues that
+	// many before writing them, so that the cache misses of a whole
+	// prefill's keys are in flight at once (see warmChanges), then
+	// applies them keyChunk at a time.
+	keyBatch = 64
 	// minCells is the smallest cell array allocated.
 	minCells = 1024
 	// The cells are rebuilt when occupied ones would pass 17/20 of them
@@ -255,13 +268,21 @@ func (t *keyTable) apply(slot int, changes []keyChange) {
 	if t.needsRebuild(len(changes)) {
 		t.rebuildCells(len(changes))
 	}
-	t.mu.Lock()
-	t.warmChanges(changes)
-	for i := range changes {
-		c := &changes[i]
-		t.set(slot, c.k, c.dev, c.host)
+	// The loads run without mu: only writers change the cells and
+	// records, and wmu keeps them out.
+	for base := 0; base < len(changes); base += keyBatch {
+		t.warmChanges(changes[base:min(base+keyBatch, len(changes))])
 	}
-	t.mu.Unlock()
+	for len(changes) > 0 {
+		chunk := changes[:min(keyChunk, len(changes))]
+		changes = changes[len(chunk):]
+		t.mu.Lock()
+		for i := range chunk {
+			c := &chunk[i]
+			t.set(slot, c.k, c.dev, c.host)
+		}
+		t.mu.Unlock()
+	}
 }
 
 // set makes slot's bits of k say dev and host, adding the record when k
@@ -502,17 +523,16 @@ func (t *keyTable) rebuildCells(extra int) {
 	// until the next rebuild; one more keeps clear of the tombstone.
 	recBits := uint(bits.Len64(max(uint64(t.recs.used)+uint64(extra), uint64(n)) + 1))
 	cells := make([]uint32, n)
-	// Records go a page at a time in runs of keyChunk: the home cells of a
-	// run are loaded first, so that their cache misses overlap instead of
-	// each placement stalling on its own.
-	var homes [keyChunk]int
-	var acc uint32
-	for r0 := uint32(0); r0 < t.recs.used; r0 += keyChunk {
-		m := min(keyChunk, t.recs.used-r0)
+	// Records go in runs of keyBatch: the home cells of a run are
+	// fetched first, so that their cache misses overlap instead of each
+	// placement stalling on its own.
+	var homes [keyBatch]int
+	for r0 := uint32(0); r0 < t.recs.used; r0 += keyBatch {
+		m := min(keyBatch, t.recs.used-r0)
 		for j := range m {
 			rec := t.rec(r0 + j)
 			homes[j] = homeOf(kvindex.Key{Hi: rec[0], Lo: rec[1]}, n)
-			acc += cells[homes[j]]
+			fetchCell(cells, homes[j])
 		}
 		for j := range m {
 			if rec := t.rec(r0 + j); rec[2] != 0 {
@@ -520,7 +540,6 @@ func (t *keyTable) rebuildCells(extra int) {
 			}
 		}
 	}
-	t.sink += uint64(acc)
 	t.mu.Lock()
 	t.cells, t.recBits, t.occupied = cells, recBits, t.live
 	t.mu.Unlock()
@@ -740,39 +759,36 @@ func (t *keyTable) warm(keys []kvindex.Key, wr *walkResult) {
 	wr.sink += acc
 }
 
-// warmChanges loads what set will read for the changes, so that the
-// cache misses of a chunk overlap instead of stalling each change in
-// turn: first every home cell, loads independent of each other; then,
-// those cells now in cache, each key's probe run is searched for the
-// cell whose fingerprint matches (a held key's own, most of the time,
-// however far from home it lies), and last the records those cells name
-// are loaded, again independently. A new key's run usually names none,
-// so it costs its cell and nothing more.
+// warmChanges loads what set will read for up to keyBatch changes, so
+// that their cache misses overlap instead of stalling each change in
+// turn: first every home cell is fetched, without waiting for any; then,
+// as they arrive, each key's probe run is searched for the cell whose
+// fingerprint matches (a held key's own, most of the time, however far
+// from home it lies) and the record it names is fetched, again without
+// waiting. A new key's run usually names none, so it costs its cell and
+// nothing more.
 func (t *keyTable) warmChanges(changes []keyChange) {
 	n := len(t.cells)
 	if n == 0 {
 		return
 	}
-	changes = changes[:min(len(changes), keyChunk)]
+	changes = changes[:min(len(changes), keyBatch)]
 	cells := t.cells
-	var homes [keyChunk]int
-	var acc uint64
+	var homes [keyBatch]int
 	for j := range changes {
 		homes[j] = homeOf(changes[j].k, n)
-		acc += uint64(cells[homes[j]])
+		fetchCell(cells, homes[j])
 	}
-	var recs [keyChunk]uint32
 	rb, rm := t.recBits, t.recMask()
 	for j := range changes {
 		fp := fpOf(changes[j].k, rb)
-		recs[j] = rm
 		for i, left := homes[j], warmProbe; left > 0; left-- {
 			c := cells[i]
 			if c == 0 {
 				break
 			}
 			if c>>rb == fp && c&rm != rm {
-				recs[j] = c&rm - 1
+				fetchWords(t.rec(c&rm - 1))
 				break
 			}
 			if i++; i == n {
@@ -780,12 +796,6 @@ func (t *keyTable) warmChanges(changes []keyChange) {
 			}
 		}
 	}
-	for _, r := range recs[:len(changes)] {
-		if r != rm {
-			acc += t.rec(r)[0]
-		}
-	}
-	t.sink += acc
 }
 
 // warmProbe bounds the cells warmChanges searches per key: a run longer
@@ -830,7 +840,7 @@ func (t *keyTable) replace(slot int, old, next *kvindex.Index, buf *[]keyChange)
 
 func (t *keyTable) push(slot int, buf *[]keyChange, k kvindex.Key, d, h bool) {
 	*buf = append(*buf, keyChange{k, d, h})
-	if len(*buf) >= keyChunk {
+	if len(*buf) >= keyBatch {
 		t.flush(slot, buf)
 	}
 }
