@@ -523,21 +523,27 @@ func (t *keyTable) rebuildCells(extra int) {
 	// until the next rebuild; one more keeps clear of the tombstone.
 	recBits := uint(bits.Len64(max(uint64(t.recs.used)+uint64(extra), uint64(n)) + 1))
 	cells := make([]uint32, n)
-	// Records go in runs of keyBatch: the home cells of a run are
-	// fetched first, so that their cache misses overlap instead of each
-	// placement stalling on its own.
+	// The home cell of the record keyBatch places ahead is fetched before
+	// each placement, so that keyBatch misses stay in flight instead of
+	// each placement stalling on its own.
 	var homes [keyBatch]int
-	for r0 := uint32(0); r0 < t.recs.used; r0 += keyBatch {
-		m := min(keyBatch, t.recs.used-r0)
-		for j := range m {
-			rec := t.rec(r0 + j)
-			homes[j] = homeOf(kvindex.Key{Hi: rec[0], Lo: rec[1]}, n)
-			fetchCell(cells, homes[j])
+	used := t.recs.used
+	ahead := func(r uint32) {
+		if r < used {
+			rec := t.rec(r)
+			homes[r%keyBatch] = homeOf(kvindex.Key{Hi: rec[0], Lo: rec[1]}, n)
+			fetchCell(cells, homes[r%keyBatch])
 		}
-		for j := range m {
-			if rec := t.rec(r0 + j); rec[2] != 0 {
-				placeAt(cells, homes[j], fpOf(kvindex.Key{Hi: rec[0], Lo: rec[1]}, recBits)<<recBits|(r0+j+1))
-			}
+	}
+	for r := range uint32(keyBatch) {
+		ahead(r)
+	}
+	for r := range used {
+		home := homes[r%keyBatch]
+		rec := t.rec(r)
+		ahead(r + keyBatch)
+		if rec[2] != 0 {
+			placeAt(cells, home, fpOf(kvindex.Key{Hi: rec[0], Lo: rec[1]}, recBits)<<recBits|(r+1))
 		}
 	}
 	t.mu.Lock()
