@@ -295,6 +295,32 @@ func (ix *Index) shiftDelete(t *table, home uint64, s uint32, byKey bool) {
 		t.far--
 	}
 	n := uint64(len(t.cells))
+	if t.far == 0 && n > homeSpan {
+		// Every cell lies less than homeSpan past its home, so its home
+		// bits give its displacement exactly: a cell may move back to
+		// the hole unless its home lies after the hole, that is unless
+		// it is displaced less than it lies past the hole.
+		cells, sb := t.cells, t.sb
+		for j := i; ; {
+			if j++; j == n {
+				j = 0
+			}
+			c := cells[j]
+			if c == 0 {
+				break
+			}
+			gap := j - i
+			if j < i {
+				gap += n
+			}
+			if (j-uint64(c>>sb))&(homeSpan-1) >= gap {
+				cells[i] = c
+				i = j
+			}
+		}
+		cells[i] = 0
+		return
+	}
 	for j := i; ; {
 		j = t.next(j)
 		c := t.cells[j]
