@@ -4,9 +4,19 @@ import (
 	"math/bits"
 	"slices"
 	"sync"
+	"unsafe"
 
 	"github.com/kvcar/kvcar/internal/kvindex"
+	"github.com/kvcar/kvcar/internal/prefetch"
 )
+
+// fetchCell starts loading cell i of cells without waiting for it.
+func fetchCell(cells []uint32, i int) {
+	prefetch.Addr(uintptr(unsafe.Pointer(unsafe.SliceData(cells))) + uintptr(i)*4)
+}
+
+// fetchWords starts loading the first word of w without waiting for it.
+func fetchWords(w []uint64) { prefetch.Addr(uintptr(unsafe.Pointer(unsafe.SliceData(w)))) }
 
 // keyTable is the query accelerator of one key group (block size, seed):
 // one record per content key held by any stream of the group, naming the
@@ -74,8 +84,6 @@ type keyTable struct {
 	// stream's served view.
 	published []uint64
 	slotUsed  []bool
-	// sink keeps the warming loads of writers from being optimised away.
-	sink uint64
 }
 
 // Record layout and the inline holder entries: an entry is 24 bits,
@@ -99,6 +107,11 @@ const (
 	// keyChunk bounds the changes one exclusive hold of the table
 	// applies, which bounds how long a query can wait for a writer.
 	keyChunk = 16
+	// keyBatch bounds the changes one apply takes: a stream queues that
+	// many before writing them, so that the cache misses of a whole
+	// prefill's keys are in flight at once (see warmChanges), then
+	// applies them keyChunk at a time.
+	keyBatch = 64
 	// minCells is the smallest cell array allocated.
 	minCells = 1024
 	// The cells are rebuilt when occupied ones would pass 17/20 of them
@@ -255,13 +268,21 @@ func (t *keyTable) apply(slot int, changes []keyChange) {
 	if t.needsRebuild(len(changes)) {
 		t.rebuildCells(len(changes))
 	}
-	t.mu.Lock()
-	t.warmChanges(changes)
-	for i := range changes {
-		c := &changes[i]
-		t.set(slot, c.k, c.dev, c.host)
+	// The loads run without mu: only writers change the cells and
+	// records, and wmu keeps them out.
+	for base := 0; base < len(changes); base += keyBatch {
+		t.warmChanges(changes[base:min(base+keyBatch, len(changes))])
 	}
-	t.mu.Unlock()
+	for len(changes) > 0 {
+		chunk := changes[:min(keyChunk, len(changes))]
+		changes = changes[len(chunk):]
+		t.mu.Lock()
+		for i := range chunk {
+			c := &chunk[i]
+			t.set(slot, c.k, c.dev, c.host)
+		}
+		t.mu.Unlock()
+	}
 }
 
 // set makes slot's bits of k say dev and host, adding the record when k
@@ -401,19 +422,24 @@ func (t *keyTable) find(k kvindex.Key) (uint32, bool) {
 }
 
 // lookup is find for writers: it also returns the cell of k's record, or
-// when k is not held the first tombstone of its probe run (-1 if none),
-// where insert puts it.
+// when k is not held the cell insert puts it in: the first tombstone of
+// its probe run, or the empty cell that ends the run if it has none (-1
+// when there are no cells). The probe is not repeated by insert.
 func (t *keyTable) lookup(k kvindex.Key) (r uint32, cell int, ok bool) {
 	n := len(t.cells)
 	tomb := -1
 	if n == 0 {
 		return 0, tomb, false
 	}
+	cells := t.cells
 	fp, rb, rm := fpOf(k, t.recBits), t.recBits, t.recMask()
 	for i := homeOf(k, n); ; {
-		c := t.cells[i]
+		c := cells[i]
 		switch {
 		case c == 0:
+			if tomb < 0 {
+				tomb = i
+			}
 			return 0, tomb, false
 		case c&rm == rm:
 			if tomb < 0 {
@@ -440,22 +466,26 @@ func (t *keyTable) needsRebuild(extra int) bool {
 }
 
 // insert adds a record for k, which the table does not hold, with every
-// bit clear, in cell tomb if that is not -1 (a tombstone of k's probe
-// run, from lookup); set makes the record live before anything reads it.
-func (t *keyTable) insert(k kvindex.Key, tomb int) uint32 {
+// bit clear, in cell if that is not -1 (the tombstone or empty cell
+// lookup found for k); set makes the record live before anything reads it.
+func (t *keyTable) insert(k kvindex.Key, cell int) uint32 {
 	if t.needsRebuild(1) {
 		t.rebuildCells(1)
-		tomb = -1
+		cell = -1
 	}
 	r := t.recs.alloc(recWords)
 	rec := t.rec(r)
 	clear(rec)
 	rec[0], rec[1] = k.Hi, k.Lo
-	if tomb >= 0 {
-		t.cells[tomb] = fpOf(k, t.recBits)<<t.recBits | (r + 1)
-	} else {
+	switch {
+	case cell < 0:
 		placeIn(t.cells, t.recBits, k, r)
 		t.occupied++
+	case t.cells[cell] == 0:
+		t.cells[cell] = fpOf(k, t.recBits)<<t.recBits | (r + 1)
+		t.occupied++
+	default: // a tombstone, already counted as occupied
+		t.cells[cell] = fpOf(k, t.recBits)<<t.recBits | (r + 1)
 	}
 	t.live++
 	return r
@@ -463,14 +493,18 @@ func (t *keyTable) insert(k kvindex.Key, tomb int) uint32 {
 
 // placeIn stores record r of key k in the first empty cell from k's home.
 func placeIn(cells []uint32, recBits uint, k kvindex.Key, r uint32) {
+	placeAt(cells, homeOf(k, len(cells)), fpOf(k, recBits)<<recBits|(r+1))
+}
+
+// placeAt stores cell c in the first empty cell from i on.
+func placeAt(cells []uint32, i int, c uint32) {
 	n := len(cells)
-	i := homeOf(k, n)
 	for cells[i] != 0 {
 		if i++; i == n {
 			i = 0
 		}
 	}
-	cells[i] = fpOf(k, recBits)<<recBits | (r + 1)
+	cells[i] = c
 }
 
 // rebuildCells builds a cell array for the live records with room for
@@ -489,9 +523,27 @@ func (t *keyTable) rebuildCells(extra int) {
 	// until the next rebuild; one more keeps clear of the tombstone.
 	recBits := uint(bits.Len64(max(uint64(t.recs.used)+uint64(extra), uint64(n)) + 1))
 	cells := make([]uint32, n)
-	for r := uint32(0); r < t.recs.used; r++ {
-		if rec := t.rec(r); rec[2] != 0 {
-			placeIn(cells, recBits, kvindex.Key{Hi: rec[0], Lo: rec[1]}, r)
+	// The home cell of the record keyBatch places ahead is fetched before
+	// each placement, so that keyBatch misses stay in flight instead of
+	// each placement stalling on its own.
+	var homes [keyBatch]int
+	used := t.recs.used
+	ahead := func(r uint32) {
+		if r < used {
+			rec := t.rec(r)
+			homes[r%keyBatch] = homeOf(kvindex.Key{Hi: rec[0], Lo: rec[1]}, n)
+			fetchCell(cells, homes[r%keyBatch])
+		}
+	}
+	for r := range uint32(keyBatch) {
+		ahead(r)
+	}
+	for r := range used {
+		home := homes[r%keyBatch]
+		rec := t.rec(r)
+		ahead(r + keyBatch)
+		if rec[2] != 0 {
+			placeAt(cells, home, fpOf(kvindex.Key{Hi: rec[0], Lo: rec[1]}, recBits)<<recBits|(r+1))
 		}
 	}
 	t.mu.Lock()
@@ -505,7 +557,11 @@ func (t *keyTable) rebuildCells(extra int) {
 func (t *keyTable) remove(r uint32, i int) {
 	n, rm := len(t.cells), t.recMask()
 	t.cells[i] = rm
-	if t.cells[(i+1)%n] == 0 {
+	next := i + 1
+	if next == n {
+		next = 0
+	}
+	if t.cells[next] == 0 {
 		for t.cells[i] == rm {
 			t.cells[i] = 0
 			t.occupied--
@@ -709,26 +765,48 @@ func (t *keyTable) warm(keys []kvindex.Key, wr *walkResult) {
 	wr.sink += acc
 }
 
-// warmChanges loads the home cells of the changes' keys, then the
-// records they name, so that the cache misses of a chunk overlap instead
-// of stalling each change in turn.
+// warmChanges loads what set will read for up to keyBatch changes, so
+// that their cache misses overlap instead of stalling each change in
+// turn: first every home cell is fetched, without waiting for any; then,
+// as they arrive, each key's probe run is searched for the cell whose
+// fingerprint matches (a held key's own, most of the time, however far
+// from home it lies) and the record it names is fetched, again without
+// waiting. A new key's run usually names none, so it costs its cell and
+// nothing more.
 func (t *keyTable) warmChanges(changes []keyChange) {
-	if len(t.cells) == 0 {
+	n := len(t.cells)
+	if n == 0 {
 		return
 	}
-	var cells [keyChunk]uint32
-	var acc uint64
-	n, rm := len(t.cells), t.recMask()
-	for j := range changes[:min(len(changes), keyChunk)] {
-		cells[j] = t.cells[homeOf(changes[j].k, n)] & rm
+	changes = changes[:min(len(changes), keyBatch)]
+	cells := t.cells
+	var homes [keyBatch]int
+	for j := range changes {
+		homes[j] = homeOf(changes[j].k, n)
+		fetchCell(cells, homes[j])
 	}
-	for _, c := range cells[:min(len(changes), keyChunk)] {
-		if c != 0 && c != rm {
-			acc += t.rec(uint32(c) - 1)[0]
+	rb, rm := t.recBits, t.recMask()
+	for j := range changes {
+		fp := fpOf(changes[j].k, rb)
+		for i, left := homes[j], warmProbe; left > 0; left-- {
+			c := cells[i]
+			if c == 0 {
+				break
+			}
+			if c>>rb == fp && c&rm != rm {
+				fetchWords(t.rec(c&rm - 1))
+				break
+			}
+			if i++; i == n {
+				i = 0
+			}
 		}
 	}
-	t.sink += acc
 }
+
+// warmProbe bounds the cells warmChanges searches per key: a run longer
+// than that is rare at the table's load, and set still finds its key.
+const warmProbe = 32
 
 // fill writes ix's keys for slot, which must not be published: nothing
 // of it is visible until setPublished.
@@ -768,7 +846,7 @@ func (t *keyTable) replace(slot int, old, next *kvindex.Index, buf *[]keyChange)
 
 func (t *keyTable) push(slot int, buf *[]keyChange, k kvindex.Key, d, h bool) {
 	*buf = append(*buf, keyChange{k, d, h})
-	if len(*buf) >= keyChunk {
+	if len(*buf) >= keyBatch {
 		t.flush(slot, buf)
 	}
 }

@@ -58,7 +58,7 @@ func (b MemoryBound) Process(streams int) int64 {
 // calibration swaps them (keyTable.replace), so the tables hold at most
 // R = 2·streams·maxBlocks records of 24 bytes in pages of 4096; at most
 // one dense entry of 16·W bytes per record, W = ⌈streams/64⌉, copied once
-// more while W grows; a cell array sized for at most R+keyChunk keys at
+// more while W grows; a cell array sized for at most R+keyBatch keys at
 // the rebuild load, of 4-byte cells, with the old one (no larger) beside
 // it while it is rebuilt; and free lists of 4 bytes per record and per
 // dense entry.
@@ -70,7 +70,7 @@ func KeyTableBound(streams, maxBlocks int) int64 {
 	r := 2 * int64(streams) * int64(maxBlocks)
 	recs := (r + pageRecords) * 8 * recWords
 	pool := 2 * (r + pageRecords) * 16 * w
-	cells := max((r+keyChunk)*rebuildLoadDen/rebuildLoadNum+1, minCells)
+	cells := max((r+keyBatch)*rebuildLoadDen/rebuildLoadNum+1, minCells)
 	return recs + pool + 2*cells*4 + 2*r*4
 }
 

@@ -174,7 +174,7 @@ func (s *stream) attach(t *keyTable) {
 // the whole index) holds a bounded queue.
 func (s *stream) observe(k kvindex.Key, dev, host bool) {
 	s.pending = append(s.pending, keyChange{k, dev, host})
-	if len(s.pending) >= keyChunk {
+	if len(s.pending) >= keyBatch {
 		s.flushKeys()
 	}
 }

@@ -166,10 +166,8 @@ type Index struct {
 	device, host int
 	stats        Stats
 
-	// chunk holds the keys of the blocks being stored; warmSink keeps the
-	// warming loads from being optimised away.
-	chunk    [16]Key
-	warmSink uint32
+	// chunk holds the keys of the blocks being stored.
+	chunk [16]Key
 
 	// observe, when set, is told every content key whose tiers may have
 	// changed (see SetObserver).
@@ -371,7 +369,7 @@ func (ix *Index) applyStored(ev *kvevent.Event, mode Mode) error {
 		}
 	}
 	if len(ev.TokenIDs) == 0 {
-		ix.warmEngine(ev.BlockHashes)
+		ix.warmEntries(ev.BlockHashes)
 		for _, h := range ev.BlockHashes {
 			if s, ok := ix.findEngine(h); ok {
 				ix.setTier(s, tier)
@@ -402,19 +400,21 @@ func (ix *Index) applyStored(ev *kvevent.Event, mode Mode) error {
 		}
 		parent, hasParent = ix.entries[s].key, true
 	}
-	// Blocks go in chunks: the table cells a chunk will probe are loaded
-	// up front so that their cache misses overlap each other and the
-	// hashing, instead of stalling every block in turn.
+	// Blocks go in chunks: the table cells a chunk will probe are
+	// fetched up front (see warmEngine) so that their cache misses
+	// overlap each other and the hashing, instead of stalling every
+	// block in turn.
 	for base := 0; base < len(ev.BlockHashes); base += len(ix.chunk) {
 		hashes := ev.BlockHashes[base:min(base+len(ix.chunk), len(ev.BlockHashes))]
 		keys := ix.chunk[:len(hashes)]
 		ix.warmEngine(hashes)
+		ix.warmGhosts(len(hashes))
 		for j := range keys {
 			b := base + j
 			keys[j] = ix.hasher.BlockKey(parent, hasParent, ev.TokenIDs[b*bs:(b+1)*bs])
 			parent, hasParent = keys[j], true
+			ix.warmKey(keys[j])
 		}
-		ix.warmKeys(keys)
 		for j, h := range hashes {
 			if err := ix.store(h, keys[j], tier); err != nil {
 				return fmt.Errorf("kvindex: stored block %d of %d (hash %v): %w", base+j, len(ev.BlockHashes), h, err)
@@ -429,7 +429,7 @@ func (ix *Index) applyRemoved(ev *kvevent.Event) error {
 	if err != nil || tier == 0 {
 		return err
 	}
-	ix.warmEngine(ev.BlockHashes)
+	ix.warmEntries(ev.BlockHashes)
 	for _, h := range ev.BlockHashes {
 		s, ok := ix.findEngine(h)
 		if !ok || !ix.clearTier(s, tier) {

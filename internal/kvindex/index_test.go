@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvcar/kvcar/internal/kvevent"
+	"github.com/kvcar/kvcar/internal/kvindex/prefillgen"
 )
 
 // TestTieredReplicas_RIDX2: Device and Host copies are independent; removing
@@ -660,5 +661,65 @@ func TestTableFarFromHome(t *testing.T) {
 	}
 	if ix.byEngine.far != 0 {
 		t.Fatalf("%d far cells left in an empty table", ix.byEngine.far)
+	}
+}
+
+// TestSteadyChurnLargeTables runs an index of a few thousand blocks, whose
+// tables are far larger than homeSpan cells, at steady state as an engine
+// does: every message removes the blocks stored window messages earlier
+// and stores as many new ones, which take the slots of the oldest ghosts.
+// Removals then take the path that finds later cells' homes from their
+// home bits alone, and the blocks of a message are warmed and stored in
+// batches; every entry must stay reachable through both tables, removed
+// blocks must be on no tier and stored ones on Device (R-IDX-3, R-CFG-2).
+func TestSteadyChurnLargeTables(t *testing.T) {
+	const window = 50
+	size := window * prefillgen.Blocks
+	for _, per := range []int{1, 64} {
+		ix := New(Config{BlockSize: prefillgen.BlockSize, HashSeed: 1024, MaxBlocks: size})
+		dec := kvevent.NewDecoder(8 << 20)
+		var batch kvevent.Batch
+		apply := func(f *prefillgen.Message, i int) {
+			f.Rewrite(i, window)
+			if err := dec.DecodeBatch(f.Payload, &batch); err != nil {
+				t.Fatal(err)
+			}
+			for e := range batch.Events {
+				if err := ix.Apply(&batch.Events[e], Delta); err != nil {
+					t.Fatalf("%d per event, message %d event %d: %v", per, i, e, err)
+				}
+			}
+		}
+		fill, steady := prefillgen.New(t, per, false), prefillgen.New(t, per, true)
+		for i := range window {
+			apply(fill, i)
+		}
+		for i := window; i < 4*window; i++ {
+			apply(steady, i)
+			if dev, _ := ix.Counts(); dev != size {
+				t.Fatalf("%d per event, message %d: %d blocks on Device, want %d", per, i, dev, size)
+			}
+			for _, ev := range batch.Events {
+				for _, h := range ev.BlockHashes {
+					// A removed block is a ghost, or gone when a new
+					// block took its slot.
+					onDev, _, ok := ix.Lookup(h)
+					if stored := ev.Kind == kvevent.BlockStored; onDev != stored || (stored && !ok) {
+						t.Fatalf("%d per event, message %d: %v block %v: known %v, on Device %v", per, i, ev.Kind, h, ok, onDev)
+					}
+				}
+			}
+			if i%10 == 0 {
+				if err := checkInvariants(ix); err != nil {
+					t.Fatalf("%d per event, message %d: %v", per, i, err)
+				}
+			}
+		}
+		if ix.byEngine.far != 0 || ix.byKey.far != 0 || len(ix.byEngine.cells) <= homeSpan {
+			t.Fatalf("%d per event: far cells %d/%d in %d cells; the test wants the home-bits path", per, ix.byEngine.far, ix.byKey.far, len(ix.byEngine.cells))
+		}
+		if st := ix.Stats(); st.GhostEvictions == 0 {
+			t.Fatalf("%d per event: no ghost was evicted", per)
+		}
 	}
 }

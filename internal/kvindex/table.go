@@ -2,9 +2,16 @@ package kvindex
 
 import (
 	"math/bits"
+	"unsafe"
 
 	"github.com/kvcar/kvcar/internal/kvevent"
+	"github.com/kvcar/kvcar/internal/prefetch"
 )
+
+// fetch starts loading cell i of cells without waiting for it.
+func fetch(cells []uint32, i uint64) {
+	prefetch.Addr(uintptr(unsafe.Pointer(unsafe.SliceData(cells))) + uintptr(i)*4)
+}
 
 // table is an open-addressing hash table of entry slots with linear
 // probing. A cell holds slot+1 in its low sb bits (as many as MaxBlocks
@@ -288,6 +295,32 @@ func (ix *Index) shiftDelete(t *table, home uint64, s uint32, byKey bool) {
 		t.far--
 	}
 	n := uint64(len(t.cells))
+	if t.far == 0 && n > homeSpan {
+		// Every cell lies less than homeSpan past its home, so its home
+		// bits give its displacement exactly: a cell may move back to
+		// the hole unless its home lies after the hole, that is unless
+		// it is displaced less than it lies past the hole.
+		cells, sb := t.cells, t.sb
+		for j := i; ; {
+			if j++; j == n {
+				j = 0
+			}
+			c := cells[j]
+			if c == 0 {
+				break
+			}
+			gap := j - i
+			if j < i {
+				gap += n
+			}
+			if (j-uint64(c>>sb))&(homeSpan-1) >= gap {
+				cells[i] = c
+				i = j
+			}
+		}
+		cells[i] = 0
+		return
+	}
 	for j := i; ; {
 		j = t.next(j)
 		c := t.cells[j]
@@ -324,31 +357,96 @@ func between(i, h, j uint64) bool {
 	return i < h || h <= j
 }
 
-// warmEngine loads the home cells of hashes so that the lookups that follow
-// find them in cache.
+// The warm functions start loading what the lookups and changes that
+// follow will read, without waiting for any of it, so that the cache
+// misses of a whole batch of blocks are in flight at once and overlap
+// the work done meanwhile (hashing a chunk's tokens, decoding).
+
+// warmEngine fetches the home cells of hashes in the engine table.
 func (ix *Index) warmEngine(hashes []kvevent.EngineHash) {
 	t := &ix.byEngine
 	if len(t.cells) == 0 {
 		return
 	}
-	var acc uint32
 	for _, h := range hashes {
 		i, _ := t.engineHash(h)
-		acc += t.cells[i]
+		fetch(t.cells, i)
 	}
-	ix.warmSink += acc
 }
 
-// warmKeys loads the home cells of keys; see warmEngine.
-func (ix *Index) warmKeys(keys []Key) {
+// warmKey fetches the home cell of k in the key table.
+func (ix *Index) warmKey(k Key) {
 	t := &ix.byKey
 	if len(t.cells) == 0 {
 		return
 	}
-	var acc uint32
-	for _, k := range keys {
-		i, _ := t.keyHash(k)
-		acc += t.cells[i]
+	i, _ := t.keyHash(k)
+	fetch(t.cells, i)
+}
+
+// warmEntries fetches what findEngine reads for hashes the index is
+// expected to hold (removals, tokenless replicas): every home cell first,
+// then, as they arrive, the entry and meta byte of the cell whose tag
+// matches in each probe run.
+func (ix *Index) warmEntries(hashes []kvevent.EngineHash) {
+	t := &ix.byEngine
+	if len(t.cells) == 0 {
+		return
 	}
-	ix.warmSink += acc
+	var homes, tags [warmBatch]uint64
+	cells := t.cells
+	sb, n := t.sb, uint64(len(cells))
+	for base := 0; base < len(hashes); base += warmBatch {
+		batch := hashes[base:min(base+warmBatch, len(hashes))]
+		for j, h := range batch {
+			home, tag := t.engineHash(h)
+			homes[j], tags[j] = home, uint64(tag)
+			fetch(cells, home)
+		}
+		for j := range batch {
+			for i, left := homes[j], warmProbe; left > 0; left-- {
+				c := cells[i]
+				if c == 0 {
+					break
+				}
+				if uint64(c>>sb) == tags[j] {
+					if s := c&(1<<sb-1) - 1; int(s) < len(ix.entries) {
+						prefetch.Addr(uintptr(unsafe.Pointer(&ix.entries[s])))
+						prefetch.Addr(uintptr(unsafe.Pointer(&ix.meta[s])))
+					}
+					break
+				}
+				if i++; i == n {
+					i = 0
+				}
+			}
+		}
+	}
+}
+
+// warmBatch is how many lookups warmEntries has in flight at once.
+const warmBatch = 64
+
+// warmProbe bounds the cells warmEntries searches per hash; a longer run
+// is rare at the tables' load, and the lookup still finds its entry.
+const warmProbe = 32
+
+// warmGhosts fetches the table cells that evicting the next n ghosts will
+// change, when the index is full and new entries take ghosts' slots: the
+// home cells of their engine hashes and content keys.
+func (ix *Index) warmGhosts(n int) {
+	if len(ix.entries) < ix.cfg.MaxBlocks || len(ix.byEngine.cells) == 0 {
+		return
+	}
+	q := &ix.ghosts
+	for j, i := 0, q.head; j < min(n, q.n); j++ {
+		e := &ix.entries[q.buf[i]]
+		he, _ := ix.byEngine.engineHash(e.engine)
+		hk, _ := ix.byKey.keyHash(e.key)
+		fetch(ix.byEngine.cells, he)
+		fetch(ix.byKey.cells, hk)
+		if i++; i == len(q.buf) {
+			i = 0
+		}
+	}
 }

@@ -8,7 +8,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math/rand/v2"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/kvcar/kvcar/internal/kvevent"
 )
@@ -133,4 +135,29 @@ func (f *Message) Rewrite(i, window int) {
 	// Ids in [65536, 131072): the same 5-byte encoding, 2^32 chains.
 	binary.BigEndian.PutUint32(f.Payload[f.first[0]:], 1<<16+uint32(i)&0xffff)
 	binary.BigEndian.PutUint32(f.Payload[f.first[1]:], 1<<16+uint32(i>>16)&0xffff)
+}
+
+// CPUClock measures the CPU time of the goroutine that starts it, which
+// it locks to its OS thread until Report.
+type CPUClock struct {
+	start time.Duration
+	ok    bool
+}
+
+// StartCPU locks the calling goroutine to its thread and starts a clock.
+func StartCPU() *CPUClock {
+	runtime.LockOSThread()
+	c := &CPUClock{}
+	c.start, c.ok = ThreadCPU()
+	return c
+}
+
+// Report unlocks the goroutine and reports blocks stored per CPU second
+// of the thread as blocks/cpu-s, when the platform can tell.
+func (c *CPUClock) Report(b *testing.B, blocks float64) {
+	end, ok := ThreadCPU()
+	runtime.UnlockOSThread()
+	if c.ok && ok && end > c.start {
+		b.ReportMetric(blocks/(end-c.start).Seconds(), "blocks/cpu-s")
+	}
 }
