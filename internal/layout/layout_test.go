@@ -93,6 +93,8 @@ var layout = map[string]place{
 	"internal/kvtransport": {layer: 0, forbid: slices.Concat([]string{"go.etcd.io/...", "google.golang.org/grpc/...", "net/http/..."}, routing)},
 	"internal/tokenizer":   {layer: 0, forbid: slices.Concat(sockets, routing)},
 	"internal/zapslog":     {layer: 0},
+	// A processor hint and nothing else: it imports nothing of kvcar.
+	"internal/prefetch": {layer: 0, forbid: slices.Concat(sockets, routing)},
 	// Raw socket reads and writes: a leaf the request path and the
 	// load driver share, knowing nothing of HTTP or of kvcar's parts.
 	"internal/sockio": {layer: 0, forbid: slices.Concat([]string{"net/http/...", "go.etcd.io/...", "github.com/pebbe/zmq4"}, routing)},
