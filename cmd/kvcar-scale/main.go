@@ -53,12 +53,18 @@ type options struct {
 	adversarial  bool
 	maxBlocks    int
 	maxMessage   int
+	// kvcarCPUs and driverCPUs, when set, keep kvcar and this driver
+	// (its etcd, engines and clients) on CPUs of their own.
+	kvcarCPUs, driverCPUs []int
 }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	o, err := parse(os.Args[1:])
+	if err == nil && len(o.driverCPUs) > 0 {
+		err = devcluster.PinSelf(o.driverCPUs)
+	}
 	if err == nil {
 		var r *result
 		if r, err = measure(ctx, o, os.Stdout); err == nil {
@@ -90,8 +96,17 @@ func parse(args []string) (options, error) {
 	fs.BoolVar(&o.adversarial, "adversarial", false, "engines publish to exhaust kvcar's limits: messages at and over max_message_bytes, chains past max_blocks_per_stream, repeated AllBlocksCleared")
 	fs.IntVar(&o.maxBlocks, "max_blocks_per_stream", 262144, "kvcar's max_blocks_per_stream")
 	fs.IntVar(&o.maxMessage, "max_message_bytes", 8<<20, "kvcar's max_message_bytes")
+	kvcarCPUs := fs.String("kvcar_cpus", "", "CPUs kvcar runs on, as taskset lists them (\"1\", \"2-3\"); empty: any")
+	driverCPUs := fs.String("driver_cpus", "", "CPUs this driver (etcd, the emulated engines, the clients) runs on; empty: any")
 	if err := fs.Parse(args); err != nil {
 		return o, err
+	}
+	var err error
+	if o.kvcarCPUs, err = devcluster.ParseCPUs(*kvcarCPUs); err != nil {
+		return o, fmt.Errorf("--kvcar_cpus: %w", err)
+	}
+	if o.driverCPUs, err = devcluster.ParseCPUs(*driverCPUs); err != nil {
+		return o, fmt.Errorf("--driver_cpus: %w", err)
 	}
 	if o.streams < 1 || o.streams > 128 {
 		return o, fmt.Errorf("--streams = %d: must be in [1, 128]", o.streams)
@@ -131,6 +146,9 @@ type result struct {
 func (r *result) print(w io.Writer, o options) {
 	fmt.Fprintf(w, "\nkvcar-scale: %d streams, %.1f prefills/s each of %d new %d-token blocks, %v window\n",
 		o.streams, o.rate, o.promptBlocks, o.blockSize, r.wall.Round(time.Millisecond))
+	if len(o.kvcarCPUs) > 0 || len(o.driverCPUs) > 0 {
+		fmt.Fprintf(w, "kvcar on CPUs %s, this driver on CPUs %s\n", cpuList(o.kvcarCPUs), cpuList(o.driverCPUs))
+	}
 	fmt.Fprintf(w, "| measure | value |\n|---|---|\n")
 	fmt.Fprintf(w, "| kvcar start to all %d streams synchronised | %v |\n", o.streams, r.syncTook.Round(time.Millisecond))
 	what := "blocks stored by the engines during the window"
@@ -206,7 +224,7 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 	kv, err := devcluster.StartKVCar(devcluster.KVCarOptions{
 		Binary: o.kvcar, Port: o.port, InternalPort: o.internalPort, Etcd: etcd.Endpoints(), ConfigFile: cfgPath,
 		Args:   []string{"--log_level=warn", "--load_balance_policy=CAR", "--expose_routing_headers"},
-		Stdout: out, Stderr: out,
+		Stdout: out, Stderr: out, CPUs: o.kvcarCPUs,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w (run make build first)", err)
@@ -690,4 +708,12 @@ func routeOne(ctx context.Context, hc *http.Client, base string, ids []uint32) (
 		return "", 0, fmt.Errorf("completion: no decision time: %w", err)
 	}
 	return resp.Header.Get(server.PrefillNameHeader), time.Duration(us) * time.Microsecond, nil
+}
+
+// cpuList names a CPU set for the report; none is any.
+func cpuList(cpus []int) string {
+	if len(cpus) == 0 {
+		return "any"
+	}
+	return strings.Trim(strings.Join(strings.Fields(fmt.Sprint(cpus)), ","), "[]")
 }

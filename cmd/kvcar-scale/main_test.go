@@ -80,7 +80,8 @@ func TestHitAllNeedsTheServingInstanceAndTheSharedPrefix(t *testing.T) {
 
 func TestParseRejectsBadFlags(t *testing.T) {
 	for _, args := range [][]string{{"--streams=0"}, {"--streams=129"}, {"--query_rate=-1"}, {"--query_tokens=0"},
-		{"--route_rate=-1"}, {"--rate=0"}, {"--duration=0s"}, {"--prompt_blocks=0"}} {
+		{"--route_rate=-1"}, {"--rate=0"}, {"--duration=0s"}, {"--prompt_blocks=0"},
+		{"--kvcar_cpus=x"}, {"--kvcar_cpus=-1"}, {"--driver_cpus=4096"}, {"--driver_cpus=1-0"}} {
 		if _, err := parse(args); err == nil {
 			t.Errorf("%v accepted", args)
 		}

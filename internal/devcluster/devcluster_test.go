@@ -6,7 +6,9 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -58,9 +60,13 @@ func TestClusterSyncsAndStops(t *testing.T) {
 	kv, err := StartKVCar(KVCarOptions{
 		Binary: bin, Etcd: etcd.Endpoints(), Namespace: "devcluster-test", ConfigFile: cfgPath,
 		Args: []string{"--host=127.0.0.1", "--log_level=warn"}, Stdout: logFile, Stderr: logFile,
+		CPUs: []int{runtime.NumCPU() - 1},
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if cpus, err := AllowedCPUs(kv.Pid()); err != nil || cpus != strconv.Itoa(runtime.NumCPU()-1) {
+		t.Errorf("kvcar runs on CPUs %q (%v), want only the last", cpus, err)
 	}
 	stopped := false
 	t.Cleanup(func() {

@@ -45,6 +45,10 @@ type KVCarOptions struct {
 	Args []string
 	// Stdout and Stderr receive kvcar's output; nil discards it.
 	Stdout, Stderr io.Writer
+	// CPUs, when set, are the only CPUs kvcar's threads run on (as
+	// taskset would put them), so that a benchmark can give kvcar cores
+	// its load generator does not use.
+	CPUs []int
 }
 
 // KVCar is a kvcar child process. Its owner must call Stop.
@@ -84,7 +88,11 @@ func StartKVCar(o KVCarOptions) (*KVCar, error) {
 	// Bounds Wait when output is copied through a pipe that something
 	// other than kvcar keeps open.
 	cmd.WaitDelay = 5 * time.Second
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if len(o.CPUs) > 0 {
+		start = func() error { return startOnCPUs(cmd, o.CPUs) }
+	}
+	if err := start(); err != nil {
 		return nil, fmt.Errorf("start kvcar %s: %w", o.Binary, err)
 	}
 	k := &KVCar{

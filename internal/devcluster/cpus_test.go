@@ -1,0 +1,137 @@
+package devcluster
+
+import (
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"syscall"
+	"testing"
+)
+
+func TestParseCPUs(t *testing.T) {
+	n := runtime.NumCPU()
+	last := strconv.Itoa(n - 1)
+	for _, c := range []struct {
+		in   string
+		want []int
+	}{{"", nil}, {"0", []int{0}}, {"0-" + last, slices.Collect(func(yield func(int) bool) {
+		for i := range n {
+			if !yield(i) {
+				return
+			}
+		}
+	})}, {"0," + last, []int{0, n - 1}}} {
+		got, err := ParseCPUs(c.in)
+		if err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("ParseCPUs(%q) = %v, %v; want %v", c.in, got, err, c.want)
+		}
+	}
+	for _, bad := range []string{"x", "-1", strconv.Itoa(n), "1-0", "0-" + strconv.Itoa(n), "0,", ","} {
+		if got, err := ParseCPUs(bad); err == nil {
+			t.Errorf("ParseCPUs(%q) = %v, want an error", bad, got)
+		}
+	}
+}
+
+// threadCPUs returns the allowed CPU list of every thread of this
+// process.
+func threadCPUs(t *testing.T) map[string]string {
+	t.Helper()
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, task := range tasks {
+		tid, _ := strconv.Atoi(task.Name())
+		// A thread's status is under the process's task directory; the
+		// main thread's id is the process's, so AllowedCPUs reads any.
+		if cpus, err := AllowedCPUs(tid); err == nil {
+			out[task.Name()] = cpus
+		}
+	}
+	return out
+}
+
+// TestStartOnCPUs starts a child on the last CPU alone: the child runs
+// there, and this process's threads keep the CPUs they had.
+func TestStartOnCPUs(t *testing.T) {
+	before := threadCPUs(t)
+	last := runtime.NumCPU() - 1
+	cmd := exec.Command("sleep", "10")
+	if err := startOnCPUs(cmd, []int{last}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	got, err := AllowedCPUs(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != strconv.Itoa(last) {
+		t.Errorf("child's CPUs = %q, want %d", got, last)
+	}
+	for tid, cpus := range threadCPUs(t) {
+		if was, ok := before[tid]; ok && was != cpus {
+			t.Errorf("thread %s of this process: CPUs %q after starting the child, %q before", tid, cpus, was)
+		}
+	}
+}
+
+// TestPinSelf pins this process to CPU 0 and back to the CPUs it had: every
+// thread follows, and threads started after the pin inherit it.
+func TestPinSelf(t *testing.T) {
+	allList, err := AllowedCPUs(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := ParseCPUs(allList)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := PinSelf([]int{0}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := PinSelf(all); err != nil {
+			t.Fatal(err)
+		}
+		for tid, cpus := range threadCPUs(t) {
+			if cpus != allList {
+				t.Errorf("thread %s: CPUs %q after unpinning, want %q", tid, cpus, allList)
+			}
+		}
+	}()
+	// A thread the runtime starts now, for a goroutine locked to it.
+	done := make(chan string)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		done <- strconv.Itoa(syscall.Gettid())
+	}()
+	tid := <-done
+	for th, cpus := range threadCPUs(t) {
+		if cpus != "0" {
+			t.Errorf("thread %s: CPUs %q, want 0", th, cpus)
+		}
+	}
+	if cpus, err := AllowedCPUs(mustAtoi(t, tid)); err == nil && cpus != "0" {
+		t.Errorf("thread %s started after the pin: CPUs %q, want 0", tid, cpus)
+	}
+	if err := PinSelf(nil); err == nil {
+		t.Error("PinSelf(nil) succeeded")
+	}
+}
+
+func mustAtoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
