@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvcar/kvcar/internal/baidustd/metapb"
+	"github.com/kvcar/kvcar/internal/sockio"
 )
 
 // Server defaults. brpc itself has no handler timeout and reaps no idle
@@ -200,11 +201,10 @@ func (s *Server) Serve(ln net.Listener) error {
 			if s.isClosing() {
 				return ErrServerClosed
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				// Out of file descriptors and the like: wait, as
-				// net/http does, rather than spin.
-				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			if sockio.AcceptRetryable(err) {
+				// Out of file descriptors and the like: wait rather than
+				// spin or stop serving.
+				delay = sockio.AcceptBackoff(delay)
 				s.log.Warn("baidu_std accept failed; retrying", "err", err, "retry_in", delay)
 				time.Sleep(delay)
 				continue

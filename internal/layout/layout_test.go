@@ -95,8 +95,9 @@ var layout = map[string]place{
 	"internal/zapslog":     {layer: 0},
 	// A processor hint and nothing else: it imports nothing of kvcar.
 	"internal/prefetch": {layer: 0, forbid: slices.Concat(sockets, routing)},
-	// Raw socket reads and writes: a leaf the request path and the
-	// load driver share, knowing nothing of HTTP or of kvcar's parts.
+	// Raw socket reads and writes and accept retries: a leaf the HTTP
+	// and baidu_std servers and the load driver share, knowing nothing
+	// of HTTP or of kvcar's parts.
 	"internal/sockio": {layer: 0, forbid: slices.Concat([]string{"net/http/...", "go.etcd.io/...", "github.com/pebbe/zmq4"}, routing)},
 	// brpc's protocol knows no xLLM message and no kvcar part; the
 	// generated messages know nothing at all.

@@ -156,12 +156,12 @@ func (s *HTTP1Server) Serve(ln net.Listener) error {
 			if s.closing.Load() {
 				return http.ErrServerClosed
 			}
-			if !retryAccept(err) {
+			if !sockio.AcceptRetryable(err) {
 				return fmt.Errorf("accepting: %w", err)
 			}
 			// Out of descriptors and the like: wait for some to be freed,
 			// as net/http does.
-			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			backoff = sockio.AcceptBackoff(backoff)
 			s.log.Warn("accepting a connection failed; retrying", "err", err, "in", backoff)
 			select {
 			case <-time.After(backoff):
@@ -181,12 +181,6 @@ func (s *HTTP1Server) Serve(ln net.Listener) error {
 		s.mu.Unlock()
 		go c.serve()
 	}
-}
-
-func retryAccept(err error) bool {
-	var ne net.Error
-	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) || errors.Is(err, syscall.ENOBUFS) ||
-		errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.ECONNABORTED) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 // Shutdown stops accepting, closes idle connections and waits for the
