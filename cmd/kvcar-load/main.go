@@ -45,6 +45,10 @@ type options struct {
 	kvcarArgs  []string
 	command    string
 	bound      bool
+	// kvcarCPUs (kvcar's and the relay bound's) and driverCPUs (the
+	// clients', the engines' and etcd's), when set, keep the two sides
+	// on CPUs of their own.
+	kvcarCPUs, driverCPUs []int
 }
 
 func main() {
@@ -58,6 +62,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	o, err := parse(os.Args[1:])
+	if err == nil && len(o.driverCPUs) > 0 {
+		err = devcluster.PinSelf(o.driverCPUs)
+	}
 	if err == nil {
 		var rep *report
 		if rep, err = run(ctx, o, os.Stderr); err == nil {
@@ -89,6 +96,8 @@ func parse(args []string) (options, error) {
 	fs.StringVar(&o.profileDir, "profile_dir", "", "save a CPU profile of kvcar over each cell's window here (<policy>-<ids>-c<clients>.pprof)")
 	fs.BoolVar(&o.bound, "bound", true, "measure each cell also through the relay bound: a minimal relay (Content-Length framing, kept engine connections, no parsing or routing) run as its own process")
 	extra := fs.String("kvcar_args", "--log_level=warn", "further kvcar flags, space separated")
+	kvcarCPUs := fs.String("kvcar_cpus", "", "CPUs kvcar and the relay bound run on, as taskset lists them (\"1\", \"2-3\"); empty: any")
+	driverCPUs := fs.String("driver_cpus", "", "CPUs this driver (clients, engines, etcd) runs on; empty: any")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -122,6 +131,12 @@ func parse(args []string) (options, error) {
 	}
 	if o.engineIdle < 0 {
 		errs = append(errs, errors.New("--engine_idle_timeout must not be negative"))
+	}
+	if o.kvcarCPUs, err = devcluster.ParseCPUs(*kvcarCPUs); err != nil {
+		errs = append(errs, fmt.Errorf("--kvcar_cpus: %w", err))
+	}
+	if o.driverCPUs, err = devcluster.ParseCPUs(*driverCPUs); err != nil {
+		errs = append(errs, fmt.Errorf("--driver_cpus: %w", err))
 	}
 	o.kvcarArgs = strings.Fields(*extra)
 	return o, errors.Join(errs...)
@@ -229,7 +244,7 @@ func run(ctx context.Context, o options, log io.Writer) (_ *report, err error) {
 		for _, u := range engines.urls {
 			addrs = append(addrs, strings.TrimSuffix(strings.TrimPrefix(u, "http://"), server.CompletionsPath))
 		}
-		relay, rerr := startRelay(ctx, addrs)
+		relay, rerr := startRelay(ctx, addrs, o.kvcarCPUs)
 		if rerr != nil {
 			return nil, rerr
 		}
@@ -311,7 +326,7 @@ func startKVCar(ctx context.Context, o options, engines *fleet, etcd []string, i
 	kv, err := devcluster.StartKVCar(devcluster.KVCarOptions{
 		Binary: o.kvcar, InternalPort: internalPort, Etcd: etcd, ConfigFile: cfgPath,
 		Args:   append([]string{"--load_balance_policy=" + policy}, o.kvcarArgs...),
-		Stdout: out, Stderr: out,
+		Stdout: out, Stderr: out, CPUs: o.kvcarCPUs,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w (build it with make build, or pass --kvcar)", err)

@@ -75,7 +75,8 @@ func TestShortRunIsSane(t *testing.T) {
 
 func TestParseRejectsBadFlags(t *testing.T) {
 	for _, args := range [][]string{{"--concurrency=0"}, {"--concurrency=1,x"}, {"--prompt_ids=0"}, {"--policies=FASTEST"},
-		{"--engines=0"}, {"--duration=0s"}, {"--prompts=0"}, {"--engine_idle_timeout=-1s"}} {
+		{"--engines=0"}, {"--duration=0s"}, {"--prompts=0"}, {"--engine_idle_timeout=-1s"},
+		{"--kvcar_cpus=a"}, {"--driver_cpus=4096"}} {
 		if _, err := parse(args); err == nil {
 			t.Errorf("%v accepted", args)
 		}

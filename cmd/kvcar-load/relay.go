@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/devcluster"
 	"github.com/kvcar/kvcar/internal/sockio"
 )
 
@@ -148,8 +149,9 @@ type relayProcess struct {
 }
 
 // startRelay runs the relay bound in front of engines as its own process,
-// so that it pays for its system calls and wake-ups as kvcar does.
-func startRelay(ctx context.Context, engines []string) (*relayProcess, error) {
+// so that it pays for its system calls and wake-ups as kvcar does, on
+// kvcar's CPUs when they are set.
+func startRelay(ctx context.Context, engines []string, cpus []int) (*relayProcess, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("relay bound: %w", err)
@@ -165,7 +167,11 @@ func startRelay(ctx context.Context, engines []string) (*relayProcess, error) {
 	if err != nil {
 		return nil, fmt.Errorf("relay bound: %w", err)
 	}
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if len(cpus) > 0 {
+		start = func() error { return devcluster.StartOnCPUs(cmd, cpus) }
+	}
+	if err := start(); err != nil {
 		return nil, fmt.Errorf("relay bound: %w", err)
 	}
 	rp := &relayProcess{cmd: cmd, stdin: stdin}

@@ -76,10 +76,10 @@ func PinSelf(cpus []int) error {
 	return nil
 }
 
-// startOnCPUs starts cmd with its process, and so every thread it will
+// StartOnCPUs starts cmd with its process, and so every thread it will
 // have, on cpus: the child inherits the CPUs of the thread that forks
 // it, so that thread is given them for the fork and its own back after.
-func startOnCPUs(cmd *exec.Cmd, cpus []int) error {
+func StartOnCPUs(cmd *exec.Cmd, cpus []int) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var old unix.CPUSet

@@ -61,7 +61,7 @@ func TestStartOnCPUs(t *testing.T) {
 	before := threadCPUs(t)
 	last := runtime.NumCPU() - 1
 	cmd := exec.Command("sleep", "10")
-	if err := startOnCPUs(cmd, []int{last}); err != nil {
+	if err := StartOnCPUs(cmd, []int{last}); err != nil {
 		t.Fatal(err)
 	}
 	defer func() {

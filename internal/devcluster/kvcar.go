@@ -90,7 +90,7 @@ func StartKVCar(o KVCarOptions) (*KVCar, error) {
 	cmd.WaitDelay = 5 * time.Second
 	start := cmd.Start
 	if len(o.CPUs) > 0 {
-		start = func() error { return startOnCPUs(cmd, o.CPUs) }
+		start = func() error { return StartOnCPUs(cmd, o.CPUs) }
 	}
 	if err := start(); err != nil {
 		return nil, fmt.Errorf("start kvcar %s: %w", o.Binary, err)
