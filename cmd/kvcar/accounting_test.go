@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"strings"
 	"sync"
 	"testing"
@@ -207,10 +208,8 @@ func TestDispatchTokensCountUntilAnswered(t *testing.T) {
 	c := startCluster(t, 2, slowDecode, "--load_balance_policy=CAR", "--car_prefill_lambda=0", "--expose_routing_headers",
 		"--car_dispatch_accounting", "--car_dispatch_token_weight=1", "--car_dispatch_max_age_ms=60000")
 	c.pauseHeartbeats()
-	long := make(chan completion, 1)
-	go func() {
-		long <- c.complete(t, "/v1/completions", strings.Replace(idsPrompt(1, 16), `"max_tokens":2`, `"max_tokens":100`, 1))
-	}()
+	long := postAsync(t, t.Context(), "http://"+c.addr+"/v1/completions",
+		strings.Replace(idsPrompt(1, 16), `"max_tokens":2`, `"max_tokens":100`, 1))
 	// The long request is routed first: wait until an engine has it.
 	var x string
 	waitUntil(t, "the long request on an engine", 5*time.Second, func() bool {
@@ -231,12 +230,12 @@ func TestDispatchTokensCountUntilAnswered(t *testing.T) {
 		t.Fatalf("next request went to %s, want %s, whose 256 tokens were released when its request ended (%s still has 16 in flight)",
 			next.prefill, big.prefill, x)
 	}
-	select {
-	case r := <-long:
-		if r.status != 200 || r.prefill != x {
-			t.Fatalf("long request: %+v", r)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("long request did not end")
+	resp := long.wait(t)
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := c.completionOf(resp, b); r.status != 200 || r.prefill != x {
+		t.Fatalf("long request: %+v", r)
 	}
 }

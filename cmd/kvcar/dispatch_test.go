@@ -14,6 +14,7 @@ import (
 	"github.com/kvcar/kvcar/internal/devcluster"
 	"github.com/kvcar/kvcar/internal/enginesim"
 	"github.com/kvcar/kvcar/internal/etcdembed"
+	"github.com/kvcar/kvcar/internal/leakcheck"
 )
 
 // xllmFleet is kvcar run as the command runs, with emulated engines that
@@ -30,11 +31,29 @@ type xllmFleet struct {
 
 func startFleet(t *testing.T, flags ...string) *xllmFleet {
 	t.Helper()
+	noGoroutineLeft(t)
 	f := &xllmFleet{etcd: startEtcd(t)}
 	addrs := startKVCar(t, append([]string{"--etcd_addr=" + strings.Join(f.etcd.Endpoints(), ","), "--advertise_host=127.0.0.1",
 		"--expose_routing_headers"}, flags...)...)
 	f.addr, f.internal = addrs.public, addrs.internal
 	return f
+}
+
+// noGoroutineLeft fails the test when a goroutine started during it
+// outlives it. Registered before anything starts, it runs after the
+// other cleanups have closed the engines, kvcar and etcd: each must
+// have stopped and waited for its own goroutines by then (an engine for
+// the requests it serves over baidu_std, kvcar for the requests it
+// dispatched), and the test for those it started itself.
+func noGoroutineLeft(t *testing.T) {
+	t.Helper()
+	base := leakcheck.Baseline()
+	t.Cleanup(func() {
+		http.DefaultClient.CloseIdleConnections() // the test's own keep-alive connections
+		if left := leakcheck.Leaked(base); left != "" {
+			t.Errorf("goroutines still running after the engines, kvcar and etcd were closed:\n%s", left)
+		}
+	})
 }
 
 // engine starts an engine of type typ; vllm makes it the sidecar's kind.
@@ -360,21 +379,15 @@ func TestDispatchEngineDies(t *testing.T) {
 				body = `{"prompt":[1],"max_tokens":60000,"stream":true}`
 			}
 			// An unstreamed answer comes only when the request ends: post
-			// on a goroutine of its own.
-			answered := make(chan *http.Response, 1)
-			go func() {
-				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+f.addr+"/v1/completions", strings.NewReader(body))
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					t.Error(err)
-				}
-				answered <- resp
-			}()
+			// on a goroutine of its own, which never touches t (it may
+			// outlive a failed test) and which the test waits for
+			// however it ends.
+			answered := postAsync(t, ctx, "http://"+f.addr+"/v1/completions", body)
 			waitUntil(t, "the engine runs the request", 5*time.Second, func() bool { return e.Stats().Running == 1 })
 			var resp *http.Response
 			var br *bufio.Reader
 			if stream {
-				resp = <-answered
+				resp = answered.wait(t)
 				br = bufio.NewReader(resp.Body)
 				if _, err := br.ReadString('\n'); err != nil {
 					t.Fatalf("%s: no first chunk: %v", tc.name, err)
@@ -394,10 +407,7 @@ func TestDispatchEngineDies(t *testing.T) {
 					t.Fatalf("%s: stream ended with %q", tc.name, rest)
 				}
 			} else {
-				resp = <-answered
-				if resp == nil {
-					t.FailNow()
-				}
+				resp = answered.wait(t)
 				last = whole(t, resp)
 				if resp.StatusCode != http.StatusBadGateway {
 					t.Errorf("%s: status %d", tc.name, resp.StatusCode)
@@ -418,4 +428,53 @@ func TestDispatchEngineDies(t *testing.T) {
 			e.Close()
 		}
 	}
+}
+
+// pending is a request posted on a goroutine of its own.
+type pending struct {
+	done chan struct{}
+	resp *http.Response
+	err  error
+}
+
+// postAsync posts body to url on a goroutine that ends when the answer's
+// head arrives or the request is cancelled; the test's end cancels it
+// and waits for it, so that it never outlives the test.
+func postAsync(t *testing.T, ctx context.Context, url, body string) *pending {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	p := &pending{done: make(chan struct{})}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	go func() {
+		defer close(p.done)
+		p.resp, p.err = http.DefaultClient.Do(req)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-p.done
+		if p.resp != nil {
+			p.resp.Body.Close()
+		}
+	})
+	return p
+}
+
+// wait returns the answer's head, failing the test when the request
+// failed or nothing came within 30 s.
+func (p *pending) wait(t *testing.T) *http.Response {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no answer within 30s")
+	}
+	if p.err != nil {
+		t.Fatal(p.err)
+	}
+	return p.resp
 }

@@ -28,6 +28,7 @@ type cluster struct {
 // once every engine's heartbeat is accepted and its stream synchronised.
 func startCluster(t *testing.T, n int, mod func(*enginesim.Config), flags ...string) *cluster {
 	t.Helper()
+	noGoroutineLeft(t)
 	c := &cluster{etcd: startEtcd(t)}
 	cfg := writeConfig(t, `{"discovery":{"enabled":true,"block_size":16,"topic":"xllm-kv","refresh_interval_ms":50}}`)
 	addrs := startKVCar(t, append([]string{"--etcd_addr=" + strings.Join(c.etcd.Endpoints(), ","), "--advertise_host=127.0.0.1",
@@ -67,6 +68,11 @@ type completion struct {
 func (c *cluster) complete(t *testing.T, path, body string) completion {
 	t.Helper()
 	resp, b := postJSON(t, "http://"+c.addr+path, "", body)
+	return c.completionOf(resp, b)
+}
+
+// completionOf reads an answer whose body b has been read.
+func (c *cluster) completionOf(resp *http.Response, b []byte) completion {
 	out := completion{status: resp.StatusCode, prefill: resp.Header.Get("X-Prefill-Name"), policy: resp.Header.Get("X-Kvcar-Policy"),
 		hit: resp.Header.Get("X-Kvcar-Hit-Ratio"), body: string(b)}
 	out.engine, _ = engineReport(b, c.engines)

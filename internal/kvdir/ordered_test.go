@@ -389,9 +389,18 @@ func TestHistoryModeRestart(t *testing.T) {
 	}
 	b := seqTokens(100, testBlock)
 	prefill(t, e, b)
-	waitMatch(t, d, k, "complete view of the new process", func(m Match) bool {
-		return m.Synchronized && m.Complete && m.Sequence == e.Seq(0)-1
+	// Both processes published one batch, so the old view is complete at
+	// the sequence the new one reaches as well, until the stream sees the
+	// link drop: only b, which the old process never stored, tells the
+	// new process's view from it.
+	eventually(t, "complete view of the new process", 10*time.Second, func() (bool, string) {
+		m := matchOf(t, d, k, b)
+		return m.Synchronized && m.Complete && m.Sequence == e.Seq(0)-1 && m.DeviceHitTokens == len(b),
+			describe(m) + " complete=" + boolStr(m.Complete)
 	})
+	if d.streamOf(k).counters.disconnects.Load() == 0 {
+		t.Fatalf("the restart's link drop was not counted")
+	}
 	assertMatchesEngine(t, d, e, 0)
 	if hit := matchOf(t, d, k, a).ReusablePrefixTokens; hit != 0 {
 		t.Fatalf("block of the old process reported: %d", hit)
