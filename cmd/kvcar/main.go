@@ -422,18 +422,21 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	// Each Serve returns once its server is shut down below; errc has
 	// room for every result so no goroutine is left blocked.
 	errc := make(chan error, len(servers)+1)
+	// serving owns the Serve loops: run waits for them after the
+	// shutdown below has closed their listeners.
+	var serving sync.WaitGroup
 	for _, s := range servers {
-		go func() {
+		serving.Go(func() {
 			if err := s.hs.Serve(s.ln); !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("%s http server: %w", s.name, err)
 			}
-		}()
+		})
 	}
-	go func() {
+	serving.Go(func() {
 		if err := rpcSrv.Serve(newAllowListener(rpcLn, rpcNets, log)); err != nil && !errors.Is(err, baidustd.ErrServerClosed) {
 			errc <- fmt.Errorf("rpc server: %w", err)
 		}
-	}()
+	})
 	readyDone := make(chan struct{})
 	wg.Add(1)
 	go func() {
@@ -472,11 +475,36 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	if err := rpcSrv.Shutdown(shutdownCtx); err != nil {
 		log.Warn("rpc shutdown", "err", err)
 	}
+	if !waitTimeout(&serving, serveStopTimeout) {
+		log.Warn("a server's accept loop did not return after shutdown", "waited", serveStopTimeout)
+	}
 	if serveErr != nil {
 		return serveErr
 	}
 	log.Info("kvcar stopped")
 	return nil
+}
+
+// serveStopTimeout bounds the wait for the servers' accept loops once
+// their listeners are closed; they return at once unless an accept is
+// stuck in the kernel.
+const serveStopTimeout = 5 * time.Second
+
+// waitTimeout waits for wg up to d and reports whether it finished.
+func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // httpServer is what serves a listener: net/http's server or kvcar's own.
