@@ -194,24 +194,14 @@ func (s *Server) Serve(ln net.Listener) error {
 		s.mu.Unlock()
 		ln.Close()
 	}()
-	var delay time.Duration
 	for {
-		c, err := ln.Accept()
+		c, err := sockio.Accept(ln, nil, s.log)
 		if err != nil {
 			if s.isClosing() {
 				return ErrServerClosed
 			}
-			if sockio.AcceptRetryable(err) {
-				// Out of file descriptors and the like: wait rather than
-				// spin or stop serving.
-				delay = sockio.AcceptBackoff(delay)
-				s.log.Warn("baidu_std accept failed; retrying", "err", err, "retry_in", delay)
-				time.Sleep(delay)
-				continue
-			}
 			return fmt.Errorf("baidu_std: accept: %w", err)
 		}
-		delay = 0
 		s.ServeConn(c)
 	}
 }

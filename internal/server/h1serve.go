@@ -149,27 +149,14 @@ func (s *HTTP1Server) Serve(ln net.Listener) error {
 		s.mu.Unlock()
 		ln.Close()
 	}()
-	var backoff time.Duration
 	for {
-		conn, err := ln.Accept()
+		conn, err := sockio.Accept(ln, s.stop, s.log)
 		if err != nil {
 			if s.closing.Load() {
 				return http.ErrServerClosed
 			}
-			if !sockio.AcceptRetryable(err) {
-				return fmt.Errorf("accepting: %w", err)
-			}
-			// Out of descriptors and the like: wait for some to be freed,
-			// as net/http does.
-			backoff = sockio.AcceptBackoff(backoff)
-			s.log.Warn("accepting a connection failed; retrying", "err", err, "in", backoff)
-			select {
-			case <-time.After(backoff):
-			case <-s.stop:
-			}
-			continue
+			return fmt.Errorf("accepting: %w", err)
 		}
-		backoff = 0
 		c := s.newConn(conn)
 		s.mu.Lock()
 		if s.closing.Load() {
