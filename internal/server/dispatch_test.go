@@ -74,7 +74,17 @@ func startXLLMSide(tb testing.TB, reg xllmrpc.Registry) *xllmSide {
 		tb.Fatal(err)
 	}
 	go srv.Serve(ln)
-	tb.Cleanup(func() { srv.Close() })
+	// A graceful shutdown: an engine's Generations call that delivered
+	// the last output has ended the client's request, so the test can be
+	// over while the call's response is still to be written; Close would
+	// cut it off and fail the engine's call.
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			tb.Errorf("rpc side shutdown: %v", err)
+		}
+	})
 	x.disp, err = xllmrpc.NewDispatcher(xllmrpc.DispatcherOptions{Self: ln.Addr().String(), Outputs: x.outputs, Registry: reg,
 		OutputTimeout: 5 * time.Second, Logger: log})
 	if err != nil {
