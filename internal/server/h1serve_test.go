@@ -675,3 +675,26 @@ func TestH1Metrics(t *testing.T) {
 		}
 	}
 }
+
+// TestH1RefusedLargeBodyAnswerArrives: a handler that answers without
+// reading a large body (as kvcar does when the body would exceed its
+// in-flight bytes) has its answer reach a client still writing the body,
+// every time: closing at once with megabytes unread resets the
+// connection, and the reset can reach the client's writer before its
+// reader has the answer (R-API-5).
+func TestH1RefusedLargeBodyAnswerArrives(t *testing.T) {
+	ts := serveH1(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "busy", http.StatusServiceUnavailable)
+	}), HTTP1Options{})
+	body := strings.Repeat("x", 8<<20)
+	for i := range 10 {
+		resp, err := ts.Client().Post(ts.URL+"/", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable {
+			t.Fatalf("request %d: %d", i, resp.StatusCode)
+		}
+	}
+}
