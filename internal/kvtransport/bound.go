@@ -16,7 +16,7 @@ import (
 type BoundSubscriber struct {
 	sock      *zmq.Socket
 	endpoints []string
-	poller    *zmq.Poller
+	ws        *waitSet
 	waker     *Waker
 }
 
@@ -65,10 +65,12 @@ func (c *Context) BindSubscriber(endpoints []string, o SubscriberOptions) (*Boun
 		}
 		b.endpoints = append(b.endpoints, bound)
 	}
-	b.poller = zmq.NewPoller()
-	b.poller.Add(sock, zmq.POLLIN)
+	socks := []*zmq.Socket{sock}
 	if b.waker != nil {
-		b.poller.Add(b.waker.recv, zmq.POLLIN)
+		socks = append(socks, b.waker.recv)
+	}
+	if b.ws, err = newWaitSet(socks...); err != nil {
+		return fail("wait set", err)
 	}
 	return b, nil
 }
@@ -79,25 +81,16 @@ func (b *BoundSubscriber) Endpoints() []string { return b.endpoints }
 // Wait blocks up to timeout until a message is queued or the waker was
 // woken, and reports whether a message is queued.
 func (b *BoundSubscriber) Wait(timeout time.Duration) (bool, error) {
-	ready, err := b.poller.Poll(timeout)
+	m, err := b.ws.wait(timeout)
 	if err != nil {
-		if isInterrupted(err) {
-			return false, nil
-		}
-		return false, fmt.Errorf("kvtransport: bound subscriber poll: %w", err)
+		return false, fmt.Errorf("kvtransport: bound subscriber: %w", err)
 	}
-	msg := false
-	for _, pl := range ready {
-		switch {
-		case pl.Socket == b.sock:
-			msg = true
-		case b.waker != nil && pl.Socket == b.waker.recv:
-			if err := b.waker.drain(); err != nil {
-				return msg, err
-			}
+	if b.waker != nil && m&(1<<1) != 0 {
+		if err := b.waker.drain(); err != nil {
+			return m&1 != 0, err
 		}
 	}
-	return msg, nil
+	return m&1 != 0, nil
 }
 
 // Recv returns the next message without waiting, or nil when none is
@@ -108,6 +101,10 @@ func (b *BoundSubscriber) Recv() ([][]byte, error) {
 
 // Close closes the socket.
 func (b *BoundSubscriber) Close() error {
+	if b.ws != nil {
+		_ = b.ws.close() // only its own epoll descriptor; the socket's close says more
+		b.ws = nil
+	}
 	if b.sock == nil {
 		return nil
 	}

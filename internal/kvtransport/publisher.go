@@ -27,34 +27,38 @@ type Publisher struct {
 	endpoint      string
 	subscriptions uint64
 
-	// waitPoller polls the XPUB with waitWaker's receiving end, for an
-	// engine without a replay server; built once per waker.
-	waitPoller *zmq.Poller
-	waitWaker  *Waker
+	// waitSet holds the XPUB and waitWaker's receiving end, for an
+	// engine without a replay server; made once per waker.
+	waitSet   *waitSet
+	waitWaker *Waker
 }
 
 // Wait blocks up to timeout until a subscription reached the publisher or
 // w was woken: the wait of an engine that has no replay server.
 func (p *Publisher) Wait(w *Waker, timeout time.Duration) error {
-	if p.waitPoller == nil || p.waitWaker != w {
-		pl := zmq.NewPoller()
-		pl.Add(p.sock, zmq.POLLIN)
-		pl.Add(w.recv, zmq.POLLIN)
-		p.waitPoller, p.waitWaker = pl, w
-	}
-	ready, err := p.waitPoller.Poll(timeout)
-	if err != nil {
-		if isInterrupted(err) {
-			return nil
+	if p.waitSet == nil || p.waitWaker != w {
+		p.closeWaitSet()
+		ws, err := newWaitSet(p.sock, w.recv)
+		if err != nil {
+			return fmt.Errorf("kvtransport: publisher wait: %w", err)
 		}
+		p.waitSet, p.waitWaker = ws, w
+	}
+	m, err := p.waitSet.wait(timeout)
+	if err != nil {
 		return fmt.Errorf("kvtransport: publisher wait: %w", err)
 	}
-	for _, pl := range ready {
-		if pl.Socket == w.recv {
-			return w.drain()
-		}
+	if m&(1<<1) != 0 {
+		return w.drain()
 	}
 	return nil
+}
+
+func (p *Publisher) closeWaitSet() {
+	if p.waitSet != nil {
+		_ = p.waitSet.close() // its own epoll descriptor only
+		p.waitSet, p.waitWaker = nil, nil
+	}
 }
 
 // BindPublisher binds an XPUB on endpoint. Binding port 0 picks a free
@@ -134,6 +138,7 @@ func (p *Publisher) DrainSubscriptions() (uint64, error) {
 
 // Close closes the socket; queued messages are discarded (LINGER 0).
 func (p *Publisher) Close() error {
+	p.closeWaitSet()
 	if err := p.sock.Close(); err != nil {
 		return fmt.Errorf("kvtransport: close publisher: %w", err)
 	}
@@ -155,11 +160,11 @@ type ReplayServer struct {
 	endpoint string
 	poller   *zmq.Poller
 
-	// waitPoller polls the ROUTER with waitPub's XPUB and waitWaker's
-	// receiving end, built once per pair.
-	waitPoller *zmq.Poller
-	waitPub    *Publisher
-	waitWaker  *Waker
+	// waitSet holds the ROUTER, waitPub's XPUB and waitWaker's
+	// receiving end, made once per pair.
+	waitSet   *waitSet
+	waitPub   *Publisher
+	waitWaker *Waker
 }
 
 // Wait blocks up to timeout until a replay request is queued, a
@@ -167,31 +172,31 @@ type ReplayServer struct {
 // request is queued. The engine's loop waits here instead of polling on
 // a short timer, so an idle engine costs nothing.
 func (r *ReplayServer) Wait(pub *Publisher, w *Waker, timeout time.Duration) (request bool, err error) {
-	if r.waitPoller == nil || r.waitPub != pub || r.waitWaker != w {
-		p := zmq.NewPoller()
-		p.Add(r.sock, zmq.POLLIN)
-		p.Add(pub.sock, zmq.POLLIN)
-		p.Add(w.recv, zmq.POLLIN)
-		r.waitPoller, r.waitPub, r.waitWaker = p, pub, w
-	}
-	ready, err := r.waitPoller.Poll(timeout)
-	if err != nil {
-		if isInterrupted(err) {
-			return false, nil
+	if r.waitSet == nil || r.waitPub != pub || r.waitWaker != w {
+		r.closeWaitSet()
+		ws, err := newWaitSet(r.sock, pub.sock, w.recv)
+		if err != nil {
+			return false, fmt.Errorf("kvtransport: replay server wait: %w", err)
 		}
+		r.waitSet, r.waitPub, r.waitWaker = ws, pub, w
+	}
+	m, err := r.waitSet.wait(timeout)
+	if err != nil {
 		return false, fmt.Errorf("kvtransport: replay server wait: %w", err)
 	}
-	for _, pl := range ready {
-		switch pl.Socket {
-		case r.sock:
-			request = true
-		case w.recv:
-			if err := w.drain(); err != nil {
-				return request, err
-			}
+	if m&(1<<2) != 0 {
+		if err := w.drain(); err != nil {
+			return m&1 != 0, err
 		}
 	}
-	return request, nil
+	return m&1 != 0, nil
+}
+
+func (r *ReplayServer) closeWaitSet() {
+	if r.waitSet != nil {
+		_ = r.waitSet.close() // its own epoll descriptor only
+		r.waitSet, r.waitPub, r.waitWaker = nil, nil, nil
+	}
 }
 
 // BindReplayServer binds a ROUTER on endpoint. Binding port 0 picks a free
@@ -244,6 +249,7 @@ func (r *ReplayServer) Reply(identity []byte, frames [][]byte) error {
 
 // Close closes the socket; queued replies are discarded (LINGER 0).
 func (r *ReplayServer) Close() error {
+	r.closeWaitSet()
 	if err := r.sock.Close(); err != nil {
 		return fmt.Errorf("kvtransport: close replay server: %w", err)
 	}

@@ -24,8 +24,6 @@ type ReplayOptions struct {
 type Replayer struct {
 	endpoint string
 	dealer   *zmq.Socket
-	poller   *zmq.Poller
-	pollSub  *Subscriber
 }
 
 // DialReplay connects a DEALER to endpoint. The connection is made in
@@ -102,15 +100,4 @@ func (r *Replayer) Close() error {
 		return fmt.Errorf("kvtransport: close replay %s: %w", r.endpoint, err)
 	}
 	return nil
-}
-
-// pollerWith returns a poller over s's sockets and the dealer, built once
-// per (replayer, subscriber) pair.
-func (r *Replayer) pollerWith(s *Subscriber) *zmq.Poller {
-	if r.poller == nil || r.pollSub != s {
-		p := s.newPoller()
-		p.Add(r.dealer, zmq.POLLIN)
-		r.poller, r.pollSub = p, s
-	}
-	return r.poller
 }

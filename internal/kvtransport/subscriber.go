@@ -73,7 +73,7 @@ type Subscriber struct {
 	endpoint string
 	sub      *zmq.Socket
 	mon      *zmq.Socket
-	poller   *zmq.Poller
+	ws       *waitSet
 	waker    *Waker // nil without SubscriberOptions.Waker
 }
 
@@ -136,7 +136,13 @@ func (c *Context) Subscribe(endpoint, topic string, o SubscriberOptions) (*Subsc
 	if err := sub.Connect(endpoint); err != nil {
 		return fail("connect", err)
 	}
-	s.poller = s.newPoller()
+	socks := []*zmq.Socket{sub, mon}
+	if s.waker != nil {
+		socks = append(socks, s.waker.recv)
+	}
+	if s.ws, err = newWaitSet(socks...); err != nil {
+		return fail("wait set", err)
+	}
 	return s, nil
 }
 
@@ -146,6 +152,10 @@ func (s *Subscriber) Endpoint() string { return s.endpoint }
 // Close closes both sockets. It never blocks on the peer.
 func (s *Subscriber) Close() error {
 	var errs []error
+	if s.ws != nil {
+		errs = append(errs, s.ws.close())
+		s.ws = nil
+	}
 	if s.sub != nil {
 		// Stop the monitor first so its PAIR does not see a half-closed peer.
 		_ = s.sub.Monitor("", 0)
@@ -195,45 +205,29 @@ func (r Ready) Any() bool { return r.Live || r.Link || r.Replay }
 // Wait blocks up to timeout until the subscriber, its monitor or the
 // optional replayer r has input, or the subscriber's waker is woken.
 func (s *Subscriber) Wait(r *Replayer, timeout time.Duration) (Ready, error) {
-	p := s.poller
+	var extra *zmq.Socket
 	if r != nil {
-		p = r.pollerWith(s)
+		extra = r.dealer
 	}
-	polled, err := p.Poll(timeout)
+	if err := s.ws.setExtra(extra); err != nil {
+		return Ready{}, fmt.Errorf("kvtransport: wait %s: %w", s.endpoint, err)
+	}
+	m, err := s.ws.wait(timeout)
 	if err != nil {
-		if isInterrupted(err) {
-			return Ready{}, nil
-		}
-		return Ready{}, fmt.Errorf("kvtransport: poll %s: %w", s.endpoint, err)
+		return Ready{}, fmt.Errorf("kvtransport: wait %s: %w", s.endpoint, err)
 	}
-	var rd Ready
-	for _, pl := range polled {
-		switch {
-		case pl.Socket == s.sub:
-			rd.Live = true
-		case pl.Socket == s.mon:
-			rd.Link = true
-		case s.waker != nil && pl.Socket == s.waker.recv:
+	rd := Ready{Live: m&(1<<0) != 0, Link: m&(1<<1) != 0}
+	i := 2
+	if s.waker != nil {
+		if m&(1<<i) != 0 {
 			if err := s.waker.drain(); err != nil {
 				return rd, err
 			}
-		default:
-			rd.Replay = true
 		}
+		i++
 	}
+	rd.Replay = extra != nil && m&(1<<i) != 0
 	return rd, nil
-}
-
-// newPoller returns a poller over the subscriber's sockets and its
-// waker; a Replayer adds its dealer to one of its own.
-func (s *Subscriber) newPoller() *zmq.Poller {
-	p := zmq.NewPoller()
-	p.Add(s.sub, zmq.POLLIN)
-	p.Add(s.mon, zmq.POLLIN)
-	if s.waker != nil {
-		p.Add(s.waker.recv, zmq.POLLIN)
-	}
-	return p
 }
 
 // setImmediate makes libzmq drop a connection's queue with the

@@ -1,0 +1,90 @@
+package kvtransport
+
+import (
+	"fmt"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// waitSet waits until any of a few sockets has input. Its sockets are
+// the fixed ones it was made with, then at most one extra that the owner
+// may swap between waits (a snapshot's replay dealer). wait reports the
+// ready sockets as bits of their index.
+//
+// On Linux the wait parks the goroutine in Go's network poller (see
+// waitset_linux.go) instead of blocking a thread in libzmq's poll: a
+// process following hundreds of streams then runs a handful of threads,
+// not one per stream, and a message no longer wakes a thread that must
+// win back a CPU from the request path.
+type waitSet struct {
+	socks []*zmq.Socket // fixed, then the extra if any
+	fixed int
+	waiter
+}
+
+func newWaitSet(socks ...*zmq.Socket) (*waitSet, error) {
+	w := &waitSet{socks: socks, fixed: len(socks)}
+	if err := w.waiter.init(socks); err != nil {
+		return nil, fmt.Errorf("kvtransport: wait set: %w", err)
+	}
+	return w, nil
+}
+
+// setExtra makes s (nil: none) the extra socket, in place of the last.
+func (w *waitSet) setExtra(s *zmq.Socket) error {
+	var old *zmq.Socket
+	if len(w.socks) > w.fixed {
+		old = w.socks[w.fixed]
+	}
+	if old == s {
+		return nil
+	}
+	w.socks = w.socks[:w.fixed]
+	if err := w.waiter.swap(old, s); err != nil {
+		return fmt.Errorf("kvtransport: wait set: %w", err)
+	}
+	if s != nil {
+		w.socks = append(w.socks, s)
+	}
+	return nil
+}
+
+// ready reports which sockets have input now. Asking libzmq also has it
+// take in the commands its I/O thread signalled, which is what re-arms
+// a socket's signal descriptor.
+func (w *waitSet) ready() (uint32, error) {
+	var m uint32
+	for i, s := range w.socks {
+		ev, err := s.GetEvents()
+		if err != nil {
+			return m, err
+		}
+		if ev&zmq.POLLIN != 0 {
+			m |= 1 << i
+		}
+	}
+	return m, nil
+}
+
+// wait blocks up to timeout until a socket has input and reports which
+// have; none (and no error) when the time ran out or a signal cut the
+// wait short.
+func (w *waitSet) wait(timeout time.Duration) (uint32, error) {
+	m, err := w.ready()
+	if m != 0 || err != nil || timeout <= 0 {
+		return m, wrapPollErr(err)
+	}
+	m, err = w.waiter.wait(w, timeout)
+	return m, wrapPollErr(err)
+}
+
+func wrapPollErr(err error) error {
+	if err == nil || isInterrupted(err) {
+		return nil
+	}
+	return fmt.Errorf("poll: %w", err)
+}
+
+// close releases what the set holds; the sockets stay open.
+func (w *waitSet) close() error { return w.waiter.close() }

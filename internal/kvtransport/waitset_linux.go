@@ -1,0 +1,130 @@
+//go:build linux
+
+package kvtransport
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+	"golang.org/x/sys/unix"
+)
+
+// waiter is an epoll instance holding each socket's libzmq signal
+// descriptor (ZMQ_FD), itself registered with Go's network poller as a
+// file: the epoll descriptor is readable while any socket was signalled.
+// libzmq's descriptors only say "look again" (they are reset when libzmq
+// takes in its commands, by ready), so every wake-up is confirmed by
+// asking the sockets, and a wait parks only after they said no.
+type waiter struct {
+	ep    *os.File
+	rc    syscall.RawConn
+	extra int // the extra socket's descriptor, -1 for none
+}
+
+func (w *waiter) init(socks []*zmq.Socket) error {
+	fd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("epoll_create1: %w", err)
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return fmt.Errorf("epoll nonblocking: %w", err)
+	}
+	w.ep = os.NewFile(uintptr(fd), "kvtransport-waitset")
+	// A descriptor Go cannot poll has no deadlines: then there is no way
+	// to wait with a timeout.
+	if err := w.ep.SetReadDeadline(time.Time{}); err != nil {
+		w.ep.Close()
+		return fmt.Errorf("epoll descriptor not pollable: %w", err)
+	}
+	if w.rc, err = w.ep.SyscallConn(); err != nil {
+		w.ep.Close()
+		return fmt.Errorf("epoll raw conn: %w", err)
+	}
+	w.extra = -1
+	for _, s := range socks {
+		if _, err := w.add(s); err != nil {
+			w.ep.Close()
+			return err
+		}
+	}
+	return nil
+}
+
+func (w *waiter) ctl(op int, fd int) error {
+	var cerr error
+	err := w.rc.Control(func(ep uintptr) {
+		cerr = unix.EpollCtl(int(ep), op, fd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(fd)})
+	})
+	if err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("epoll_ctl %d fd %d: %w", op, fd, err)
+	}
+	return nil
+}
+
+func (w *waiter) add(s *zmq.Socket) (int, error) {
+	fd, err := s.GetFd()
+	if err != nil {
+		return -1, fmt.Errorf("socket descriptor: %w", err)
+	}
+	return fd, w.ctl(unix.EPOLL_CTL_ADD, fd)
+}
+
+// swap replaces the extra socket (if any) by s (nil: none).
+func (w *waiter) swap(_, s *zmq.Socket) error {
+	if w.extra >= 0 {
+		// The old socket may be closed by now, its descriptor gone from
+		// the set with it; that is not an error. The number is removed
+		// before any new socket is added, so a reused number is never
+		// taken for the old one.
+		if err := w.ctl(unix.EPOLL_CTL_DEL, w.extra); err != nil &&
+			!errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EBADF) {
+			return err
+		}
+		w.extra = -1
+	}
+	if s == nil {
+		return nil
+	}
+	fd, err := w.add(s)
+	if err != nil {
+		return err
+	}
+	w.extra = fd
+	return nil
+}
+
+func (w *waiter) wait(set *waitSet, timeout time.Duration) (uint32, error) {
+	if err := w.ep.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+		return 0, err
+	}
+	var m uint32
+	var rerr error
+	err := w.rc.Read(func(uintptr) bool {
+		m, rerr = set.ready()
+		return m != 0 || rerr != nil
+	})
+	if rerr != nil {
+		return m, rerr
+	}
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		return m, err
+	}
+	return m, nil
+}
+
+func (w *waiter) close() error {
+	if w.ep == nil {
+		return nil
+	}
+	err := w.ep.Close()
+	w.ep = nil
+	return err
+}

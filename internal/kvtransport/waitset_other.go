@@ -1,0 +1,43 @@
+//go:build !linux
+
+package kvtransport
+
+import (
+	"time"
+
+	zmq "github.com/pebbe/zmq4"
+)
+
+// waiter is libzmq's poll over the set's sockets, rebuilt when the extra
+// socket changes.
+type waiter struct {
+	p *zmq.Poller
+}
+
+func (w *waiter) init(socks []*zmq.Socket) error {
+	w.p = zmq.NewPoller()
+	for _, s := range socks {
+		w.p.Add(s, zmq.POLLIN)
+	}
+	return nil
+}
+
+func (w *waiter) swap(old, s *zmq.Socket) error {
+	if old != nil {
+		// A socket closed since is not in the poll any more.
+		_ = w.p.RemoveBySocket(old)
+	}
+	if s != nil {
+		w.p.Add(s, zmq.POLLIN)
+	}
+	return nil
+}
+
+func (w *waiter) wait(set *waitSet, timeout time.Duration) (uint32, error) {
+	if _, err := w.p.Poll(timeout); err != nil {
+		return 0, err
+	}
+	return set.ready()
+}
+
+func (w *waiter) close() error { return nil }
