@@ -87,6 +87,9 @@ func New(lim Limits, opts Options) (*Directory, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kvdir: %w", err)
 	}
+	if err := tctx.IOThreadsYield(); err != nil {
+		opts.Logger.Info("KV event I/O may preempt request handling", "err", err)
+	}
 	d := &Directory{lim: lim, log: opts.Logger, tctx: tctx, discovered: make(chan struct{}), hubs: map[hubKey]*hub{}, tables: map[keyGroup]*keyTable{}}
 	d.set.Store((&streamSet{}).index())
 	if opts.Registerer != nil {

@@ -15,16 +15,32 @@ var ErrTimeout = errors.New("kvtransport: timed out")
 type Context struct {
 	zctx *zmq.Context
 	ids  idSource
+	// ioPolicy says why the I/O threads run under the normal policy;
+	// nil when they run under SCHED_BATCH (see startIOThreads).
+	ioPolicy error
 }
 
-// NewContext creates a libzmq context with its own I/O thread.
+// NewContext creates a libzmq context and starts its I/O thread.
 func NewContext() (*Context, error) {
 	zctx, err := zmq.NewContext()
 	if err != nil {
 		return nil, fmt.Errorf("kvtransport: new context: %w", err)
 	}
-	return &Context{zctx: zctx}, nil
+	c := &Context{zctx: zctx}
+	if err := startIOThreads(zctx); err != nil {
+		if errors.Is(err, errStart) {
+			_ = zctx.Term()
+			return nil, err
+		}
+		c.ioPolicy = err
+	}
+	return c, nil
 }
+
+// IOThreadsYield reports nil when the context's I/O threads never
+// preempt a running thread (they run under SCHED_BATCH), and otherwise
+// why they do.
+func (c *Context) IOThreadsYield() error { return c.ioPolicy }
 
 // Close terminates the context. It blocks until every socket made from it
 // has been closed; sockets are created with LINGER 0 so that is prompt.
@@ -51,3 +67,7 @@ func (c *Context) newSocket(t zmq.Type) (*zmq.Socket, error) {
 	}
 	return s, nil
 }
+
+// errStart marks a failure to start the I/O threads at all, as opposed
+// to starting them under the normal policy.
+var errStart = errors.New("kvtransport: start I/O threads")
