@@ -113,21 +113,7 @@ func TestWaitingSubscribersHoldNoThread(t *testing.T) {
 // read; with nothing at all it lasts its timeout.
 func TestWaitReportsEachInput(t *testing.T) {
 	c := pubTestContext(t)
-	p, err := c.BindPublisher("tcp://127.0.0.1:0", PublisherOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	rs, err := c.BindReplayServer("tcp://127.0.0.1:0", ReplayServerOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rs.Close()
-	w, err := c.NewWaker()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	p, rs, w := engineSockets(t, c)
 	s, err := c.Subscribe(p.Endpoint(), "t", SubscriberOptions{Waker: w})
 	if err != nil {
 		t.Fatal(err)

@@ -11,21 +11,7 @@ import (
 // goroutines interleave with its drains.
 func TestWakerNeverLosesAWake(t *testing.T) {
 	c := pubTestContext(t)
-	p, err := c.BindPublisher("tcp://127.0.0.1:0", PublisherOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	rs, err := c.BindReplayServer("tcp://127.0.0.1:0", ReplayServerOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rs.Close()
-	w, err := c.NewWaker()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Close()
+	p, rs, w := engineSockets(t, c)
 
 	const senders, each = 8, 500
 	cmds := make(chan int, senders*each)
@@ -75,4 +61,31 @@ func TestWakerNeverLosesAWake(t *testing.T) {
 		t.Fatalf("wake after close: %v", err)
 	}
 	t.Logf("%d commands, longest wait %v", got, slowest)
+}
+
+// engineSockets binds an engine's publisher and replay server on loopback
+// and makes a waker, all closed when the test ends.
+func engineSockets(t *testing.T, c *Context) (*Publisher, *ReplayServer, *Waker) {
+	t.Helper()
+	p, err := c.BindPublisher("tcp://127.0.0.1:0", PublisherOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := c.BindReplayServer("tcp://127.0.0.1:0", ReplayServerOptions{})
+	if err != nil {
+		p.Close()
+		t.Fatal(err)
+	}
+	w, err := c.NewWaker()
+	if err != nil {
+		p.Close()
+		rs.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		w.Close()
+		rs.Close()
+		p.Close()
+	})
+	return p, rs, w
 }
