@@ -110,10 +110,10 @@ func TestMakefileStampsTheBuild(t *testing.T) {
 		t.Fatal("Makefile has no build target")
 	}
 	rule, _, _ = strings.Cut(rule, "\n\n")
-	if !strings.Contains(rule, "-ldflags") || !strings.Contains(rule, "$(LDFLAGS)") {
-		t.Fatalf("make build does not pass $(LDFLAGS):%s", rule)
+	if !strings.Contains(rule, "-ldflags") || !strings.Contains(rule, "$(GO_LDFLAGS)") {
+		t.Fatalf("make build does not pass $(GO_LDFLAGS):%s", rule)
 	}
 	if !strings.Contains(mk, "-X "+RevisionSymbol+"=") {
-		t.Fatalf("the Makefile's LDFLAGS do not stamp %s", RevisionSymbol)
+		t.Fatalf("the Makefile's GO_LDFLAGS do not stamp %s", RevisionSymbol)
 	}
 }

@@ -3,7 +3,7 @@
 // the benchmark programs' reports.
 //
 // The revision is, in order: what the build stamped at link time
-// (LDFlags, which `make build` and devcluster's builds pass), the Go
+// (RevisionSymbol; `make build` and devcluster.BuildKVCar stamp it), the Go
 // toolchain's VCS stamp (vcs.revision, "-dirty" after vcs.modified) when
 // the build made one, else Unknown. Builds with -buildvcs=false, and every
 // `go test` binary, carry no VCS stamp, so without the link-time stamp a
