@@ -24,8 +24,15 @@ deps-test:
 tokenizer-fixtures:
 	@./scripts/tokenizer-fixtures.sh
 
+# REVISION is what the programs report as the commit they were built from
+# (kvcar --version, kvcar_build_info, the benchmark reports); builds with
+# GOFLAGS=-buildvcs=false carry no VCS stamp, so the link stamps it. Empty
+# (no git) leaves the toolchain's stamp or "unknown".
+REVISION   ?= $(shell git describe --always --dirty --abbrev=12 2>/dev/null)
+GO_LDFLAGS = -X github.com/kvcar/kvcar/internal/buildinfo.revision=$(REVISION)
+
 build: deps
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags "$(GO_LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 # Fetches Qwen3's tokenizer files with npm so chat and text requests are
 # routed by their token ids; without npm the demo runs without them.

@@ -111,10 +111,16 @@ func TestTraceReplayEndToEnd(t *testing.T) {
 			t.Fatalf("%s ran %d times, want 2", p, seen[p])
 		}
 	}
+	// The binary is stamped with the working tree's revision, which this
+	// unstamped program also reports: one commit.
+	if rep.KVCarRevision != devcluster.Revision() || rep.Revision != devcluster.Revision() {
+		t.Fatalf("revisions: kvcar %q, driver %q; want both %q", rep.KVCarRevision, rep.Revision, devcluster.Revision())
+	}
 	// The tables print from the same report.
 	var md bytes.Buffer
 	writeTraceReadme(&md, &rep)
-	for _, want := range []string{"| shared unbounded cache (bound) |", "| DYNAMO |", "mean TTFT / RR's", "bin/kvcar-bench --trace=", "Generated "} {
+	for _, want := range []string{"| shared unbounded cache (bound) |", "| DYNAMO |", "mean TTFT / RR's", "bin/kvcar-bench --trace=",
+		"Generated ", " from commit " + rep.Revision + " in "} {
 		if !strings.Contains(md.String(), want) {
 			t.Fatalf("README section lacks %q:\n%s", want, md.String())
 		}

@@ -355,7 +355,10 @@ type traceReport struct {
 	Runs           []runResult `json:"runs"`
 	Started        time.Time   `json:"started"`
 	Elapsed        float64     `json:"elapsed_seconds"`
-	Revision       string      `json:"revision"`
+	// Revision is this program's commit, KVCarRevision the kvcar
+	// binary's (its --version).
+	Revision      string `json:"revision"`
+	KVCarRevision string `json:"kvcar_revision"`
 }
 
 type windowSummary struct {
@@ -397,6 +400,9 @@ func runTrace(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("kvcar binary: %w (build it with make build, or pass --kvcar)", err)
 	}
 	if rep.RoutingHeaders, err = devcluster.HasFlag(ctx, o.kvcar, exposeHeadersFlag); err != nil {
+		return err
+	}
+	if rep.KVCarRevision, err = devcluster.KVCarRevision(ctx, o.kvcar); err != nil {
 		return err
 	}
 	etcd, err := etcdembed.Start(ctx, etcdembed.Options{})

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvcar/kvcar/internal/devcluster"
 )
 
 // byPolicy groups the runs of every policy, in the order given.
@@ -210,8 +212,8 @@ func writeChecks(w io.Writer, rep *traceReport, groups [][]*runResult) {
 // when, then the tables.
 func writeTraceReadme(w io.Writer, rep *traceReport) {
 	o, win, c := rep.Options, rep.Window, rep.Options.Cluster
-	fmt.Fprintf(w, "Generated %s from commit %s in %.0f min by\n\n```sh\n%s\n```\n\n",
-		rep.Started.Format("2006-01-02 15:04 UTC"), rep.Revision, rep.Elapsed/60, rep.Command)
+	fmt.Fprintf(w, "Generated %s from %s in %.0f min by\n\n```sh\n%s\n```\n\n",
+		rep.Started.Format("2006-01-02 15:04 UTC"), devcluster.Revisions{KVCar: rep.KVCarRevision, Driver: rep.Revision}, rep.Elapsed/60, rep.Command)
 	headers := "kvcar has no --" + exposeHeadersFlag + " flag and sends its decision-time header unasked"
 	if rep.RoutingHeaders {
 		headers = "kvcar ran with --" + exposeHeadersFlag + " for its decision-time header"

@@ -203,7 +203,7 @@ func (c *cell) cpuPerRequest() time.Duration {
 
 type report struct {
 	started  time.Time
-	revision string
+	revision devcluster.Revisions // of the kvcar binary and of this program
 	command  string
 	opts     options
 	cells    []*cell
@@ -214,7 +214,12 @@ type report struct {
 // policy, each right after the same load sent to the engines directly.
 // Progress goes to log.
 func run(ctx context.Context, o options, log io.Writer) (_ *report, err error) {
-	rep := &report{started: time.Now().UTC(), revision: devcluster.Revision(), command: o.command, opts: o}
+	kvcarRev, err := devcluster.KVCarRevision(ctx, o.kvcar)
+	if err != nil {
+		return nil, err
+	}
+	rep := &report{started: time.Now().UTC(), command: o.command, opts: o,
+		revision: devcluster.Revisions{KVCar: kvcarRev, Driver: devcluster.Revision()}}
 	etcd, err := etcdembed.Start(ctx, etcdembed.Options{})
 	if err != nil {
 		return nil, err

@@ -32,7 +32,10 @@ func TestShortRunIsSane(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds kvcar and runs it as a process")
 	}
-	bin, err := devcluster.BuildKVCar(t.Context(), t.TempDir())
+	// A revision of its own, so the report can only have it from the
+	// binary.
+	const kvcarRev = "kvcar-load-test"
+	bin, err := devcluster.BuildKVCarRevision(t.Context(), t.TempDir(), kvcarRev)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +69,8 @@ func TestShortRunIsSane(t *testing.T) {
 	rep.write(&out, true)
 	table := out.String()
 	t.Log(table)
-	for _, want := range []string{"Generated ", "| CAR | 2048 | 4 |", "| RR | 2048 | 1 |", "| relay bound | 2048 | 4 |", "kvcar-load --kvcar="} {
+	generated := "from kvcar commit " + kvcarRev + " (driver commit " + devcluster.Revision() + ") in "
+	for _, want := range []string{"Generated ", generated, "| CAR | 2048 | 4 |", "| RR | 2048 | 1 |", "| relay bound | 2048 | 4 |", "kvcar-load --kvcar="} {
 		if !strings.Contains(table, want) {
 			t.Errorf("report lacks %q", want)
 		}

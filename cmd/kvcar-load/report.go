@@ -13,7 +13,7 @@ import (
 // made.
 func (r *report) write(w io.Writer, readme bool) {
 	if readme {
-		fmt.Fprintf(w, "Generated %s from commit %s in %.0f s by\n\n```sh\n%s\n```\n\n",
+		fmt.Fprintf(w, "Generated %s from %s in %.0f s by\n\n```sh\n%s\n```\n\n",
 			r.started.Format("2006-01-02 15:04 UTC"), r.revision, r.elapsed.Seconds(), r.command)
 		engines := fmt.Sprintf("%d trivial engines registered as vLLM servers, relayed to over HTTP (an answer at once, keep-alive idle timeout %v)",
 			r.opts.engines, r.opts.engineIdle)

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -43,27 +45,40 @@ func prefixIDs() []uint32 {
 }
 
 // burst sends n requests sharing the 64-token prefix at once and counts
-// the instances they were routed to.
+// the instances they were routed to. The posting goroutines only record
+// what happened; the test goroutine judges it.
 func (c *cluster) burst(t *testing.T, n int) map[string]int {
 	t.Helper()
-	var mu sync.Mutex
-	got := map[string]int{}
+	type result struct {
+		answer completion
+		err    error
+	}
+	results := make([]result, n)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r := c.complete(t, "/v1/completions", prefixPrompt(100000+i*100, 16))
-			mu.Lock()
-			defer mu.Unlock()
-			if r.status != 200 {
-				t.Errorf("burst request %d: %d %s", i, r.status, r.body)
+		wg.Go(func() {
+			resp, b, err := sendCtx(ctx, http.MethodPost, "http://"+c.addr+"/v1/completions", "", prefixPrompt(100000+i*100, 16))
+			if err != nil {
+				results[i].err = err
 				return
 			}
-			got[r.prefill]++
-		}()
+			results[i].answer = c.completionOf(resp, b)
+		})
 	}
 	wg.Wait()
+	got := map[string]int{}
+	for i, r := range results {
+		switch {
+		case r.err != nil:
+			t.Errorf("burst request %d: %v", i, r.err)
+		case r.answer.status != http.StatusOK:
+			t.Errorf("burst request %d: %d %s", i, r.answer.status, r.answer.body)
+		default:
+			got[r.answer.prefill]++
+		}
+	}
 	return got
 }
 

@@ -26,6 +26,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/kvcar/kvcar/internal/baidustd"
+	"github.com/kvcar/kvcar/internal/buildinfo"
 	"github.com/kvcar/kvcar/internal/config"
 	"github.com/kvcar/kvcar/internal/etcdembed"
 	"github.com/kvcar/kvcar/internal/instance"
@@ -37,6 +38,12 @@ import (
 )
 
 func main() {
+	// --version answers on stdout before anything starts; any flag error
+	// is left to run, which reports it.
+	if f, err := parseFlags(os.Args[1:], io.Discard); err == nil && f.version {
+		fmt.Println(buildinfo.VersionLine("kvcar"))
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stderr, nil); err != nil {
@@ -92,6 +99,8 @@ type flags struct {
 	maxInflightRequest int64
 	maxPromptText      int64
 	exposeRouting      bool
+
+	version bool // print the version line and exit
 }
 
 func parseFlags(args []string, out io.Writer) (*flags, error) {
@@ -139,6 +148,7 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	fs.Int64Var(&f.maxInflightRequest, "max_inflight_request_bytes", server.DefaultMaxInflightRequestBytes, "completion body bytes held at once across all requests (503 with Retry-After past it); at least --max_request_body_bytes")
 	fs.Int64Var(&f.maxPromptText, "max_prompt_text_bytes", server.DefaultMaxPromptTextBytes, "largest prompt text or chat content of one request given to the tokenizer, bytes (413 past it)")
 	fs.BoolVar(&f.exposeRouting, "expose_routing_headers", false, "send the routing decision (engine names, policy, hit ratio, decision time) to clients in X-Prefill-Name, X-Decode-Name and X-Kvcar-* headers")
+	fs.BoolVar(&f.version, "version", false, "print the revision kvcar was built from, its Go version and platform, and exit")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -243,6 +253,10 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	if err != nil {
 		return err
 	}
+	if f.version {
+		_, err := fmt.Fprintln(logOut, buildinfo.VersionLine("kvcar"))
+		return err
+	}
 	log, err := newLogger(f, logOut)
 	if err != nil {
 		return err
@@ -321,6 +335,12 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	metricsReg := prometheus.NewRegistry()
 	metricsReg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		reg.Collector())
+	// A constant 1 whose labels say what each replica runs, so a
+	// dashboard or an alert can tell replicas of a rollout apart.
+	metricsReg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvcar_build_info",
+		Help:        "1, labelled with the revision kvcar was built from and the Go release that built it.",
+		ConstLabels: prometheus.Labels{"revision": buildinfo.Revision(), "goversion": buildinfo.GoVersion()}},
+		func() float64 { return 1 }))
 
 	var (
 		dir        *kvdir.Directory
@@ -445,7 +465,8 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 		awaitReady(runCtx, srv, steps, log)
 	}()
 	log.Info("kvcar listening", "addr", ln.Addr().String(), "internal", iln.Addr().String(), "rpc", rpcLn.Addr().String(),
-		"advertise_rpc", self, "query", fmt.Sprintf("http://%s%s", iln.Addr(), server.QueryPath))
+		"advertise_rpc", self, "query", fmt.Sprintf("http://%s%s", iln.Addr(), server.QueryPath),
+		"revision", buildinfo.Revision(), "go", buildinfo.GoVersion())
 	if ready != nil {
 		ready <- listening{public: ln.Addr().String(), internal: iln.Addr().String()}
 	}

@@ -114,13 +114,23 @@ func writeConfig(t *testing.T, cfg string) string {
 // the response (its body already read and closed) and the body.
 func send(t *testing.T, method, url, token, body string) (*http.Response, []byte) {
 	t.Helper()
+	resp, b, err := sendCtx(context.Background(), method, url, token, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp, b
+}
+
+// sendCtx is send for goroutines other than the test's, which must not
+// fail the test themselves: it returns the error instead.
+func sendCtx(ctx context.Context, method, url, token, body string) (*http.Response, []byte, error) {
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
 	}
-	req, err := http.NewRequest(method, url, rd)
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
@@ -130,14 +140,14 @@ func send(t *testing.T, method, url, token, body string) (*http.Response, []byte
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, fmt.Errorf("%s %s: reading the answer: %w", method, url, err)
 	}
-	return resp, b
+	return resp, b, nil
 }
 
 // postJSON posts a JSON body.

@@ -30,6 +30,10 @@ func TestClusterSyncsAndStops(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Stamped as make build stamps it.
+	if rev, err := KVCarRevision(t.Context(), bin); err != nil || rev != Revision() {
+		t.Errorf("built kvcar reports revision %q (%v), want the working tree's %q", rev, err, Revision())
+	}
 	etcd, err := etcdembed.Start(t.Context(), etcdembed.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -21,8 +21,11 @@
 //
 // Memory and CPUTime read a process's use from /proc; what to make of it
 // is the caller's; FreePort picks a loopback port for a listener a
-// program sets up before kvcar starts, and Revision names the commit a
-// program was built from, for its report. Query and Instances read kvcar's query API and
+// program sets up before kvcar starts. Revision names the commit a
+// program was built from and KVCarRevision the one a kvcar binary was
+// built from (its --version), for a report, which names both
+// (Revisions) when they differ; BuildKVCar stamps the binary it builds
+// as make build does. Query and Instances read kvcar's query API and
 // registry view on its internal listener, for programs whose own routing
 // policies must see what kvcar's see; HasFlag tells from --help whether a
 // kvcar binary knows a flag, so a program can run with older and newer

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/buildinfo"
 	"github.com/kvcar/kvcar/internal/server"
 )
 
@@ -239,14 +240,31 @@ func (k *KVCar) WaitSynced(ctx context.Context, n int, timeout time.Duration) er
 
 // BuildKVCar builds the kvcar command as shipped (no race detector, whose
 // shadow memory would distort what a test measures) into dir and returns
-// the binary's path. It is for tests, which run inside the module.
+// the binary's path. It stamps the working tree's revision as make build
+// does (GitRevision; none when git cannot say). It is for tests, which run
+// inside the module.
 func BuildKVCar(ctx context.Context, dir string) (string, error) {
+	rev, err := GitRevision(ctx, "")
+	if err != nil {
+		rev = "" // the binary then reports buildinfo.Unknown
+	}
+	return BuildKVCarRevision(ctx, dir, rev)
+}
+
+// BuildKVCarRevision is BuildKVCar stamping rev. The toolchain's VCS
+// stamp is left out, so with an empty rev the binary reports
+// buildinfo.Unknown wherever it is built.
+func BuildKVCarRevision(ctx context.Context, dir, rev string) (string, error) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		return "", fmt.Errorf("build kvcar: %w", err)
 	}
 	bin := filepath.Join(dir, "kvcar")
-	out, err := exec.CommandContext(ctx, goBin, "build", "-o", bin, "github.com/kvcar/kvcar/cmd/kvcar").CombinedOutput()
+	args := []string{"build", "-buildvcs=false", "-o", bin}
+	if rev != "" {
+		args = append(args, "-ldflags="+buildinfo.LDFlags(rev))
+	}
+	out, err := exec.CommandContext(ctx, goBin, append(args, "github.com/kvcar/kvcar/cmd/kvcar")...).CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("build kvcar: %w\n%s", err, out)
 	}

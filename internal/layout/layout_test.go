@@ -93,6 +93,9 @@ var layout = map[string]place{
 	"internal/kvtransport": {layer: 0, forbid: slices.Concat([]string{"go.etcd.io/...", "google.golang.org/grpc/...", "net/http/..."}, routing)},
 	"internal/tokenizer":   {layer: 0, forbid: slices.Concat(sockets, routing)},
 	"internal/zapslog":     {layer: 0},
+	// The revision a program was built from: a leaf any program or the
+	// harness may read, running no command and opening nothing.
+	"internal/buildinfo": {layer: 0, forbid: slices.Concat(sockets, routing)},
 	// A processor hint and nothing else: it imports nothing of kvcar.
 	"internal/prefetch": {layer: 0, forbid: slices.Concat(sockets, routing)},
 	// Raw socket reads and writes and accept retries: a leaf the HTTP
