@@ -71,11 +71,13 @@ func (w *waitSet) ready() (uint32, error) {
 // have; none (and no error) when the time ran out or a signal cut the
 // wait short.
 func (w *waitSet) wait(timeout time.Duration) (uint32, error) {
-	m, err := w.ready()
-	if m != 0 || err != nil || timeout <= 0 {
+	if timeout <= 0 {
+		m, err := w.ready()
 		return m, wrapPollErr(err)
 	}
-	m, err = w.waiter.wait(w, timeout)
+	// The waiter asks the sockets before it parks: each ask is a cgo
+	// call and a system call per socket, so it is not asked here too.
+	m, err := w.waiter.wait(w, timeout)
 	return m, wrapPollErr(err)
 }
 

@@ -23,6 +23,12 @@ type waiter struct {
 	ep    *os.File
 	rc    syscall.RawConn
 	extra int // the extra socket's descriptor, -1 for none
+
+	// What the current wait's check found, and the set it asks.
+	check func(uintptr) bool
+	set   *waitSet
+	m     uint32
+	err   error
 }
 
 func (w *waiter) init(socks []*zmq.Socket) error {
@@ -46,6 +52,7 @@ func (w *waiter) init(socks []*zmq.Socket) error {
 		return fmt.Errorf("epoll raw conn: %w", err)
 	}
 	w.extra = -1
+	w.check = w.checkSockets
 	for _, s := range socks {
 		if _, err := w.add(s); err != nil {
 			w.ep.Close()
@@ -105,19 +112,24 @@ func (w *waiter) wait(set *waitSet, timeout time.Duration) (uint32, error) {
 	if err := w.ep.SetReadDeadline(time.Now().Add(timeout)); err != nil {
 		return 0, err
 	}
-	var m uint32
-	var rerr error
-	err := w.rc.Read(func(uintptr) bool {
-		m, rerr = set.ready()
-		return m != 0 || rerr != nil
-	})
-	if rerr != nil {
-		return m, rerr
+	w.set = set
+	err := w.rc.Read(w.check)
+	w.set = nil
+	if w.err != nil {
+		return w.m, w.err
 	}
 	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
-		return m, err
+		return w.m, err
 	}
-	return m, nil
+	return w.m, nil
+}
+
+// checkSockets is the readiness test of a wait: Go's poller calls it
+// before parking and after every wake-up. It is made once per waiter
+// (w.check), not a closure per wait.
+func (w *waiter) checkSockets(uintptr) bool {
+	w.m, w.err = w.set.ready()
+	return w.m != 0 || w.err != nil
 }
 
 func (w *waiter) close() error {
