@@ -562,3 +562,66 @@ func TestKeyTableCellsUnderChurn(t *testing.T) {
 	}
 	t.Logf("%d keys used, %d live, %d cells, %d occupied", len(keys), tab.live, len(tab.cells), tab.occupied)
 }
+
+// TestSynchronisedAnswerCarriesItsView: while writers withdraw and
+// publish views over and over, every view holding the prompt's first
+// block, an answer that says synchronised must count that block. A
+// stream said synchronised before its slot counted in the shared table
+// (or after it stopped counting) answered zero hits as if the engine held
+// nothing: an under-report a router acts on (R-REC-2: the view appears
+// whole, at once).
+func TestSynchronisedAnswerCarriesItsView(t *testing.T) {
+	const streams = 8
+	prompt := make([]uint32, 8*modelBlock)
+	for i := range prompt {
+		prompt[i] = uint32(i*5 + 1)
+	}
+	holdA := []bool{true, true, false, false, false, false, false, false}
+	holdB := []bool{true, false, true, true, true, true, true, true}
+	d, ms := modelDirectory(t, streams)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var publications atomic.Int64
+	for _, m := range ms {
+		wg.Add(1)
+		go func(s *stream) {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				hold := holdA
+				if i%2 == 1 {
+					hold = holdB
+				}
+				s.invalidate("fault")
+				s.publish(chainIndex(t, prompt, hold), uint64(i), true, true)
+				publications.Add(1)
+			}
+		}(m.s)
+	}
+	var dst []Match
+	deadline := time.Now().Add(time.Second)
+	synced := 0
+	for time.Now().Before(deadline) || publications.Load() < 200 {
+		dst = d.Query(prompt, dst[:0])
+		for i, m := range dst {
+			if !m.Synchronized {
+				continue
+			}
+			synced++
+			if m.ReusablePrefixTokens < modelBlock {
+				close(stop)
+				wg.Wait()
+				t.Fatalf("stream %d synchronised at %d with %d tokens: its view holds the first block", i, m.Sequence, m.ReusablePrefixTokens)
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if synced == 0 {
+		t.Fatalf("no synchronised answer over %d publications", publications.Load())
+	}
+}

@@ -218,8 +218,7 @@ func (s *stream) match(wr *walkResult, m *Match) {
 		if reason != nil {
 			m.Error = *reason
 		}
-		if m.Synchronized {
-			s.fillHits(wr, m)
+		if m.Synchronized && s.fillHits(wr, m) {
 			m.DeviceBlocks, m.HostBlocks = int(dev), int(host)
 		}
 		return
@@ -229,23 +228,39 @@ func (s *stream) match(wr *walkResult, m *Match) {
 	m.Complete = s.synced && s.complete
 	m.Sequence = s.seq
 	m.Error = s.reason
-	if s.synced && s.idx != nil {
-		s.fillHits(wr, m)
+	if s.synced && s.idx != nil && s.fillHits(wr, m) {
 		m.DeviceBlocks, m.HostBlocks = s.idx.Counts()
 	}
 	s.mu.RUnlock()
 }
 
+// viewChanging is the reason of a synchronised stream whose slot did not
+// count in the walk: its view was being published or withdrawn.
+const viewChanging = "view being published or withdrawn"
+
 // fillHits sets m's hit tokens from the walk. A view withdrawn after the
-// walk reads unsynchronised and gets none; one published after it was
-// not in the walk's published mask and gets none either (R-REC-1).
-func (s *stream) fillHits(wr *walkResult, m *Match) {
-	if blocks, hostOnly, ok := wr.resultOf(s.slot); ok {
-		bs := s.spec.BlockSize
-		m.DeviceHitTokens = (blocks - hostOnly) * bs
-		m.HostOnlyHitTokens = hostOnly * bs
-		m.ReusablePrefixTokens = blocks * bs
+// walk reads unsynchronised and gets none (R-REC-1). A stream said
+// synchronised whose slot the walk did not count is between its view and
+// the table (publish counts the slot before it says synchronised,
+// invalidate stops counting it just before it says unsynchronised): it
+// reads unsynchronised too, rather than synchronised with no hits, an
+// answer a router would take for an engine holding nothing. fillHits
+// reports whether m stays synchronised; without a walk (a prompt shorter
+// than a block, a status query) it does.
+func (s *stream) fillHits(wr *walkResult, m *Match) bool {
+	blocks, hostOnly, ok := wr.resultOf(s.slot)
+	if !ok {
+		if wr != nil && wr.walked {
+			m.Synchronized, m.Complete, m.Error = false, false, viewChanging
+			return false
+		}
+		return true
 	}
+	bs := s.spec.BlockSize
+	m.DeviceHitTokens = (blocks - hostOnly) * bs
+	m.HostOnlyHitTokens = hostOnly * bs
+	m.ReusablePrefixTokens = blocks * bs
+	return true
 }
 
 // publish makes idx the stream's view at sequence seq (R-REC-2: the whole
@@ -253,7 +268,7 @@ func (s *stream) fillHits(wr *walkResult, m *Match) {
 // blocks stored before it began.
 //
 // The shared table follows: a stream with no view writes the new view's
-// keys while its slot is unpublished, then publishes the slot with the
+// keys while its slot is unpublished, then publishes the slot, then the
 // view; a stream replacing a served view (a calibration) swaps the keys
 // in place, never showing more than one of the two views
 // (keyTable.replace). Only the goroutine that owns the stream's index
@@ -270,13 +285,15 @@ func (s *stream) publish(idx *kvindex.Index, seq uint64, hasSeq, complete bool) 
 		}
 		idx.SetObserver(s.observeFn)
 	}
+	if s.keys != nil {
+		// The slot counts before the stream says synchronised, so that
+		// no answer says synchronised without the view's hits.
+		s.keys.setPublished(s.slot, true)
+	}
 	s.mu.Lock()
 	s.idx, s.synced, s.seq, s.hasSeq, s.complete, s.reason = idx, true, seq, hasSeq, complete, ""
 	s.syncView()
 	s.mu.Unlock()
-	if s.keys != nil {
-		s.keys.setPublished(s.slot, true)
-	}
 }
 
 // invalidate withdraws the view: queries report zero hits and reason.
