@@ -289,31 +289,7 @@ func TestSharedTableNoMixedViews(t *testing.T) {
 	holdA := []bool{true, true, false, false, false, false, false, false}
 	holdB := []bool{true, false, true, true, true, true, true, true}
 	d, ms := modelDirectory(t, streams)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var publications atomic.Int64
-	for _, m := range ms {
-		wg.Add(1)
-		go func(s *stream) {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				hold := holdA
-				if i%2 == 1 {
-					hold = holdB
-				}
-				if i%5 == 4 {
-					s.invalidate("fault")
-				}
-				s.publish(chainIndex(t, prompt, hold), uint64(i), true, true)
-				publications.Add(1)
-			}
-		}(m.s)
-	}
+	publications, stopChurn := churnViews(t, ms, prompt, holdA, holdB, 5)
 	var dst []Match
 	deadline := time.Now().Add(time.Second)
 	queries, hits := 0, 0
@@ -332,8 +308,7 @@ func TestSharedTableNoMixedViews(t *testing.T) {
 			}
 		}
 	}
-	close(stop)
-	wg.Wait()
+	stopChurn()
 	if hits == 0 {
 		t.Fatalf("%d queries over %d publications never saw a hit", queries, publications.Load())
 	}
@@ -579,9 +554,39 @@ func TestSynchronisedAnswerCarriesItsView(t *testing.T) {
 	holdA := []bool{true, true, false, false, false, false, false, false}
 	holdB := []bool{true, false, true, true, true, true, true, true}
 	d, ms := modelDirectory(t, streams)
+	publications, stopChurn := churnViews(t, ms, prompt, holdA, holdB, 1)
+	var dst []Match
+	deadline := time.Now().Add(time.Second)
+	synced := 0
+	for time.Now().Before(deadline) || publications.Load() < 200 {
+		dst = d.Query(prompt, dst[:0])
+		for i, m := range dst {
+			if !m.Synchronized {
+				continue
+			}
+			synced++
+			if m.ReusablePrefixTokens < modelBlock {
+				stopChurn()
+				t.Fatalf("stream %d synchronised at %d with %d tokens: its view holds the first block", i, m.Sequence, m.ReusablePrefixTokens)
+			}
+		}
+	}
+	stopChurn()
+	if synced == 0 {
+		t.Fatalf("no synchronised answer over %d publications", publications.Load())
+	}
+}
+
+// churnViews has every stream of ms publish views of prompt over and
+// over, holding holdA's blocks and holdB's in turn, each publication
+// after the first a calibration that replaces the served view except
+// every invalidateEvery-th, which withdraws the view first (1: every
+// one). It returns the count of publications and a stop that waits for
+// the writers.
+func churnViews(t *testing.T, ms []*modelStream, prompt []uint32, holdA, holdB []bool, invalidateEvery int) (*atomic.Int64, func()) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	var publications atomic.Int64
+	publications := new(atomic.Int64)
 	for _, m := range ms {
 		wg.Add(1)
 		go func(s *stream) {
@@ -596,32 +601,19 @@ func TestSynchronisedAnswerCarriesItsView(t *testing.T) {
 				if i%2 == 1 {
 					hold = holdB
 				}
-				s.invalidate("fault")
+				if i%invalidateEvery == invalidateEvery-1 {
+					s.invalidate("fault")
+				}
 				s.publish(chainIndex(t, prompt, hold), uint64(i), true, true)
 				publications.Add(1)
 			}
 		}(m.s)
 	}
-	var dst []Match
-	deadline := time.Now().Add(time.Second)
-	synced := 0
-	for time.Now().Before(deadline) || publications.Load() < 200 {
-		dst = d.Query(prompt, dst[:0])
-		for i, m := range dst {
-			if !m.Synchronized {
-				continue
-			}
-			synced++
-			if m.ReusablePrefixTokens < modelBlock {
-				close(stop)
-				wg.Wait()
-				t.Fatalf("stream %d synchronised at %d with %d tokens: its view holds the first block", i, m.Sequence, m.ReusablePrefixTokens)
-			}
-		}
-	}
-	close(stop)
-	wg.Wait()
-	if synced == 0 {
-		t.Fatalf("no synchronised answer over %d publications", publications.Load())
+	var once sync.Once
+	return publications, func() {
+		once.Do(func() {
+			close(stop)
+			wg.Wait()
+		})
 	}
 }
