@@ -6,6 +6,9 @@
 // the rest of the project sees frames, timeouts and link events rather
 // than socket options.
 //
-// Every socket is used from the one goroutine that owns it. The package
-// must not decode payloads or keep any stream state.
+// Every socket is used from the one goroutine that owns it. A wait parks
+// that goroutine in Go's network poller (on Linux), so a process following
+// many streams holds no thread per stream, and libzmq's own threads run
+// under SCHED_BATCH. The package must not decode payloads or keep any
+// stream state.
 package kvtransport

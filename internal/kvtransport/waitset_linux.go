@@ -112,7 +112,8 @@ func (w *waiter) wait(set *waitSet, timeout time.Duration) (uint32, error) {
 	if err := w.ep.SetReadDeadline(time.Now().Add(timeout)); err != nil {
 		return 0, err
 	}
-	w.set = set
+	// Read may end at the deadline without calling the check at all.
+	w.set, w.m, w.err = set, 0, nil
 	err := w.rc.Read(w.check)
 	w.set = nil
 	if w.err != nil {
