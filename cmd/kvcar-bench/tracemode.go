@@ -497,7 +497,9 @@ func runAll(ctx context.Context, o traceOptions, reqs []traceRequest, etcd *etcd
 	errs := make([]error, len(jobs))
 	next := make(chan job)
 	var wg sync.WaitGroup
-	var mu sync.Mutex
+	// Parallel runs share progress; each line is one Write.
+	progress = &lockedWriter{w: progress}
+	say := func(format string, args ...any) { fmt.Fprintf(progress, format, args...) }
 	for range min(o.Parallel, len(jobs)) {
 		wg.Go(func() {
 			for j := range next {
@@ -516,13 +518,13 @@ func runAll(ctx context.Context, o traceOptions, reqs []traceRequest, etcd *etcd
 					// heartbeats or leases to lapse; it is repeated like a
 					// disturbed one.
 					if err != nil {
-						fmt.Fprintf(progress, "%s seed %d: %v; repeating the run\n", j.p.Name, j.seed, firstLine(err))
+						say("%s seed %d: %v; repeating the run\n", j.p.Name, j.seed, firstLine(err))
 						continue
 					}
 					if !res.disturbed(o.Speedup) {
 						break
 					}
-					fmt.Fprintf(progress, "%s seed %d: requests left up to %.0f ms late (p99) against the trace's clock, %.1f s of trace time: the machine stalled; repeating the run\n",
+					say("%s seed %d: requests left up to %.0f ms late (p99) against the trace's clock, %.1f s of trace time: the machine stalled; repeating the run\n",
 						j.p.Name, j.seed, res.LaunchLagP99Ms, res.LaunchLagP99Ms*o.Speedup/1000)
 				}
 				if err != nil {
@@ -531,11 +533,9 @@ func runAll(ctx context.Context, o traceOptions, reqs []traceRequest, etcd *etcd
 					continue
 				}
 				results[j.i] = res
-				mu.Lock()
-				fmt.Fprintf(progress, "%s seed %d: %d requests in %.1f s, saved %.1f%%, TTFT mean %.2f s p99 %.2f s (engines measured %.2f s), launch lag p99 %.1f ms, CPU kvcar %.1f s + benchmark %.1f s\n",
+				say("%s seed %d: %d requests in %.1f s, saved %.1f%%, TTFT mean %.2f s p99 %.2f s (engines measured %.2f s), launch lag p99 %.1f ms, CPU kvcar %.1f s + benchmark %.1f s\n",
 					j.p.Name, j.seed, res.Requests, res.WallSeconds, res.SavedPct, res.TTFT.Mean, res.TTFT.P99, res.EngineTTFTMean,
 					res.LaunchLagP99Ms, res.KvcarCPUSeconds, res.OwnCPUSeconds)
-				mu.Unlock()
 			}
 		})
 	}
@@ -561,4 +561,16 @@ func runAll(ctx context.Context, o traceOptions, reqs []traceRequest, etcd *etcd
 func firstLine(err error) string {
 	line, _, _ := strings.Cut(err.Error(), "\n")
 	return line
+}
+
+// lockedWriter serialises the Writes of goroutines sharing w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
