@@ -141,11 +141,14 @@ type result struct {
 	routes          routeStats
 	systemTokens    int
 	promptTokensMax int
+	// revs are the commits of the kvcar binary measured and of this
+	// driver.
+	revs devcluster.Revisions
 }
 
 func (r *result) print(w io.Writer, o options) {
-	fmt.Fprintf(w, "\nkvcar-scale: %d streams, %.1f prefills/s each of %d new %d-token blocks, %v window\n",
-		o.streams, o.rate, o.promptBlocks, o.blockSize, r.wall.Round(time.Millisecond))
+	fmt.Fprintf(w, "\nkvcar-scale: %d streams, %.1f prefills/s each of %d new %d-token blocks, %v window, %s\n",
+		o.streams, o.rate, o.promptBlocks, o.blockSize, r.wall.Round(time.Millisecond), r.revs)
 	if len(o.kvcarCPUs) > 0 || len(o.driverCPUs) > 0 {
 		fmt.Fprintf(w, "kvcar on CPUs %s, this driver on CPUs %s\n", cpuList(o.kvcarCPUs), cpuList(o.driverCPUs))
 	}
@@ -241,8 +244,13 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 	if err := kv.WaitLoads(ctx, hc, o.streams, 30*time.Second); err != nil {
 		return nil, err
 	}
+	rev, err := devcluster.KVCarRevision(ctx, o.kvcar)
+	if err != nil {
+		return nil, err
+	}
 	r = &result{syncTook: syncTook, systemTokens: systemBlocks * o.blockSize,
-		promptTokensMax: min((systemBlocks+o.promptBlocks)*o.blockSize, o.queryTokens/o.blockSize*o.blockSize)}
+		promptTokensMax: min((systemBlocks+o.promptBlocks)*o.blockSize, o.queryTokens/o.blockSize*o.blockSize),
+		revs:            devcluster.Revisions{KVCar: rev, Driver: devcluster.Revision()}}
 
 	cpu0, err := devcluster.CPUTime(kv.Pid())
 	if err != nil {

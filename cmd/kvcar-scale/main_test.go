@@ -34,6 +34,11 @@ func TestQueriesDuringLoadHit(t *testing.T) {
 	var out strings.Builder
 	r.print(&out, o)
 	t.Log(out.String())
+	// BuildKVCar stamps the tree's revision, so the binary and this
+	// driver name the same commit.
+	if want := "commit " + devcluster.Revision(); !strings.Contains(out.String(), want) {
+		t.Errorf("the report does not name %q", want)
+	}
 	q := r.queries
 	if r.synced != o.streams || r.blocks == 0 || len(q.server) == 0 || q.failed != 0 {
 		t.Fatalf("load or queries did not run: %d of %d streams synchronised, %d blocks, %d answered, %d failed",
