@@ -65,11 +65,7 @@ func (c *Context) BindSubscriber(endpoints []string, o SubscriberOptions) (*Boun
 		}
 		b.endpoints = append(b.endpoints, bound)
 	}
-	socks := []*zmq.Socket{sock}
-	if b.waker != nil {
-		socks = append(socks, b.waker.recv)
-	}
-	if b.ws, err = newWaitSet(socks...); err != nil {
+	if b.ws, err = newWaitSet(b.waker, sock); err != nil {
 		return fail("wait set", err)
 	}
 	return b, nil
@@ -83,12 +79,7 @@ func (b *BoundSubscriber) Endpoints() []string { return b.endpoints }
 func (b *BoundSubscriber) Wait(timeout time.Duration) (bool, error) {
 	m, err := b.ws.wait(timeout)
 	if err != nil {
-		return false, fmt.Errorf("kvtransport: bound subscriber: %w", err)
-	}
-	if b.waker != nil && m&(1<<1) != 0 {
-		if err := b.waker.drain(); err != nil {
-			return m&1 != 0, err
-		}
+		return m&1 != 0, fmt.Errorf("kvtransport: bound subscriber: %w", err)
 	}
 	return m&1 != 0, nil
 }

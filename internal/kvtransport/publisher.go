@@ -38,18 +38,14 @@ type Publisher struct {
 func (p *Publisher) Wait(w *Waker, timeout time.Duration) error {
 	if p.waitSet == nil || p.waitWaker != w {
 		p.closeWaitSet()
-		ws, err := newWaitSet(p.sock, w.recv)
+		ws, err := newWaitSet(w, p.sock)
 		if err != nil {
 			return fmt.Errorf("kvtransport: publisher wait: %w", err)
 		}
 		p.waitSet, p.waitWaker = ws, w
 	}
-	m, err := p.waitSet.wait(timeout)
-	if err != nil {
+	if _, err := p.waitSet.wait(timeout); err != nil {
 		return fmt.Errorf("kvtransport: publisher wait: %w", err)
-	}
-	if m&(1<<1) != 0 {
-		return w.drain()
 	}
 	return nil
 }
@@ -174,7 +170,7 @@ type ReplayServer struct {
 func (r *ReplayServer) Wait(pub *Publisher, w *Waker, timeout time.Duration) (request bool, err error) {
 	if r.waitSet == nil || r.waitPub != pub || r.waitWaker != w {
 		r.closeWaitSet()
-		ws, err := newWaitSet(r.sock, pub.sock, w.recv)
+		ws, err := newWaitSet(w, r.sock, pub.sock)
 		if err != nil {
 			return false, fmt.Errorf("kvtransport: replay server wait: %w", err)
 		}
@@ -182,12 +178,7 @@ func (r *ReplayServer) Wait(pub *Publisher, w *Waker, timeout time.Duration) (re
 	}
 	m, err := r.waitSet.wait(timeout)
 	if err != nil {
-		return false, fmt.Errorf("kvtransport: replay server wait: %w", err)
-	}
-	if m&(1<<2) != 0 {
-		if err := w.drain(); err != nil {
-			return m&1 != 0, err
-		}
+		return m&1 != 0, fmt.Errorf("kvtransport: replay server wait: %w", err)
 	}
 	return m&1 != 0, nil
 }

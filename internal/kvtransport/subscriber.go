@@ -136,11 +136,7 @@ func (c *Context) Subscribe(endpoint, topic string, o SubscriberOptions) (*Subsc
 	if err := sub.Connect(endpoint); err != nil {
 		return fail("connect", err)
 	}
-	socks := []*zmq.Socket{sub, mon}
-	if s.waker != nil {
-		socks = append(socks, s.waker.recv)
-	}
-	if s.ws, err = newWaitSet(socks...); err != nil {
+	if s.ws, err = newWaitSet(s.waker, sub, mon); err != nil {
 		return fail("wait set", err)
 	}
 	return s, nil
@@ -213,20 +209,10 @@ func (s *Subscriber) Wait(r *Replayer, timeout time.Duration) (Ready, error) {
 		return Ready{}, fmt.Errorf("kvtransport: wait %s: %w", s.endpoint, err)
 	}
 	m, err := s.ws.wait(timeout)
+	rd := Ready{Live: m&(1<<0) != 0, Link: m&(1<<1) != 0, Replay: m&(1<<2) != 0}
 	if err != nil {
-		return Ready{}, fmt.Errorf("kvtransport: wait %s: %w", s.endpoint, err)
+		return rd, fmt.Errorf("kvtransport: wait %s: %w", s.endpoint, err)
 	}
-	rd := Ready{Live: m&(1<<0) != 0, Link: m&(1<<1) != 0}
-	i := 2
-	if s.waker != nil {
-		if m&(1<<i) != 0 {
-			if err := s.waker.drain(); err != nil {
-				return rd, err
-			}
-		}
-		i++
-	}
-	rd.Replay = extra != nil && m&(1<<i) != 0
 	return rd, nil
 }
 

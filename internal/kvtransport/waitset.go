@@ -10,7 +10,8 @@ import (
 // waitSet waits until any of a few sockets has input. Its sockets are
 // the fixed ones it was made with, then at most one extra that the owner
 // may swap between waits (a snapshot's replay dealer). wait reports the
-// ready sockets as bits of their index.
+// ready sockets as bits of their index. An optional waker ends a wait
+// early; the set drains it itself, so it never shows in the bits.
 //
 // On Linux the wait parks the goroutine in Go's network poller (see
 // waitset_linux.go) instead of blocking a thread in libzmq's poll: a
@@ -18,14 +19,23 @@ import (
 // not one per stream, and a message no longer wakes a thread that must
 // win back a CPU from the request path.
 type waitSet struct {
-	socks []*zmq.Socket // fixed, then the extra if any
-	fixed int
+	// socks are the waker's receiving end if there is a waker, the
+	// fixed sockets, then the extra if any.
+	socks []*zmq.Socket
+	waker *Waker
+	fixed int // the waker's end and the fixed sockets
 	waiter
 }
 
-func newWaitSet(socks ...*zmq.Socket) (*waitSet, error) {
-	w := &waitSet{socks: socks, fixed: len(socks)}
-	if err := w.waiter.init(socks); err != nil {
+// newWaitSet makes a set of socks and, unless it is nil, waker.
+func newWaitSet(waker *Waker, socks ...*zmq.Socket) (*waitSet, error) {
+	w := &waitSet{waker: waker}
+	if waker != nil {
+		w.socks = append(w.socks, waker.recv)
+	}
+	w.socks = append(w.socks, socks...)
+	w.fixed = len(w.socks)
+	if err := w.waiter.init(w); err != nil {
 		return nil, fmt.Errorf("kvtransport: wait set: %w", err)
 	}
 	return w, nil
@@ -67,18 +77,33 @@ func (w *waitSet) ready() (uint32, error) {
 	return m, nil
 }
 
-// wait blocks up to timeout until a socket has input and reports which
-// have; none (and no error) when the time ran out or a signal cut the
-// wait short.
+// wait blocks up to timeout until a socket has input, or the waker is
+// woken, and reports which sockets have input; none (and no error) when
+// the time ran out or a signal cut the wait short. A failed drain of the
+// waker is returned with the sockets' bits.
 func (w *waitSet) wait(timeout time.Duration) (uint32, error) {
+	var m uint32
+	var err error
 	if timeout <= 0 {
-		m, err := w.ready()
-		return m, wrapPollErr(err)
+		m, err = w.ready()
+	} else {
+		// The waiter asks the sockets before it parks: each ask is a
+		// cgo call and a system call per socket, so it is not asked
+		// here too.
+		m, err = w.waiter.wait(timeout)
 	}
-	// The waiter asks the sockets before it parks: each ask is a cgo
-	// call and a system call per socket, so it is not asked here too.
-	m, err := w.waiter.wait(w, timeout)
-	return m, wrapPollErr(err)
+	if err != nil {
+		return 0, wrapPollErr(err)
+	}
+	if w.waker == nil {
+		return m, nil
+	}
+	if m&1 != 0 {
+		if err := w.waker.drain(); err != nil {
+			return m >> 1, err
+		}
+	}
+	return m >> 1, nil
 }
 
 func wrapPollErr(err error) error {

@@ -24,14 +24,15 @@ type waiter struct {
 	rc    syscall.RawConn
 	extra int // the extra socket's descriptor, -1 for none
 
-	// What the current wait's check found, and the set it asks.
-	check func(uintptr) bool
+	// set is the waitSet holding this waiter, whose sockets the check
+	// asks; m and err are what the current wait's check found.
 	set   *waitSet
+	check func(uintptr) bool
 	m     uint32
 	err   error
 }
 
-func (w *waiter) init(socks []*zmq.Socket) error {
+func (w *waiter) init(set *waitSet) error {
 	fd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("epoll_create1: %w", err)
@@ -52,8 +53,8 @@ func (w *waiter) init(socks []*zmq.Socket) error {
 		return fmt.Errorf("epoll raw conn: %w", err)
 	}
 	w.extra = -1
-	w.check = w.checkSockets
-	for _, s := range socks {
+	w.set, w.check = set, w.checkSockets
+	for _, s := range set.socks {
 		if _, err := w.add(s); err != nil {
 			w.ep.Close()
 			return err
@@ -108,14 +109,13 @@ func (w *waiter) swap(_, s *zmq.Socket) error {
 	return nil
 }
 
-func (w *waiter) wait(set *waitSet, timeout time.Duration) (uint32, error) {
+func (w *waiter) wait(timeout time.Duration) (uint32, error) {
 	if err := w.ep.SetReadDeadline(time.Now().Add(timeout)); err != nil {
 		return 0, err
 	}
 	// Read may end at the deadline without calling the check at all.
-	w.set, w.m, w.err = set, 0, nil
+	w.m, w.err = 0, nil
 	err := w.rc.Read(w.check)
-	w.set = nil
 	if w.err != nil {
 		return w.m, w.err
 	}

@@ -8,15 +8,16 @@ import (
 	zmq "github.com/pebbe/zmq4"
 )
 
-// waiter is libzmq's poll over the set's sockets, rebuilt when the extra
-// socket changes.
+// waiter is libzmq's poll over the set's sockets, the extra socket
+// swapped in and out of it.
 type waiter struct {
-	p *zmq.Poller
+	set *waitSet
+	p   *zmq.Poller
 }
 
-func (w *waiter) init(socks []*zmq.Socket) error {
-	w.p = zmq.NewPoller()
-	for _, s := range socks {
+func (w *waiter) init(set *waitSet) error {
+	w.set, w.p = set, zmq.NewPoller()
+	for _, s := range set.socks {
 		w.p.Add(s, zmq.POLLIN)
 	}
 	return nil
@@ -33,11 +34,11 @@ func (w *waiter) swap(old, s *zmq.Socket) error {
 	return nil
 }
 
-func (w *waiter) wait(set *waitSet, timeout time.Duration) (uint32, error) {
+func (w *waiter) wait(timeout time.Duration) (uint32, error) {
 	if _, err := w.p.Poll(timeout); err != nil {
 		return 0, err
 	}
-	return set.ready()
+	return w.set.ready()
 }
 
 func (w *waiter) close() error { return nil }
