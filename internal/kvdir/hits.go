@@ -24,8 +24,9 @@ type Hit struct {
 	// DeviceTokens and HostOnlyTokens are as Match's DeviceHitTokens and
 	// HostOnlyHitTokens.
 	DeviceTokens, HostOnlyTokens int
-	// OK is true when the stream's view was published, so synchronised,
-	// at the moment its key group was walked; the hits are that view's.
+	// OK is true when the stream's slot was published at the moment its
+	// key group was walked: the hits are those of a whole view, which the
+	// stream serves or is about to (it says synchronised just after).
 	// A stream without a view reports no hits (R-REC-1).
 	OK bool
 }

@@ -481,10 +481,10 @@ func (t *keyTable) insert(k kvindex.Key, cell int) uint32 {
 	case cell < 0:
 		placeIn(t.cells, t.recBits, k, r)
 		t.occupied++
-	case t.cells[cell] == 0:
-		t.cells[cell] = fpOf(k, t.recBits)<<t.recBits | (r + 1)
-		t.occupied++
-	default: // a tombstone, already counted as occupied
+	default:
+		if t.cells[cell] == 0 { // a tombstone is already counted as occupied
+			t.occupied++
+		}
 		t.cells[cell] = fpOf(k, t.recBits)<<t.recBits | (r + 1)
 	}
 	t.live++

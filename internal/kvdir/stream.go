@@ -173,10 +173,7 @@ func (s *stream) attach(t *keyTable) {
 // table; a full queue is written at once, so a large event (a clear of
 // the whole index) holds a bounded queue.
 func (s *stream) observe(k kvindex.Key, dev, host bool) {
-	s.pending = append(s.pending, keyChange{k, dev, host})
-	if len(s.pending) >= keyBatch {
-		s.flushKeys()
-	}
+	s.keys.push(s.slot, &s.pending, k, dev, host)
 }
 
 // flushKeys writes the queued key changes to the shared table. Whoever
