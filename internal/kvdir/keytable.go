@@ -4,19 +4,10 @@ import (
 	"math/bits"
 	"slices"
 	"sync"
-	"unsafe"
 
 	"github.com/kvcar/kvcar/internal/kvindex"
 	"github.com/kvcar/kvcar/internal/prefetch"
 )
-
-// fetchCell starts loading cell i of cells without waiting for it.
-func fetchCell(cells []uint32, i int) {
-	prefetch.Addr(uintptr(unsafe.Pointer(unsafe.SliceData(cells))) + uintptr(i)*4)
-}
-
-// fetchWords starts loading the first word of w without waiting for it.
-func fetchWords(w []uint64) { prefetch.Addr(uintptr(unsafe.Pointer(unsafe.SliceData(w)))) }
 
 // keyTable is the query accelerator of one key group (block size, seed):
 // one record per content key held by any stream of the group, naming the
@@ -532,7 +523,7 @@ func (t *keyTable) rebuildCells(extra int) {
 		if r < used {
 			rec := t.rec(r)
 			homes[r%keyBatch] = homeOf(kvindex.Key{Hi: rec[0], Lo: rec[1]}, n)
-			fetchCell(cells, homes[r%keyBatch])
+			prefetch.Elem(cells, homes[r%keyBatch])
 		}
 	}
 	for r := range uint32(keyBatch) {
@@ -783,7 +774,7 @@ func (t *keyTable) warmChanges(changes []keyChange) {
 	var homes [keyBatch]int
 	for j := range changes {
 		homes[j] = homeOf(changes[j].k, n)
-		fetchCell(cells, homes[j])
+		prefetch.Elem(cells, homes[j])
 	}
 	rb, rm := t.recBits, t.recMask()
 	for j := range changes {
@@ -794,7 +785,7 @@ func (t *keyTable) warmChanges(changes []keyChange) {
 				break
 			}
 			if c>>rb == fp && c&rm != rm {
-				fetchWords(t.rec(c&rm - 1))
+				prefetch.Elem(t.rec(c&rm-1), 0)
 				break
 			}
 			if i++; i == n {

@@ -2,16 +2,10 @@ package kvindex
 
 import (
 	"math/bits"
-	"unsafe"
 
 	"github.com/kvcar/kvcar/internal/kvevent"
 	"github.com/kvcar/kvcar/internal/prefetch"
 )
-
-// fetch starts loading cell i of cells without waiting for it.
-func fetch(cells []uint32, i uint64) {
-	prefetch.Addr(uintptr(unsafe.Pointer(unsafe.SliceData(cells))) + uintptr(i)*4)
-}
 
 // table is an open-addressing hash table of entry slots with linear
 // probing. A cell holds slot+1 in its low sb bits (as many as MaxBlocks
@@ -370,7 +364,7 @@ func (ix *Index) warmEngine(hashes []kvevent.EngineHash) {
 	}
 	for _, h := range hashes {
 		i, _ := t.engineHash(h)
-		fetch(t.cells, i)
+		prefetch.Elem(t.cells, int(i))
 	}
 }
 
@@ -381,7 +375,7 @@ func (ix *Index) warmKey(k Key) {
 		return
 	}
 	i, _ := t.keyHash(k)
-	fetch(t.cells, i)
+	prefetch.Elem(t.cells, int(i))
 }
 
 // warmEntries fetches what findEngine reads for hashes the index is
@@ -401,7 +395,7 @@ func (ix *Index) warmEntries(hashes []kvevent.EngineHash) {
 		for j, h := range batch {
 			home, tag := t.engineHash(h)
 			homes[j], tags[j] = home, uint64(tag)
-			fetch(cells, home)
+			prefetch.Elem(cells, int(home))
 		}
 		for j := range batch {
 			for i, left := homes[j], warmProbe; left > 0; left-- {
@@ -411,8 +405,8 @@ func (ix *Index) warmEntries(hashes []kvevent.EngineHash) {
 				}
 				if uint64(c>>sb) == tags[j] {
 					if s := c&(1<<sb-1) - 1; int(s) < len(ix.entries) {
-						prefetch.Addr(uintptr(unsafe.Pointer(&ix.entries[s])))
-						prefetch.Addr(uintptr(unsafe.Pointer(&ix.meta[s])))
+						prefetch.Elem(ix.entries, int(s))
+						prefetch.Elem(ix.meta, int(s))
 					}
 					break
 				}
@@ -443,8 +437,8 @@ func (ix *Index) warmGhosts(n int) {
 		e := &ix.entries[q.buf[i]]
 		he, _ := ix.byEngine.engineHash(e.engine)
 		hk, _ := ix.byKey.keyHash(e.key)
-		fetch(ix.byEngine.cells, he)
-		fetch(ix.byKey.cells, hk)
+		prefetch.Elem(ix.byEngine.cells, int(he))
+		prefetch.Elem(ix.byKey.cells, int(hk))
 		if i++; i == len(q.buf) {
 			i = 0
 		}

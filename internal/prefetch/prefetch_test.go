@@ -35,3 +35,22 @@ func BenchmarkAddr(b *testing.B) {
 		Addr(p)
 	}
 }
+
+// TestElemIsOnlyAHint prefetches elements of slices of several element
+// sizes, within and past their ends and of an empty slice: none may
+// fault, and the slices keep what was written.
+func TestElemIsOnlyAHint(t *testing.T) {
+	type wide struct{ a, b, c uint64 }
+	small := []uint8{1, 2, 3}
+	cells := []uint32{7, 8, 9, 10}
+	structs := []wide{{1, 2, 3}, {4, 5, 6}}
+	for _, i := range []int{0, 1, 3, 4, 1 << 20, -1} {
+		Elem(small, i)
+		Elem(cells, i)
+		Elem(structs, i)
+		Elem([]uint64(nil), i)
+	}
+	if small[2] != 3 || cells[3] != 10 || structs[1] != (wide{4, 5, 6}) {
+		t.Fatalf("slices changed: %v %v %v", small, cells, structs)
+	}
+}
