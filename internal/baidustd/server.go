@@ -195,7 +195,7 @@ func (s *Server) Serve(ln net.Listener) error {
 		ln.Close()
 	}()
 	for {
-		c, err := sockio.Accept(ln, nil, s.log)
+		c, err := sockio.Accept(ln, s.base.Done(), s.log)
 		if err != nil {
 			if s.isClosing() {
 				return ErrServerClosed
