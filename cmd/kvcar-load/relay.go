@@ -167,11 +167,7 @@ func startRelay(ctx context.Context, engines []string, cpus []int) (*relayProces
 	if err != nil {
 		return nil, fmt.Errorf("relay bound: %w", err)
 	}
-	start := cmd.Start
-	if len(cpus) > 0 {
-		start = func() error { return devcluster.StartOnCPUs(cmd, cpus) }
-	}
-	if err := start(); err != nil {
+	if err := devcluster.StartOnCPUs(cmd, cpus); err != nil {
 		return nil, fmt.Errorf("relay bound: %w", err)
 	}
 	rp := &relayProcess{cmd: cmd, stdin: stdin}

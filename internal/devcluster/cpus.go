@@ -77,9 +77,13 @@ func PinSelf(cpus []int) error {
 }
 
 // StartOnCPUs starts cmd with its process, and so every thread it will
-// have, on cpus: the child inherits the CPUs of the thread that forks
-// it, so that thread is given them for the fork and its own back after.
+// have, on cpus (on any CPU when cpus is empty): the child inherits the
+// CPUs of the thread that forks it, so that thread is given them for the
+// fork and its own back after.
 func StartOnCPUs(cmd *exec.Cmd, cpus []int) error {
+	if len(cpus) == 0 {
+		return cmd.Start()
+	}
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	var old unix.CPUSet

@@ -80,6 +80,23 @@ func TestStartOnCPUs(t *testing.T) {
 			t.Errorf("thread %s of this process: CPUs %q after starting the child, %q before", tid, cpus, was)
 		}
 	}
+
+	// Without CPUs the child runs where this process may.
+	mine, err := AllowedCPUs(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	free := exec.Command("sleep", "10")
+	if err := StartOnCPUs(free, nil); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = free.Process.Kill()
+		_ = free.Wait()
+	}()
+	if got, err := AllowedCPUs(free.Process.Pid); err != nil || got != mine {
+		t.Errorf("child started without CPUs runs on %q (%v), want this process's %q", got, err, mine)
+	}
 }
 
 // TestPinSelf pins this process to CPU 0 and back to the CPUs it had: every

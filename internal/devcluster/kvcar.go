@@ -89,11 +89,7 @@ func StartKVCar(o KVCarOptions) (*KVCar, error) {
 	// Bounds Wait when output is copied through a pipe that something
 	// other than kvcar keeps open.
 	cmd.WaitDelay = 5 * time.Second
-	start := cmd.Start
-	if len(o.CPUs) > 0 {
-		start = func() error { return StartOnCPUs(cmd, o.CPUs) }
-	}
-	if err := start(); err != nil {
+	if err := StartOnCPUs(cmd, o.CPUs); err != nil {
 		return nil, fmt.Errorf("start kvcar %s: %w", o.Binary, err)
 	}
 	k := &KVCar{
