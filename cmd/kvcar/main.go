@@ -33,6 +33,7 @@ import (
 	"github.com/kvcar/kvcar/internal/kvdir"
 	"github.com/kvcar/kvcar/internal/lb"
 	"github.com/kvcar/kvcar/internal/server"
+	"github.com/kvcar/kvcar/internal/sysmon"
 	"github.com/kvcar/kvcar/internal/tokenizer"
 	"github.com/kvcar/kvcar/internal/xllmrpc"
 )
@@ -44,6 +45,9 @@ func main() {
 		fmt.Println(buildinfo.VersionLine("kvcar"))
 		return
 	}
+	// Nothing has started yet, so the restart loses nothing; if it
+	// fails, kvcar runs on at the runtime's default pace and run logs it.
+	_ = sysmon.Reexec(os.Args, os.Environ())
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stderr, nil); err != nil {
@@ -261,6 +265,12 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	if err != nil {
 		return err
 	}
+	if st := sysmon.StateOf(os.Getenv("GODEBUG")); st != sysmon.Polling {
+		// main restarts kvcar under sysmon.Setting unless the operator set
+		// schedtrace; "default" means that restart did not happen.
+		log.Info("Go's system monitor deep-sleeps between bursts of work, and waking it delays routing decisions",
+			"sysmon", st, "GODEBUG", os.Getenv("GODEBUG"), "kvcar_sets", sysmon.Setting)
+	}
 	if f.portAlias {
 		log.Warn("--port is deprecated: use --http_server_port, as xllm_master_serving names it")
 	}
@@ -466,7 +476,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	}()
 	log.Info("kvcar listening", "addr", ln.Addr().String(), "internal", iln.Addr().String(), "rpc", rpcLn.Addr().String(),
 		"advertise_rpc", self, "query", fmt.Sprintf("http://%s%s", iln.Addr(), server.QueryPath),
-		"revision", buildinfo.Revision(), "go", buildinfo.GoVersion())
+		"revision", buildinfo.Revision(), "go", buildinfo.GoVersion(), "sysmon", sysmon.StateOf(os.Getenv("GODEBUG")))
 	if ready != nil {
 		ready <- listening{public: ln.Addr().String(), internal: iln.Addr().String()}
 	}

@@ -50,6 +50,9 @@ type KVCarOptions struct {
 	// taskset would put them), so that a benchmark can give kvcar cores
 	// its load generator does not use.
 	CPUs []int
+	// Env are environment variables ("KEY=value") added to this
+	// process's for kvcar; a later one of the same key wins.
+	Env []string
 }
 
 // KVCar is a kvcar child process. Its owner must call Stop.
@@ -86,6 +89,9 @@ func StartKVCar(o KVCarOptions) (*KVCar, error) {
 	}
 	cmd := exec.Command(o.Binary, append(args, o.Args...)...)
 	cmd.Stdout, cmd.Stderr = o.Stdout, o.Stderr
+	if len(o.Env) > 0 {
+		cmd.Env = append(os.Environ(), o.Env...)
+	}
 	// Bounds Wait when output is copied through a pipe that something
 	// other than kvcar keeps open.
 	cmd.WaitDelay = 5 * time.Second

@@ -98,6 +98,9 @@ var layout = map[string]place{
 	"internal/buildinfo": {layer: 0, forbid: slices.Concat(sockets, routing)},
 	// A processor hint and nothing else: it imports nothing of kvcar.
 	"internal/prefetch": {layer: 0, forbid: slices.Concat(sockets, routing)},
+	// The Go runtime's monitor pace: environments in, environments out,
+	// and the program's restart; it opens nothing.
+	"internal/sysmon": {layer: 0, forbid: slices.Concat(sockets, routing)},
 	// Raw socket reads and writes and accept retries: a leaf the HTTP
 	// and baidu_std servers and the load driver share, knowing nothing
 	// of HTTP or of kvcar's parts.

@@ -1,0 +1,108 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/devcluster"
+	"github.com/kvcar/kvcar/internal/sysmon"
+)
+
+// kvcar restarts itself, same process, under sysmon.Setting unless the
+// operator's GODEBUG names schedtrace, and its start-up line says which
+// pace the runtime's monitor keeps. The process keeps its name, so that
+// ps and pgrep still find kvcar.
+func TestRestartsUnderSysmonSetting(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds kvcar and runs it as a process")
+	}
+	bin, err := devcluster.BuildKVCar(t.Context(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	etcd := startEtcd(t)
+	for _, c := range []struct {
+		name    string
+		godebug string // kvcar's GODEBUG when started
+		want    string // its GODEBUG once running
+		state   sysmon.State
+	}{
+		{"unset", "", "GODEBUG=" + sysmon.Setting, sysmon.Polling},
+		{"other settings", "GODEBUG=gctrace=0", "GODEBUG=gctrace=0," + sysmon.Setting, sysmon.Polling},
+		{"opted out", "GODEBUG=schedtrace=0", "GODEBUG=schedtrace=0", sysmon.OptedOut},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			logPath := filepath.Join(t.TempDir(), "kvcar.log")
+			logFile, err := os.Create(logPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer logFile.Close()
+			o := devcluster.KVCarOptions{Binary: bin, Etcd: etcd.Endpoints(), Args: []string{"--host=127.0.0.1"},
+				Stdout: logFile, Stderr: logFile}
+			// Unset, it would inherit this test's environment.
+			o.Env = []string{"GODEBUG="}
+			if c.godebug != "" {
+				o.Env = []string{c.godebug}
+			}
+			kv, err := devcluster.StartKVCar(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if err := kv.Stop(); err != nil {
+					t.Error(err)
+				}
+				if t.Failed() {
+					b, _ := os.ReadFile(logPath)
+					t.Logf("kvcar output:\n%s", b)
+				}
+			})
+			var listening string
+			waitUntil(t, "kvcar logs that it listens", 20*time.Second, func() bool {
+				if err := kv.Exited(); err != nil {
+					t.Fatal(err)
+				}
+				logs, err := os.ReadFile(logPath)
+				if err != nil {
+					t.Fatal(err)
+				}
+				listening = grepLines(string(logs), `msg="kvcar listening"`)
+				return listening != ""
+			})
+			if want := fmt.Sprintf(" sysmon=%s ", c.state); !strings.Contains(strings.TrimSpace(listening)+" ", want) {
+				t.Errorf("start-up line %q lacks%s", listening, want)
+			}
+			// The same process, now running with the setting.
+			environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", kv.Pid()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var godebug []string
+			for kv := range bytes.SplitSeq(environ, []byte{0}) {
+				if bytes.HasPrefix(kv, []byte("GODEBUG=")) {
+					godebug = append(godebug, string(kv))
+				}
+			}
+			if len(godebug) != 1 || godebug[0] != c.want {
+				t.Errorf("kvcar runs with %q, want [%q]", godebug, c.want)
+			}
+			comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", kv.Pid()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := strings.TrimSpace(string(comm)); got != filepath.Base(bin) {
+				t.Errorf("process is named %q, want %q", got, filepath.Base(bin))
+			}
+			logs, _ := os.ReadFile(logPath)
+			if deep := strings.Contains(string(logs), "deep-sleeps between bursts"); deep != (c.state != sysmon.Polling) {
+				t.Errorf("kvcar logged the monitor's default pace: %v, want %v", deep, c.state != sysmon.Polling)
+			}
+		})
+	}
+}
