@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kvcar/kvcar/internal/devcluster"
 	"github.com/kvcar/kvcar/internal/sysmon"
@@ -37,44 +36,14 @@ func TestRestartsUnderSysmonSetting(t *testing.T) {
 		{"opted out", "GODEBUG=schedtrace=0", "GODEBUG=schedtrace=0", sysmon.OptedOut},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			logPath := filepath.Join(t.TempDir(), "kvcar.log")
-			logFile, err := os.Create(logPath)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer logFile.Close()
-			o := devcluster.KVCarOptions{Binary: bin, Etcd: etcd.Endpoints(), Args: []string{"--host=127.0.0.1"},
-				Stdout: logFile, Stderr: logFile}
+			o := devcluster.KVCarOptions{Binary: bin, Etcd: etcd.Endpoints(), Args: []string{"--host=127.0.0.1"}}
 			// Unset, it would inherit this test's environment.
 			o.Env = []string{"GODEBUG="}
 			if c.godebug != "" {
 				o.Env = []string{c.godebug}
 			}
-			kv, err := devcluster.StartKVCar(o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				if err := kv.Stop(); err != nil {
-					t.Error(err)
-				}
-				if t.Failed() {
-					b, _ := os.ReadFile(logPath)
-					t.Logf("kvcar output:\n%s", b)
-				}
-			})
-			var listening string
-			waitUntil(t, "kvcar logs that it listens", 20*time.Second, func() bool {
-				if err := kv.Exited(); err != nil {
-					t.Fatal(err)
-				}
-				logs, err := os.ReadFile(logPath)
-				if err != nil {
-					t.Fatal(err)
-				}
-				listening = grepLines(string(logs), `msg="kvcar listening"`)
-				return listening != ""
-			})
+			kv, logPath := startLoggedKVCar(t, o)
+			listening := listeningLine(t, kv, logPath)
 			if want := fmt.Sprintf(" sysmon=%s ", c.state); !strings.Contains(strings.TrimSpace(listening)+" ", want) {
 				t.Errorf("start-up line %q lacks%s", listening, want)
 			}

@@ -57,26 +57,8 @@ func TestStampedBinaryReportsItsRevision(t *testing.T) {
 	}
 
 	etcd := startEtcd(t)
-	logPath := filepath.Join(t.TempDir(), "kvcar.log")
-	logFile, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logFile.Close()
-	kv, err := devcluster.StartKVCar(devcluster.KVCarOptions{Binary: bin, Etcd: etcd.Endpoints(),
-		Args: []string{"--host=127.0.0.1"}, Stdout: logFile, Stderr: logFile})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := kv.Stop(); err != nil {
-			t.Error(err)
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("kvcar output:\n%s", b)
-		}
-	})
+	kv, logPath := startLoggedKVCar(t, devcluster.KVCarOptions{Binary: bin, Etcd: etcd.Endpoints(),
+		Args: []string{"--host=127.0.0.1"}})
 
 	metric := fmt.Sprintf(`kvcar_build_info{goversion=%q,revision=%q} 1`, runtime.Version(), rev)
 	var scraped string
@@ -98,15 +80,7 @@ func TestStampedBinaryReportsItsRevision(t *testing.T) {
 	}
 	// The line is written once the servers run, maybe after /metrics
 	// answered.
-	var listening string
-	waitUntil(t, "kvcar logs that it listens", 10*time.Second, func() bool {
-		logs, err := os.ReadFile(logPath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		listening = grepLines(string(logs), `msg="kvcar listening"`)
-		return strings.HasSuffix(string(logs), "\n") && listening != ""
-	})
+	listening := listeningLine(t, kv, logPath)
 	if !strings.Contains(listening, " revision="+rev+" ") || !strings.Contains(listening, " go="+runtime.Version()) {
 		t.Fatalf("start-up log line %q does not name revision %s and %s", listening, rev, runtime.Version())
 	}
@@ -147,6 +121,53 @@ func TestRunVersionStartsNothing(t *testing.T) {
 	if _, err := parseFlags([]string{"--version=maybe"}, io.Discard); err == nil {
 		t.Fatal("--version=maybe accepted")
 	}
+}
+
+// startLoggedKVCar starts kvcar as o says, its output in a file whose
+// path it returns; the test's cleanup stops it and, if the test failed,
+// logs that output.
+func startLoggedKVCar(t *testing.T, o devcluster.KVCarOptions) (*devcluster.KVCar, string) {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), "kvcar.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { logFile.Close() })
+	o.Stdout, o.Stderr = logFile, logFile
+	kv, err := devcluster.StartKVCar(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := kv.Stop(); err != nil {
+			t.Error(err)
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("kvcar output:\n%s", b)
+		}
+	})
+	return kv, logPath
+}
+
+// listeningLine waits for kvcar's "kvcar listening" line in its log and
+// returns it.
+func listeningLine(t *testing.T, kv *devcluster.KVCar, logPath string) string {
+	t.Helper()
+	var line string
+	waitUntil(t, "kvcar logs that it listens", 20*time.Second, func() bool {
+		if err := kv.Exited(); err != nil {
+			t.Fatal(err)
+		}
+		logs, err := os.ReadFile(logPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		line = grepLines(string(logs), `msg="kvcar listening"`)
+		return strings.HasSuffix(string(logs), "\n") && line != ""
+	})
+	return line
 }
 
 // grepLines returns the lines of s containing sub.
