@@ -49,7 +49,7 @@ type options struct {
 	// kvcarCPUs (kvcar's and the relay bound's) and driverCPUs (the
 	// clients', the engines' and etcd's), when set, keep the two sides
 	// on CPUs of their own.
-	kvcarCPUs, driverCPUs []int
+	kvcarCPUs, driverCPUs devcluster.CPUList
 }
 
 func main() {
@@ -100,8 +100,8 @@ func parse(args []string) (options, error) {
 	fs.StringVar(&o.profileDir, "profile_dir", "", "save a CPU profile of kvcar over each cell's window here (<policy>-<ids>-c<clients>.pprof)")
 	fs.BoolVar(&o.bound, "bound", true, "measure each cell also through the relay bound: a minimal relay (Content-Length framing, kept engine connections, no parsing or routing) run as its own process")
 	extra := fs.String("kvcar_args", "--log_level=warn", "further kvcar flags, space separated")
-	kvcarCPUs := fs.String("kvcar_cpus", "", "CPUs kvcar and the relay bound run on, as taskset lists them (\"1\", \"2-3\"); empty: any")
-	driverCPUs := fs.String("driver_cpus", "", "CPUs this driver (clients, engines, etcd) runs on; empty: any")
+	fs.Var(&o.kvcarCPUs, "kvcar_cpus", "CPUs kvcar and the relay bound run on, as taskset lists them (\"1\", \"2-3\"); empty: any")
+	fs.Var(&o.driverCPUs, "driver_cpus", "CPUs this driver (clients, engines, etcd) runs on; empty: any")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -135,12 +135,6 @@ func parse(args []string) (options, error) {
 	}
 	if o.engineIdle < 0 {
 		errs = append(errs, errors.New("--engine_idle_timeout must not be negative"))
-	}
-	if o.kvcarCPUs, err = devcluster.ParseCPUs(*kvcarCPUs); err != nil {
-		errs = append(errs, fmt.Errorf("--kvcar_cpus: %w", err))
-	}
-	if o.driverCPUs, err = devcluster.ParseCPUs(*driverCPUs); err != nil {
-		errs = append(errs, fmt.Errorf("--driver_cpus: %w", err))
 	}
 	o.kvcarArgs = strings.Fields(*extra)
 	return o, errors.Join(errs...)

@@ -55,7 +55,7 @@ type options struct {
 	maxMessage   int
 	// kvcarCPUs and driverCPUs, when set, keep kvcar and this driver
 	// (its etcd, engines and clients) on CPUs of their own.
-	kvcarCPUs, driverCPUs []int
+	kvcarCPUs, driverCPUs devcluster.CPUList
 }
 
 func main() {
@@ -96,17 +96,10 @@ func parse(args []string) (options, error) {
 	fs.BoolVar(&o.adversarial, "adversarial", false, "engines publish to exhaust kvcar's limits: messages at and over max_message_bytes, chains past max_blocks_per_stream, repeated AllBlocksCleared")
 	fs.IntVar(&o.maxBlocks, "max_blocks_per_stream", 262144, "kvcar's max_blocks_per_stream")
 	fs.IntVar(&o.maxMessage, "max_message_bytes", 8<<20, "kvcar's max_message_bytes")
-	kvcarCPUs := fs.String("kvcar_cpus", "", "CPUs kvcar runs on, as taskset lists them (\"1\", \"2-3\"); empty: any")
-	driverCPUs := fs.String("driver_cpus", "", "CPUs this driver (etcd, the emulated engines, the clients) runs on; empty: any")
+	fs.Var(&o.kvcarCPUs, "kvcar_cpus", "CPUs kvcar runs on, as taskset lists them (\"1\", \"2-3\"); empty: any")
+	fs.Var(&o.driverCPUs, "driver_cpus", "CPUs this driver (etcd, the emulated engines, the clients) runs on; empty: any")
 	if err := fs.Parse(args); err != nil {
 		return o, err
-	}
-	var err error
-	if o.kvcarCPUs, err = devcluster.ParseCPUs(*kvcarCPUs); err != nil {
-		return o, fmt.Errorf("--kvcar_cpus: %w", err)
-	}
-	if o.driverCPUs, err = devcluster.ParseCPUs(*driverCPUs); err != nil {
-		return o, fmt.Errorf("--driver_cpus: %w", err)
 	}
 	if o.streams < 1 || o.streams > 128 {
 		return o, fmt.Errorf("--streams = %d: must be in [1, 128]", o.streams)
@@ -150,7 +143,7 @@ func (r *result) print(w io.Writer, o options) {
 	fmt.Fprintf(w, "\nkvcar-scale: %d streams, %.1f prefills/s each of %d new %d-token blocks, %v window, %s\n",
 		o.streams, o.rate, o.promptBlocks, o.blockSize, r.wall.Round(time.Millisecond), r.revs)
 	if len(o.kvcarCPUs) > 0 || len(o.driverCPUs) > 0 {
-		fmt.Fprintf(w, "kvcar on CPUs %s, this driver on CPUs %s\n", cpuList(o.kvcarCPUs), cpuList(o.driverCPUs))
+		fmt.Fprintf(w, "kvcar on CPUs %s, this driver on CPUs %s\n", o.kvcarCPUs, o.driverCPUs)
 	}
 	fmt.Fprintf(w, "| measure | value |\n|---|---|\n")
 	fmt.Fprintf(w, "| kvcar start to all %d streams synchronised | %v |\n", o.streams, r.syncTook.Round(time.Millisecond))
@@ -716,12 +709,4 @@ func routeOne(ctx context.Context, hc *http.Client, base string, ids []uint32) (
 		return "", 0, fmt.Errorf("completion: no decision time: %w", err)
 	}
 	return resp.Header.Get(server.PrefillNameHeader), time.Duration(us) * time.Microsecond, nil
-}
-
-// cpuList names a CPU set for the report; none is any.
-func cpuList(cpus []int) string {
-	if len(cpus) == 0 {
-		return "any"
-	}
-	return strings.Trim(strings.Join(strings.Fields(fmt.Sprint(cpus)), ","), "[]")
 }

@@ -13,6 +13,33 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// CPUList is a flag.Value of CPUs in ParseCPUs' syntax, for the
+// drivers' --kvcar_cpus and --driver_cpus; empty is no pinning.
+type CPUList []int
+
+// Set parses s with ParseCPUs.
+func (l *CPUList) Set(s string) error {
+	cpus, err := ParseCPUs(s)
+	if err != nil {
+		return err
+	}
+	*l = cpus
+	return nil
+}
+
+// String lists the CPUs as ParseCPUs reads them ("0,1"), "any" when
+// empty.
+func (l CPUList) String() string {
+	if len(l) == 0 {
+		return "any"
+	}
+	parts := make([]string, len(l))
+	for i, c := range l {
+		parts[i] = strconv.Itoa(c)
+	}
+	return strings.Join(parts, ",")
+}
+
 // ParseCPUs parses a CPU list as taskset and /proc write it ("1",
 // "0,2", "0-3") into CPU numbers, each below runtime.NumCPU. The empty
 // list is nil: no pinning.

@@ -1,11 +1,14 @@
 package devcluster
 
 import (
+	"flag"
+	"io"
 	"os"
 	"os/exec"
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 )
@@ -32,6 +35,29 @@ func TestParseCPUs(t *testing.T) {
 		if got, err := ParseCPUs(bad); err == nil {
 			t.Errorf("ParseCPUs(%q) = %v, want an error", bad, got)
 		}
+	}
+}
+
+// CPUList is the drivers' flag: it takes what ParseCPUs takes, refuses
+// what it refuses, and prints a list Set reads back.
+func TestCPUListFlag(t *testing.T) {
+	fs := flag.NewFlagSet("driver", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var l CPUList
+	fs.Var(&l, "kvcar_cpus", "")
+	if l.String() != "any" {
+		t.Fatalf("empty list prints %q, want any", l.String())
+	}
+	last := strconv.Itoa(runtime.NumCPU() - 1)
+	if err := fs.Parse([]string{"--kvcar_cpus=0," + last}); err != nil {
+		t.Fatal(err)
+	}
+	var back CPUList
+	if err := back.Set(l.String()); err != nil || !slices.Equal(back, l) || !slices.Equal(l, CPUList{0, runtime.NumCPU() - 1}) {
+		t.Fatalf("--kvcar_cpus=0,%s gave %v, printed %q, read back %v (%v)", last, l, l.String(), back, err)
+	}
+	if err := fs.Parse([]string{"--kvcar_cpus=x"}); err == nil || !strings.Contains(err.Error(), "kvcar_cpus") {
+		t.Fatalf("--kvcar_cpus=x: %v, want an error naming the flag", err)
 	}
 }
 
