@@ -21,8 +21,9 @@ const (
 	Default State = iota
 	// Polling: schedtrace is positive; sysmon never deep-sleeps.
 	Polling
-	// OptedOut: GODEBUG names schedtrace with a value that is not
-	// positive, the operator's way to keep the runtime's default.
+	// OptedOut: GODEBUG names schedtrace but sets no positive value
+	// (schedtrace=0 is the operator's way to keep the runtime's
+	// default).
 	OptedOut
 )
 
