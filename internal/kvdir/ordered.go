@@ -299,7 +299,7 @@ func (y *syncer) orderedMaybePublish(how string) {
 	y.retryAt = time.Time{}
 	y.nextResync = time.Time{}
 	if y.isHistory() && y.lim.ResyncInterval > 0 {
-		y.nextResync = time.Now().Add(y.lim.ResyncInterval)
+		y.nextResync = y.resyncAt(time.Now())
 	}
 	if y.lastReason != "" {
 		d, hb := h.idx.Counts()
@@ -386,7 +386,7 @@ func (y *syncer) catchUpFailed(tail bool, reason string) {
 	now := time.Now()
 	if tail {
 		y.log.Warn("history calibration failed; keeping the view", "stream", y.s.spec.String(), "reason", reason)
-		y.nextResync = now.Add(y.lim.ResyncInterval)
+		y.nextResync = y.resyncAt(now)
 		return
 	}
 	y.log.Warn("history replay failed", "stream", y.s.spec.String(), "reason", reason)
@@ -481,7 +481,7 @@ func (y *syncer) finishCatchUp() {
 	y.drainOrderedBuffer()
 	if h.serving {
 		if cu.tail && y.lim.ResyncInterval > 0 {
-			y.nextResync = time.Now().Add(y.lim.ResyncInterval)
+			y.nextResync = y.resyncAt(time.Now())
 		}
 		return
 	}

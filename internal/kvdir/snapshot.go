@@ -284,7 +284,7 @@ func (y *syncer) synchronised(ix *kvindex.Index, seq uint64, hasSeq bool, next u
 	y.retryAt = time.Time{}
 	y.nextResync = time.Time{}
 	if y.lim.ResyncInterval > 0 {
-		y.nextResync = time.Now().Add(y.lim.ResyncInterval)
+		y.nextResync = y.resyncAt(time.Now())
 	}
 	if y.lastReason != "" {
 		d, h := ix.Counts()
@@ -303,7 +303,7 @@ func (y *syncer) snapshotFailed(reason string) {
 	now := time.Now()
 	if calibrate {
 		y.log.Warn("calibration snapshot failed; keeping the current view", "stream", y.s.spec.String(), "reason", reason)
-		y.nextResync = now.Add(y.lim.ResyncInterval)
+		y.nextResync = y.resyncAt(now)
 		return
 	}
 	y.invalidate(reason)

@@ -563,6 +563,22 @@ func (y *syncer) pause(now time.Time) {
 	y.retryAt = now.Add(y.backoff + jitter)
 }
 
+// resyncAt returns when a stream synchronised or calibrated at now takes
+// its next calibration: at a random point of the last quarter of
+// ResyncInterval, never later than the interval (R-REC-4). Streams
+// synchronised together, as at start-up or after their engines came
+// back, would otherwise ask for their snapshots in the same instant every
+// interval: 128 at once overran a host of emulated engines past the
+// replay timeout and starved its etcd of CPU for long enough to end
+// kvcar's lease.
+func (y *syncer) resyncAt(now time.Time) time.Time {
+	return now.Add(resyncJitter(y.lim.ResyncInterval))
+}
+
+func resyncJitter(d time.Duration) time.Duration {
+	return d*3/4 + time.Duration(rand.Int64N(int64(d/4)+1))
+}
+
 func (y *syncer) closeSockets() {
 	y.abortSnapshot()
 	y.abortCatchUp()
