@@ -45,9 +45,13 @@ func main() {
 		fmt.Println(buildinfo.VersionLine("kvcar"))
 		return
 	}
-	// Nothing has started yet, so the restart loses nothing; if it
-	// fails, kvcar runs on at the runtime's default pace and run logs it.
-	_ = sysmon.Reexec(os.Args, os.Environ())
+	// Nothing has started yet, so the restart loses nothing. If it
+	// fails, kvcar runs on at the runtime's default pace: the error goes
+	// to stderr as main's other errors do (the logger is not made yet),
+	// and run logs the pace.
+	if err := sysmon.Reexec(os.Args, os.Environ()); err != nil {
+		fmt.Fprintln(os.Stderr, "kvcar:", err)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stderr, nil); err != nil {

@@ -119,7 +119,7 @@ var keyTable = []keySpec{
 		desc:  "Time allowed for one complete snapshot reply; on timeout the stream stays unsynchronised and retries.",
 		field: func(t target) any { return &t.cfg.ReplayTimeout }},
 	{scope: scopeTop, name: "resync_interval_ms", kind: kindMillis, zeroOff: true, min: 1000, max: 86400000, defInt: 30000,
-		desc:  "Interval between periodic snapshot calibrations that detect silently lost tail events; 0 disables them.",
+		desc:  "Longest interval between periodic snapshot calibrations that detect silently lost tail events (each stream's next one falls at random in the interval's last quarter); 0 disables them.",
 		field: func(t target) any { return &t.cfg.ResyncInterval }},
 
 	{scope: scopeTop, name: "discovery", kind: kindObject,
