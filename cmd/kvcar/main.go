@@ -269,11 +269,13 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	if err != nil {
 		return err
 	}
-	if st := sysmon.StateOf(os.Getenv("GODEBUG")); st != sysmon.Polling {
+	godebug := os.Getenv("GODEBUG")
+	monitor := sysmon.StateOf(godebug)
+	if monitor != sysmon.Polling {
 		// main restarts kvcar under sysmon.Setting unless the operator set
 		// schedtrace; "default" means that restart did not happen.
 		log.Info("Go's system monitor deep-sleeps between bursts of work, and waking it delays routing decisions",
-			"sysmon", st, "GODEBUG", os.Getenv("GODEBUG"), "kvcar_sets", sysmon.Setting)
+			"sysmon", monitor, "GODEBUG", godebug, "kvcar_sets", sysmon.Setting)
 	}
 	if f.portAlias {
 		log.Warn("--port is deprecated: use --http_server_port, as xllm_master_serving names it")
@@ -480,7 +482,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	}()
 	log.Info("kvcar listening", "addr", ln.Addr().String(), "internal", iln.Addr().String(), "rpc", rpcLn.Addr().String(),
 		"advertise_rpc", self, "query", fmt.Sprintf("http://%s%s", iln.Addr(), server.QueryPath),
-		"revision", buildinfo.Revision(), "go", buildinfo.GoVersion(), "sysmon", sysmon.StateOf(os.Getenv("GODEBUG")))
+		"revision", buildinfo.Revision(), "go", buildinfo.GoVersion(), "sysmon", monitor)
 	if ready != nil {
 		ready <- listening{public: ln.Addr().String(), internal: iln.Addr().String()}
 	}
