@@ -23,6 +23,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/cpuidle"
 	"github.com/kvcar/kvcar/internal/devcluster"
 	"github.com/kvcar/kvcar/internal/etcdembed"
 	"github.com/kvcar/kvcar/internal/server"
@@ -202,6 +203,7 @@ func (c *cell) cpuPerRequest() time.Duration {
 type report struct {
 	started  time.Time
 	revision devcluster.Revisions // of the kvcar binary and of this program
+	idle     cpuidle.Setting      // how the machine's idle CPUs waited, read at the start
 	command  string
 	opts     options
 	cells    []*cell
@@ -217,7 +219,7 @@ func run(ctx context.Context, o options, log io.Writer) (_ *report, err error) {
 		return nil, err
 	}
 	rep := &report{started: time.Now().UTC(), command: o.command, opts: o,
-		revision: devcluster.Revisions{KVCar: kvcarRev, Driver: devcluster.Revision()}}
+		revision: devcluster.Revisions{KVCar: kvcarRev, Driver: devcluster.Revision()}, idle: cpuidle.Read("/")}
 	etcd, err := etcdembed.Start(ctx, etcdembed.Options{})
 	if err != nil {
 		return nil, err

@@ -70,7 +70,7 @@ func TestShortRunIsSane(t *testing.T) {
 	table := out.String()
 	t.Log(table)
 	generated := "from kvcar commit " + kvcarRev + " (driver commit " + devcluster.Revision() + ") in "
-	for _, want := range []string{"Generated ", generated, "| CAR | 2048 | 4 |", "| RR | 2048 | 1 |", "| relay bound | 2048 | 4 |", "kvcar-load --kvcar="} {
+	for _, want := range []string{"Generated ", generated, "| CAR | 2048 | 4 |", "| RR | 2048 | 1 |", "| relay bound | 2048 | 4 |", "kvcar-load --kvcar=", "Idle CPUs: cpuidle "} {
 		if !strings.Contains(table, want) {
 			t.Errorf("report lacks %q", want)
 		}

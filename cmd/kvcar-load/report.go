@@ -22,7 +22,7 @@ func (r *report) write(w io.Writer, readme bool) {
 				"direct cells are their HTTP path", r.opts.engines)
 		}
 		fmt.Fprintf(w, "%s, %d distinct prompts of random ids below %d per size sent in turn, max_tokens 1, closed loop, "+
-			"%v warm-up then a %v window per cell.\n\n", engines, r.opts.prompts, vocab, r.opts.warmup, r.opts.duration)
+			"%v warm-up then a %v window per cell. Idle CPUs: %s.\n\n", engines, r.opts.prompts, vocab, r.opts.warmup, r.opts.duration, r.idle)
 	}
 	fmt.Fprintln(w, "| policy | prompt ids | clients | req/s | direct req/s | vs direct | p50 | direct p50 | added p50 | p99 | direct p99 | CPU / request (kvcar or relay) | errors | 502 | load avg (start → end) |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")

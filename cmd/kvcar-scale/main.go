@@ -29,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/cpuidle"
 	"github.com/kvcar/kvcar/internal/devcluster"
 	"github.com/kvcar/kvcar/internal/enginesim"
 	"github.com/kvcar/kvcar/internal/etcdembed"
@@ -137,6 +138,8 @@ type result struct {
 	// revs are the commits of the kvcar binary measured and of this
 	// driver.
 	revs devcluster.Revisions
+	// idle is how the machine's idle CPUs waited, read at the start.
+	idle cpuidle.Setting
 }
 
 func (r *result) print(w io.Writer, o options) {
@@ -145,6 +148,7 @@ func (r *result) print(w io.Writer, o options) {
 	if len(o.kvcarCPUs) > 0 || len(o.driverCPUs) > 0 {
 		fmt.Fprintf(w, "kvcar on CPUs %s, this driver on CPUs %s\n", o.kvcarCPUs, o.driverCPUs)
 	}
+	fmt.Fprintf(w, "idle CPUs: %s\n", r.idle)
 	fmt.Fprintf(w, "| measure | value |\n|---|---|\n")
 	fmt.Fprintf(w, "| kvcar start to all %d streams synchronised | %v |\n", o.streams, r.syncTook.Round(time.Millisecond))
 	what := "blocks stored by the engines during the window"
@@ -243,7 +247,8 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 	}
 	r = &result{syncTook: syncTook, systemTokens: systemBlocks * o.blockSize,
 		promptTokensMax: min((systemBlocks+o.promptBlocks)*o.blockSize, o.queryTokens/o.blockSize*o.blockSize),
-		revs:            devcluster.Revisions{KVCar: rev, Driver: devcluster.Revision()}}
+		revs:            devcluster.Revisions{KVCar: rev, Driver: devcluster.Revision()},
+		idle:            cpuidle.Read("/")}
 
 	cpu0, err := devcluster.CPUTime(kv.Pid())
 	if err != nil {

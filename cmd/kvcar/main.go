@@ -28,6 +28,7 @@ import (
 	"github.com/kvcar/kvcar/internal/baidustd"
 	"github.com/kvcar/kvcar/internal/buildinfo"
 	"github.com/kvcar/kvcar/internal/config"
+	"github.com/kvcar/kvcar/internal/cpuidle"
 	"github.com/kvcar/kvcar/internal/etcdembed"
 	"github.com/kvcar/kvcar/internal/instance"
 	"github.com/kvcar/kvcar/internal/kvdir"
@@ -277,6 +278,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 		log.Info("Go's system monitor deep-sleeps between bursts of work, and waking it delays routing decisions",
 			"sysmon", monitor, "GODEBUG", godebug, "kvcar_sets", sysmon.Setting)
 	}
+	idleNotice(log, cpuidle.Read("/"))
 	if f.portAlias {
 		log.Warn("--port is deprecated: use --http_server_port, as xllm_master_serving names it")
 	}
@@ -672,4 +674,15 @@ func splitEndpoints(s string) []string {
 		}
 	}
 	return out
+}
+
+// idleNotice tells the operator when the machine's idle vCPUs halt
+// without polling first: kvcar cannot change that, and on such a machine
+// a request that finds its core idle waits for the hypervisor, 0.1 ms to
+// over 1 ms in the measurements README cites.
+func idleNotice(log *slog.Logger, s cpuidle.Setting) {
+	if s.HaltsAtOnce() {
+		log.Info("idle CPUs halt at once, so a request that finds kvcar's core idle waits for the hypervisor to run it again; "+
+			"see README, Idle CPUs on virtual machines", "cpuidle", s.String())
+	}
 }

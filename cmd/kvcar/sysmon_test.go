@@ -3,11 +3,13 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/kvcar/kvcar/internal/cpuidle"
 	"github.com/kvcar/kvcar/internal/devcluster"
 	"github.com/kvcar/kvcar/internal/sysmon"
 )
@@ -73,5 +75,29 @@ func TestRestartsUnderSysmonSetting(t *testing.T) {
 				t.Errorf("kvcar logged the monitor's default pace: %v, want %v", deep, c.state != sysmon.Polling)
 			}
 		})
+	}
+}
+
+// kvcar says at start when the machine's idle vCPUs halt without polling
+// (cpuidle-haltpoll, guest_halt_poll_ns=0), and says nothing otherwise.
+func TestIdleNotice(t *testing.T) {
+	for _, c := range []struct {
+		s    cpuidle.Setting
+		want bool
+	}{
+		{cpuidle.Setting{Driver: "haltpoll", Governor: "haltpoll", HaltPollNs: 0}, true},
+		{cpuidle.Setting{Driver: "haltpoll", Governor: "haltpoll", HaltPollNs: 200000}, false},
+		{cpuidle.Setting{Driver: "intel_idle", Governor: "menu", HaltPollNs: -1}, false},
+		{cpuidle.Setting{HaltPollNs: -1}, false},
+	} {
+		var out bytes.Buffer
+		idleNotice(slog.New(slog.NewTextHandler(&out, nil)), c.s)
+		got := out.String()
+		if said := strings.Contains(got, "idle CPUs halt at once"); said != c.want {
+			t.Errorf("%v: notice %q, want one: %v", c.s, got, c.want)
+		}
+		if c.want && !strings.Contains(got, "guest_halt_poll_ns=0") {
+			t.Errorf("%v: notice %q does not name the setting", c.s, got)
+		}
 	}
 }

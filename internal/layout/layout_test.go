@@ -101,6 +101,8 @@ var layout = map[string]place{
 	// The Go runtime's monitor pace: environments in, environments out,
 	// and the program's restart; it opens nothing.
 	"internal/sysmon": {layer: 0, forbid: slices.Concat(sockets, routing)},
+	// How idle CPUs wait: sysfs files read, nothing changed.
+	"internal/cpuidle": {layer: 0, forbid: slices.Concat(sockets, routing)},
 	// Raw socket reads and writes and accept retries: a leaf the HTTP
 	// and baidu_std servers and the load driver share, knowing nothing
 	// of HTTP or of kvcar's parts.
