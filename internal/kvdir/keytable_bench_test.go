@@ -40,3 +40,54 @@ func BenchmarkKeyTableRebuild(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkKeyTableChurn measures the shared key table's writes at steady
+// state, alone: a table of keys= random keys, one slot, loses its 64
+// oldest keys and gains 64 new ones per operation, as a stream evicting
+// and storing a prefill of 64 blocks writes it. ns/change counts both
+// kinds; it includes the cell rebuilds the removals' tombstones force,
+// amortised over the operations between them.
+func BenchmarkKeyTableChurn(b *testing.B) {
+	for _, n := range []int{16 << 20} {
+		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) {
+			tab := newKeyTable(benchBlockSize, 1024)
+			slot := tab.allocSlot()
+			rng := rand.New(rand.NewPCG(5, 6))
+			keys := make([]kvindex.Key, n)
+			for i := range keys {
+				keys[i] = kvindex.Key{Hi: rng.Uint64(), Lo: rng.Uint64()}
+			}
+			changes := make([]keyChange, 0, keyBatch)
+			for base := 0; base < n; base += keyBatch {
+				changes = changes[:0]
+				for _, k := range keys[base : base+keyBatch] {
+					changes = append(changes, keyChange{k, true, false})
+				}
+				tab.apply(slot, changes)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			oldest := 0
+			for range b.N {
+				changes = changes[:0]
+				for j := range keyBatch {
+					changes = append(changes, keyChange{keys[(oldest+j)%n], false, false})
+				}
+				tab.apply(slot, changes)
+				changes = changes[:0]
+				for j := range keyBatch {
+					k := kvindex.Key{Hi: rng.Uint64(), Lo: rng.Uint64()}
+					keys[(oldest+j)%n] = k
+					changes = append(changes, keyChange{k, true, false})
+				}
+				tab.apply(slot, changes)
+				oldest = (oldest + keyBatch) % n
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/(2*keyBatch), "ns/change")
+			if tab.records() != n {
+				b.Fatalf("table holds %d keys, want %d", tab.records(), n)
+			}
+		})
+	}
+}
