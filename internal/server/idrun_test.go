@@ -14,14 +14,18 @@ import (
 // element one of the forms the block parser must leave to the element
 // by element path: whitespace, leading zeros, signs, fractions,
 // exponents, ids past uint32, other JSON values (not null, which
-// encoding/json takes as 0), a trailing comma.
-func idArrayBody(rng *rand.Rand, n int, odd float64) []byte {
+// encoding/json takes as 0), a trailing comma. With probability spaced
+// an element follows ", " (Python's json.dumps separator) instead of ",".
+func idArrayBody(rng *rand.Rand, n int, odd, spaced float64) []byte {
 	oddForms := []string{"0", "00", "01", "-0", "-1", "1.5", "1e3", "4294967295", "4294967296",
 		"99999999999", " 7", "8 ", "\n9", "true", `"9"`, "[1]", "12345678", "123456789", "1234567890"}
 	b := []byte(`{"token_ids":[`)
 	for i := range n {
 		if i > 0 {
 			b = append(b, ',')
+			if rng.Float64() < spaced {
+				b = append(b, ' ')
+			}
 		}
 		if rng.Float64() < odd {
 			b = append(b, oddForms[rng.IntN(len(oddForms))]...)
@@ -42,7 +46,8 @@ func idArrayBody(rng *rand.Rand, n int, odd float64) []byte {
 
 // TestIDBlocksMatchElementPath checks the block parser of
 // id runs (idRun) against the element by element path and encoding/json
-// (R-API-5): the same body read through buffers from 16 bytes (where no
+// (R-API-5), with "," and ", " between elements: the same body read
+// through buffers from 16 bytes (where no
 // block fits) to the whole body gives the same ids, or the same error
 // message, offsets included, and accepts exactly the bodies of in-range
 // integer ids that encoding/json accepts. maxIDs is set near the length
@@ -51,7 +56,8 @@ func TestIDBlocksMatchElementPath(t *testing.T) {
 	rng := rand.New(rand.NewPCG(13, 7))
 	for round := range 3000 {
 		odd := []float64{0, 0.002, 0.02, 0.2}[round%4]
-		body := idArrayBody(rng, rng.IntN(400), odd)
+		spaced := []float64{0, 1, 0.5}[round%3]
+		body := idArrayBody(rng, rng.IntN(400), odd, spaced)
 		ref, valid, refErr := jsonTokenIDs(body)
 		maxIDs := math.MaxInt32
 		if round%5 == 0 && len(ref) > 0 {
@@ -135,4 +141,36 @@ func leUint64(b []byte) uint64 {
 		v = v<<8 | uint64(b[i])
 	}
 	return v
+}
+
+// TestIDBlockSpaceAtBlockEnd puts the space of a ", " separator on the
+// first byte past a 64-byte block (R-API-5): the first block starts after
+// `{"token_ids":[`, at byte 14, and a 7-digit id then 6-digit ones, each
+// separated by ", ", put a comma on the block's last byte, 77.
+func TestIDBlockSpaceAtBlockEnd(t *testing.T) {
+	body := []byte(`{"token_ids":[1234567`)
+	want := []uint32{1234567}
+	for i := range 40 {
+		id := uint32(100000 + 7*i) // six digits: each element is eight bytes
+		body = strconv.AppendUint(append(body, ", "...), uint64(id), 10)
+		want = append(want, id)
+	}
+	body = append(body, "]}"...)
+	if body[77] != ',' || body[78] != ' ' {
+		t.Fatalf("the comma is not on byte 77: %q", body[70:86])
+	}
+	// The block path itself takes the whole array, not only the element
+	// by element one after it.
+	buf := append(slices.Clone(body), make([]byte, idBlockNeeds)...)
+	run := scanner{buf: buf, pos: len(`{"token_ids":[`), end: len(buf)}
+	if ids, closed := run.idRun(nil, math.MaxInt32); !closed || !slices.Equal(ids, want) {
+		t.Fatalf("idRun: %v, closed %v; want %v", ids, closed, want)
+	}
+	for _, size := range []int{idBlockNeeds, 100, len(body) + 1} {
+		sc := scanner{r: bytes.NewReader(body), buf: make([]byte, size), limit: math.MaxInt64}
+		ids, perr := parseQuery(&sc, nil, math.MaxInt32)
+		if perr != nil || !slices.Equal(ids, want) {
+			t.Fatalf("through a %d-byte buffer: %v, error %v; want %v", size, ids, perr, want)
+		}
+	}
 }

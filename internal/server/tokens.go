@@ -423,8 +423,8 @@ func (s *scanner) readIDElems(ids []uint32, maxIDs int, name string) ([]uint32, 
 			return ids, badRequest("%s: more than %d ids", name, maxIDs)
 		}
 		// Fastest path: runs of plain ids of up to eight digits, each
-		// followed at once by ',' (or the closing ']'), taken 64 bytes
-		// at a time.
+		// followed at once by ',' or ", " (or the closing ']'), taken
+		// 64 bytes at a time.
 		if s.end-s.pos >= idBlockNeeds {
 			n := len(ids)
 			var closed bool
@@ -496,7 +496,7 @@ func (s *scanner) readIDElems(ids []uint32, maxIDs int, name string) ([]uint32, 
 const idBlockNeeds = 72
 
 // idRun appends the ids at s.pos while they are plain integers of one to
-// eight digits, each followed at once by ',' or ']', and the buffer holds
+// eight digits, each followed at once by ',' (or ", ") or ']', and the buffer holds
 // idBlockNeeds bytes from where it reads; it stops before any other
 // element (whitespace, a longer number, anything not an id) for the
 // element by element path, and before the id that would make ids longer
@@ -540,6 +540,12 @@ func (s *scanner) idRun(ids []uint32, limit int) (_ []uint32, closed bool) {
 			if d == ']' {
 				s.pos = start
 				return ids, true
+			}
+			if p[start] == ' ' {
+				// ", " as Python's json.dumps separates items by default:
+				// the space is the next delimiter, and no id ends there.
+				start++
+				delims &^= 1 << (end + 1 - pos) // 0 when the space is past the block
 			}
 		}
 		if start == pos {
