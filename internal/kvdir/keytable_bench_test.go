@@ -15,17 +15,7 @@ import (
 func BenchmarkKeyTableRebuild(b *testing.B) {
 	for _, n := range []int{4 << 20} {
 		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) {
-			tab := newKeyTable(benchBlockSize, 1024)
-			slot := tab.allocSlot()
-			rng := rand.New(rand.NewPCG(3, 4))
-			changes := make([]keyChange, 0, keyBatch)
-			for range n / keyBatch {
-				changes = changes[:0]
-				for range keyBatch {
-					changes = append(changes, keyChange{kvindex.Key{Hi: rng.Uint64(), Lo: rng.Uint64()}, true, false})
-				}
-				tab.apply(slot, changes)
-			}
+			tab, _ := randomKeyTable(n, rand.New(rand.NewPCG(3, 4)))
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {
@@ -50,21 +40,10 @@ func BenchmarkKeyTableRebuild(b *testing.B) {
 func BenchmarkKeyTableChurn(b *testing.B) {
 	for _, n := range []int{16 << 20} {
 		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) {
-			tab := newKeyTable(benchBlockSize, 1024)
-			slot := tab.allocSlot()
 			rng := rand.New(rand.NewPCG(5, 6))
-			keys := make([]kvindex.Key, n)
-			for i := range keys {
-				keys[i] = kvindex.Key{Hi: rng.Uint64(), Lo: rng.Uint64()}
-			}
+			tab, keys := randomKeyTable(n, rng)
+			slot := 0
 			changes := make([]keyChange, 0, keyBatch)
-			for base := 0; base < n; base += keyBatch {
-				changes = changes[:0]
-				for _, k := range keys[base : base+keyBatch] {
-					changes = append(changes, keyChange{k, true, false})
-				}
-				tab.apply(slot, changes)
-			}
 			b.ReportAllocs()
 			b.ResetTimer()
 			oldest := 0
@@ -90,4 +69,23 @@ func BenchmarkKeyTableChurn(b *testing.B) {
 			}
 		})
 	}
+}
+
+// randomKeyTable returns a table whose first slot holds n random keys on
+// Device, written keyBatch at a time as streams write them, and the keys
+// in the order written; n is a multiple of keyBatch.
+func randomKeyTable(n int, rng *rand.Rand) (*keyTable, []kvindex.Key) {
+	tab := newKeyTable(benchBlockSize, 1024)
+	slot := tab.allocSlot()
+	keys := make([]kvindex.Key, n)
+	changes := make([]keyChange, 0, keyBatch)
+	for i := range keys {
+		keys[i] = kvindex.Key{Hi: rng.Uint64(), Lo: rng.Uint64()}
+		changes = append(changes, keyChange{keys[i], true, false})
+		if len(changes) == keyBatch {
+			tab.apply(slot, changes)
+			changes = changes[:0]
+		}
+	}
+	return tab, keys
 }
