@@ -330,3 +330,83 @@ func pollOne(s *zmq.Socket, timeout time.Duration) (bool, error) {
 	}
 	return len(ready) > 0, nil
 }
+
+// A replayer is quiet after an exchange whose replies it read, so that
+// its connection can carry the next request (R-WIRE-3); input that
+// arrives after that makes it not quiet, and Quiet reads it away.
+func TestReplayerQuietAfterExchange(t *testing.T) {
+	c := pubTestContext(t)
+	srv, err := c.BindReplayServer("tcp://127.0.0.1:0", ReplayServerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	rep, err := c.DialReplay(srv.Endpoint(), ReplayOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rep.Close()
+	recvAll := func(n int) [][][]byte {
+		var got [][][]byte
+		deadline := time.Now().Add(5 * time.Second)
+		for len(got) < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("received %d of %d replies", len(got), n)
+			}
+			frames, err := rep.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if frames == nil {
+				time.Sleep(time.Millisecond)
+				continue
+			}
+			got = append(got, frames)
+		}
+		return got
+	}
+	var id []byte
+	for round := range 2 {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			err := rep.Send([][]byte{{}, seq8(0)})
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, ErrNotConnected) || time.Now().After(deadline) {
+				t.Fatalf("round %d: send: %v", round, err)
+			}
+			time.Sleep(time.Millisecond)
+		}
+		from, _, err := srv.Recv(5 * time.Second)
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if round == 1 && !bytes.Equal(from, id) {
+			t.Fatalf("the second request came from %x, the first from %x: not the same connection", from, id)
+		}
+		id = from
+		for _, s := range []uint64{7, ^uint64(0)} {
+			if err := srv.Reply(id, [][]byte{{}, seq8(s), {}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		recvAll(2)
+		if !rep.Quiet() {
+			t.Fatalf("round %d: not quiet after reading the exchange's replies", round)
+		}
+	}
+	if err := srv.Reply(id, [][]byte{{}, seq8(8), {}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for rep.Quiet() {
+		if time.Now().After(deadline) {
+			t.Fatal("still quiet after a reply nobody asked for")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if !rep.Quiet() {
+		t.Fatal("Quiet did not read the unasked reply away")
+	}
+}
