@@ -134,17 +134,6 @@ func (e *Engine) SetReplayMode(dp int, mode ReplayMode) error {
 	})
 }
 
-// ReplayRequesters reports how many valid replay requests rank dp has
-// had and over how many connections in turn: one more each time a
-// request came over another connection than the one before.
-func (e *Engine) ReplayRequesters(dp int) (requests, connections int, err error) {
-	err = e.do(dp, func(r *rank) error {
-		requests, connections = r.replayRequests, r.requesterChanges
-		return nil
-	})
-	return requests, connections, err
-}
-
 // SetReplayDelay sets the pause before each reply in ReplaySlow mode.
 func (e *Engine) SetReplayDelay(dp int, d time.Duration) error {
 	if d < 0 {

@@ -62,12 +62,6 @@ type rank struct {
 	wrongDP     bool
 	replayMode  ReplayMode
 	replayDelay time.Duration
-	// Replay requests and how many times the requesting connection
-	// (its peer identity) changed from one request to the next, for
-	// tests of how a subscriber connects; lastRequester is the identity
-	// of the last.
-	replayRequests, requesterChanges int
-	lastRequester                    string
 }
 
 func newRank(dp int, cfg *Config, tctx *kvtransport.Context, eventEP, replayEP string) *rank {

@@ -109,11 +109,6 @@ func (r *rank) request(id []byte, frames [][]byte) {
 		return
 	}
 	r.log.Debug("replay request", "start_seq", start, "mode", r.replayMode)
-	r.replayRequests++
-	if r.replayRequests == 1 || string(id) != r.lastRequester {
-		r.requesterChanges++
-		r.lastRequester = string(id)
-	}
 	if r.replayMode == ReplayIgnore {
 		return
 	}

@@ -41,14 +41,10 @@ type bufferedBatch struct {
 }
 
 func (y *syncer) startSnapshot(calibrate bool) {
-	rep := y.takeKept()
-	var err error
-	if rep == nil {
-		rep, err = y.tctx.DialReplay(y.s.spec.ReplayEndpoint, kvtransport.ReplayOptions{
-			MaxMessageBytes: int64(y.lim.MaxMessageBytes),
-			ReceiveHWM:      y.lim.receiveHWM(),
-		})
-	}
+	rep, err := y.tctx.DialReplay(y.s.spec.ReplayEndpoint, kvtransport.ReplayOptions{
+		MaxMessageBytes: int64(y.lim.MaxMessageBytes),
+		ReceiveHWM:      y.lim.receiveHWM(),
+	})
 	requested := false
 	if err == nil {
 		requested, err = sendReplayRequest(rep)
@@ -257,11 +253,6 @@ func (y *syncer) finishSnapshot() {
 	if sn.calibrate {
 		y.s.obs.observeDrift(drift(y.s.idx, sn.idx))
 	}
-	// The end marker was the last reply of the exchange, so the
-	// connection is kept for the next snapshot: a calibration then
-	// neither dials nor closes one, which costs libzmq's threads and this
-	// goroutine tens of system calls, 128 times a round.
-	y.keptReplay, sn.rep = sn.rep, nil
 	y.releaseSnapshot()
 	y.s.counters.snapshotsOK.Add(1)
 	y.s.counters.lastSnapshot.Store(int64(time.Since(sn.started)))
@@ -324,27 +315,6 @@ func (y *syncer) abortSnapshot() {
 		return
 	}
 	y.releaseSnapshot()
-}
-
-// takeKept returns the replay connection of the last snapshot that ended
-// well, if nothing has arrived on it since, and closes it otherwise; nil
-// when there is none to use.
-func (y *syncer) takeKept() *kvtransport.Replayer {
-	rep := y.keptReplay
-	y.keptReplay = nil
-	if rep == nil || rep.Quiet() {
-		return rep
-	}
-	y.log.Warn("replay connection had input after its snapshot ended; using a new one", "stream", y.s.spec.String())
-	y.closeKept(rep)
-	return nil
-}
-
-// closeKept closes a kept replay connection.
-func (y *syncer) closeKept(rep *kvtransport.Replayer) {
-	if err := rep.Close(); err != nil {
-		y.log.Debug("close replay socket", "stream", y.s.spec.String(), "err", err)
-	}
 }
 
 func (y *syncer) releaseSnapshot() {

@@ -55,10 +55,6 @@ type syncer struct {
 	dedupActive bool
 
 	snap *snapshot
-	// keptReplay is the replay connection of the last snapshot that
-	// ended with its end marker, kept for the next one (see
-	// finishSnapshot and takeKept).
-	keptReplay *kvtransport.Replayer
 	// ord is the state of a history or live stream (ordered.go).
 	ord ordered
 	// topicSeen is true once a message of the stream's own topic arrived
@@ -584,10 +580,6 @@ func resyncJitter(d time.Duration) time.Duration {
 }
 
 func (y *syncer) closeSockets() {
-	if y.keptReplay != nil {
-		y.closeKept(y.keptReplay)
-		y.keptReplay = nil
-	}
 	y.abortSnapshot()
 	y.abortCatchUp()
 	if y.sub != nil {

@@ -89,15 +89,6 @@ func (r *Replayer) Recv() ([][]byte, error) {
 	return recvNoWait(r.dealer, "replay")
 }
 
-// Quiet reports whether nothing has arrived since the last reply was
-// read, so that the connection may carry another exchange: it reads, and
-// discards, whatever did arrive. A replayer that was not quiet, or whose
-// connection failed, should be closed rather than used again.
-func (r *Replayer) Quiet() bool {
-	frames, err := r.Recv()
-	return err == nil && frames == nil
-}
-
 // Close closes the socket, discarding anything still queued.
 func (r *Replayer) Close() error {
 	if r.dealer == nil {
