@@ -15,7 +15,7 @@ import (
 func BenchmarkKeyTableRebuild(b *testing.B) {
 	for _, n := range []int{4 << 20} {
 		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) {
-			tab, _ := randomKeyTable(n, rand.New(rand.NewPCG(3, 4)))
+			tab, _, _ := randomKeyTable(n, rand.New(rand.NewPCG(3, 4)))
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {
@@ -41,8 +41,7 @@ func BenchmarkKeyTableChurn(b *testing.B) {
 	for _, n := range []int{16 << 20} {
 		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) {
 			rng := rand.New(rand.NewPCG(5, 6))
-			tab, keys := randomKeyTable(n, rng)
-			slot := 0
+			tab, slot, keys := randomKeyTable(n, rng)
 			changes := make([]keyChange, 0, keyBatch)
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -71,10 +70,10 @@ func BenchmarkKeyTableChurn(b *testing.B) {
 	}
 }
 
-// randomKeyTable returns a table whose first slot holds n random keys on
-// Device, written keyBatch at a time as streams write them, and the keys
-// in the order written; n is a multiple of keyBatch.
-func randomKeyTable(n int, rng *rand.Rand) (*keyTable, []kvindex.Key) {
+// randomKeyTable returns a table, its one slot, which holds n random keys
+// on Device, written keyBatch at a time as streams write them, and the
+// keys in the order written; n is a multiple of keyBatch.
+func randomKeyTable(n int, rng *rand.Rand) (*keyTable, int, []kvindex.Key) {
 	tab := newKeyTable(benchBlockSize, 1024)
 	slot := tab.allocSlot()
 	keys := make([]kvindex.Key, n)
@@ -87,5 +86,5 @@ func randomKeyTable(n int, rng *rand.Rand) (*keyTable, []kvindex.Key) {
 			changes = changes[:0]
 		}
 	}
-	return tab, keys
+	return tab, slot, keys
 }

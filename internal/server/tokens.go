@@ -496,11 +496,11 @@ func (s *scanner) readIDElems(ids []uint32, maxIDs int, name string) ([]uint32, 
 const idBlockNeeds = 72
 
 // idRun appends the ids at s.pos while they are plain integers of one to
-// eight digits, each followed at once by ',' (or ", ") or ']', and the buffer holds
-// idBlockNeeds bytes from where it reads; it stops before any other
-// element (whitespace, a longer number, anything not an id) for the
-// element by element path, and before the id that would make ids longer
-// than limit. closed is whether it consumed the array's ']'.
+// eight digits, each followed at once by ',' (or ", ") or ']', and the
+// buffer holds idBlockNeeds bytes from where it reads; it stops before
+// any other element (whitespace, a longer number, anything not an id)
+// for the element by element path, and before the id that would make
+// ids longer than limit. closed is whether it consumed the array's ']'.
 //
 // A block of 64 bytes is classified eight bytes at a time (SWAR) into a
 // bitmap of its delimiters, and the ids between them are converted
