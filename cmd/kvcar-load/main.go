@@ -56,8 +56,11 @@ type options struct {
 func main() {
 	if engines := os.Getenv(relayEnv); engines != "" {
 		// The bound runs under the runtime setting kvcar runs under, so
-		// that what kvcar adds over it is kvcar's own cost.
-		_ = sysmon.Reexec(os.Args, os.Environ())
+		// that what kvcar adds over it is kvcar's own cost. If the
+		// restart fails it runs on, saying so, as kvcar does.
+		if err := sysmon.Reexec(os.Args, os.Environ()); err != nil {
+			fmt.Fprintln(os.Stderr, "kvcar-load relay:", err)
+		}
 		if err := runRelay(engines); err != nil {
 			fmt.Fprintln(os.Stderr, "kvcar-load:", err)
 			os.Exit(1)
