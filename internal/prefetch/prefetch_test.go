@@ -1,6 +1,8 @@
 package prefetch
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"testing"
 	"unsafe"
 )
@@ -54,3 +56,39 @@ func TestElemIsOnlyAHint(t *testing.T) {
 		t.Fatalf("slices changed: %v %v %v", small, cells, structs)
 	}
 }
+
+// BenchmarkRandomLoad is what one 4-byte load at a random place of an
+// array of mb= MiB costs on this machine, the scale the prefetches work
+// against: "dependent" waits for each load before the next (its address
+// depends on the value), "independent" leaves the processor free to
+// have many in flight. Both use the same precomputed random indexes.
+func BenchmarkRandomLoad(b *testing.B) {
+	for _, mb := range []int{8, 192, 1024} {
+		cells := make([]uint32, mb<<20/4)
+		for i := range cells {
+			cells[i] = uint32(i)
+		}
+		rng := rand.New(rand.NewPCG(1, uint64(mb)))
+		idx := make([]int, 1<<16)
+		for i := range idx {
+			idx[i] = rng.IntN(len(cells))
+		}
+		b.Run(fmt.Sprintf("mb=%d/dependent", mb), func(b *testing.B) {
+			j := 0
+			for i := range b.N {
+				j = int(cells[(idx[i&(len(idx)-1)]+j)%len(cells)] & 1)
+			}
+			sink = uint32(j)
+		})
+		b.Run(fmt.Sprintf("mb=%d/independent", mb), func(b *testing.B) {
+			var s uint32
+			for i := range b.N {
+				s += cells[idx[i&(len(idx)-1)]]
+			}
+			sink = s
+		})
+	}
+}
+
+// sink keeps the benchmarks' loads from being optimised away.
+var sink uint32
