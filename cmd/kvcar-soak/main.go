@@ -9,9 +9,10 @@
 // reports no hit (R-REC-1). Regularly it quiesces one engine, waits until
 // its stream has caught up, and requires the stream's answer for every
 // recent prompt to equal what the engine would reuse, tier by tier, and
-// its resident block counts to lie within what the engine holds (see
-// residentCounts): a hit the engine does not hold (a stale hit) fails,
-// and so does one it holds but the directory does not report. Then it loses a message at the publisher:
+// its resident block counts to equal the engine's (orphans included: the
+// directory keeps them by engine hash, R-IDX-5): a hit the engine does
+// not hold (a stale hit) fails, and so does one it holds but the
+// directory does not report. Then it loses a message at the publisher:
 // the stream must notice the gap, report nothing while it recovers, and
 // be exact again afterwards (R-REC-3).
 //
@@ -39,7 +40,6 @@ import (
 
 	"github.com/kvcar/kvcar/internal/enginesim"
 	"github.com/kvcar/kvcar/internal/kvdir"
-	"github.com/kvcar/kvcar/internal/kvevent"
 )
 
 type options struct {
@@ -156,12 +156,8 @@ type report struct {
 	queries, unsyncAnswers                    int64
 	checks, probes, probesUndecided           int64
 	checksSkipped                             int64
-	// hostCopiesUnknown counts exact checks in which the directory held
-	// fewer Host copies than the engine's rooted blocks have, and
-	// hostCopiesMissed is the largest such shortfall (see residentCounts).
-	hostCopiesUnknown, hostCopiesMissed int64
-	failures                            [failKinds]int64
-	heapHighWater                       atomic.Uint64
+	failures                                  [failKinds]int64
+	heapHighWater                             atomic.Uint64
 
 	mu       sync.Mutex
 	examples []string // the first failures, for the log
@@ -200,8 +196,6 @@ func (r *report) print(w io.Writer, o options) {
 	for k := range failKinds {
 		fmt.Fprintf(w, "| failed: %v | %d |\n", k, r.failures[k])
 	}
-	fmt.Fprintf(w, "| not failed: checks where Host copies of blocks also on Device were unknown to the directory / most in one check | %d / %d |\n",
-		r.hostCopiesUnknown, r.hostCopiesMissed)
 	fmt.Fprintf(w, "| Go heap high-water (directory and emulated engines) | %.1f MiB |\n", float64(r.heapHighWater.Load())/(1<<20))
 	for _, f := range r.examples {
 		fmt.Fprintln(w, "FAILED:", f)
@@ -687,28 +681,19 @@ func (c *checker) serve(en *engine, p []uint32) error {
 }
 
 // exact compares the caught-up stream with its quiesced engine: every
-// recent prompt's hit tier by tier, and the resident block counts (see
-// residentCounts). It returns false, failing nothing, when the stream
-// left the synchronised state meanwhile.
+// recent prompt's hit tier by tier, and the resident block counts. It
+// returns false, failing nothing, when the stream left the synchronised
+// state meanwhile.
 func (c *checker) exact(en *engine) bool {
 	name := en.e.Name()
-	rooted, all := residentCounts(en.e.State(0))
+	dev, host := residentCounts(en.e.State(0))
 	st, ok := streamOf(c.v, name)
 	if !ok || !st.Synchronized {
 		return false
 	}
-	if st.DeviceBlocks < rooted.dev || st.DeviceBlocks > all.dev || st.HostBlocks < rooted.hostOnly || st.HostBlocks > all.host {
-		c.r.fail(failCounts, "%s: directory holds %d Device / %d Host blocks, engine %d / %d, rooted %d / %d of which %d Host-only",
-			name, st.DeviceBlocks, st.HostBlocks, all.dev, all.host, rooted.dev, rooted.host, rooted.hostOnly)
-	}
-	if short := rooted.host - st.HostBlocks; short > 0 {
-		atomic.AddInt64(&c.r.hostCopiesUnknown, 1)
-		for {
-			m := atomic.LoadInt64(&c.r.hostCopiesMissed)
-			if int64(short) <= m || atomic.CompareAndSwapInt64(&c.r.hostCopiesMissed, m, int64(short)) {
-				break
-			}
-		}
+	if st.DeviceBlocks != dev || st.HostBlocks != host {
+		c.r.fail(failCounts, "%s: directory holds %d Device / %d Host blocks, engine %d / %d",
+			name, st.DeviceBlocks, st.HostBlocks, dev, host)
 	}
 	for _, p := range en.recentPrompts() {
 		wantDev, wantHost := en.e.Oracle(0, p)
@@ -730,42 +715,21 @@ func (c *checker) exact(en *engine) bool {
 	return true
 }
 
-type tierCounts struct{ dev, host, hostOnly int }
-
-// residentCounts counts the engine's resident blocks per tier, all of
-// them and those whose ancestors are all resident (rooted). The
-// directory's counts must lie between the two: a snapshot cannot key an
-// orphan whose parent was evicted from both tiers, so the directory drops
-// it then (R-IDX-5), while live deltas let it keep one it knew. Its Host
-// count may also miss a rooted block's Host copy while the block is on
-// Device too: a block dropped as an orphan is announced again when its
-// parent is stored again, but as a Device store only, so its Host copy
-// stays unknown. That costs no hit while the Device copy lasts (a block
-// on both tiers counts as Device), so the Host lower bound is the rooted
-// Host-only blocks, and the shortfall is reported on its own.
-func residentCounts(blocks []enginesim.BlockState) (rooted, all tierCounts) {
-	keyed := make(map[kvevent.EngineHash]bool, len(blocks))
-	for _, b := range blocks { // parent first
-		r := !b.HasParent || keyed[b.Parent]
-		keyed[b.Hash] = r
-		all.add(b)
-		if r {
-			rooted.add(b)
+// residentCounts counts the engine's resident blocks per tier; a block on
+// both tiers counts on each. Orphans (blocks whose parent left both
+// tiers) count too: a snapshot keeps them by engine hash, never as hits,
+// so that a Host copy announced while the block was an orphan is still
+// known when its parent returns (R-IDX-5).
+func residentCounts(blocks []enginesim.BlockState) (dev, host int) {
+	for _, b := range blocks {
+		if b.Device {
+			dev++
+		}
+		if b.Host {
+			host++
 		}
 	}
-	return rooted, all
-}
-
-func (c *tierCounts) add(b enginesim.BlockState) {
-	if b.Device {
-		c.dev++
-	}
-	if b.Host {
-		c.host++
-		if !b.Device {
-			c.hostOnly++
-		}
-	}
+	return dev, host
 }
 
 func (c *checker) matchOf(name string, p []uint32) kvdir.Match {

@@ -37,7 +37,8 @@
 // BlockStored with tokens, followed, when it also has a Host copy, by a
 // tokenless cpu BlockStored; a Host-only block goes as a cpu BlockStored
 // with tokens. A block whose parent is on neither tier is sent with that
-// parent hash anyway: an orphan, which a subscriber must skip (R-IDX-5).
+// parent hash anyway: an orphan, which a subscriber cannot key and must
+// never report as a hit (R-IDX-5).
 //
 // The watermark is the sequence number of the last live message whose
 // effects the snapshot includes; a subscriber applies buffered live

@@ -125,8 +125,14 @@ func checkInvariants(ix *Index) error {
 	if err != nil {
 		return err
 	}
-	if len(be) != n || len(bk) != n {
-		return fmt.Errorf("tables hold %d/%d slots, entries %d", len(be), len(bk), n)
+	orphans := 0
+	for s := range n {
+		if ix.meta[s]&flagUnkeyed != 0 {
+			orphans++
+		}
+	}
+	if len(be) != n || len(bk) != n-orphans {
+		return fmt.Errorf("tables hold %d/%d slots, entries %d of which %d orphans", len(be), len(bk), n, orphans)
 	}
 	for _, t := range []*table{&ix.byEngine, &ix.byKey} {
 		if err := checkHomes(ix, t, t == &ix.byKey); err != nil {
@@ -136,8 +142,16 @@ func checkInvariants(ix *Index) error {
 	dev, host := 0, 0
 	for s := range ix.entries {
 		e := &ix.entries[s]
-		if be[uint32(s)] != 1 || bk[uint32(s)] != 1 {
-			return fmt.Errorf("slot %d appears %d/%d times", s, be[uint32(s)], bk[uint32(s)])
+		orphan := ix.meta[s]&flagUnkeyed != 0
+		wantKey := 1
+		if orphan {
+			wantKey = 0
+		}
+		if be[uint32(s)] != 1 || bk[uint32(s)] != wantKey {
+			return fmt.Errorf("slot %d (orphan %v) appears %d/%d times", s, orphan, be[uint32(s)], bk[uint32(s)])
+		}
+		if orphan && ix.meta[s]&flagDup != 0 {
+			return fmt.Errorf("orphan slot %d flagged as sharing a key", s)
 		}
 		if got, ok := ix.findEngine(e.engine); !ok || got != uint32(s) {
 			return fmt.Errorf("engine %#x resolves to %d,%v, want %d", e.engine, got, ok, s)
@@ -147,6 +161,9 @@ func checkInvariants(ix *Index) error {
 		}
 		if ix.tiers(uint32(s))&tierHost != 0 {
 			host++
+		}
+		if orphan {
+			continue
 		}
 		if home, _ := ix.byKey.keyHash(e.key); !reachable(&ix.byKey, home, uint32(s)) {
 			return fmt.Errorf("slot %d unreachable from its key's home", s)

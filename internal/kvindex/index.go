@@ -40,12 +40,13 @@ const (
 	// Delta is a live event: an unknown parent is a lost event and an error.
 	Delta Mode = iota
 	// Snapshot is a replayed full state, parent first: an unknown parent
-	// is a suffix orphaned by eviction and is skipped (R-IDX-5).
+	// is a suffix orphaned by eviction, kept without a content key and
+	// never a hit (R-IDX-5).
 	Snapshot
 	// History is a delta applied to a view that may lack blocks stored
 	// before it began (a history window or a live-only stream): an
 	// unknown parent is such a block, and its children are orphans,
-	// skipped and counted like a snapshot's, not a lost event.
+	// kept and counted like a snapshot's, not a lost event.
 	History
 )
 
@@ -89,8 +90,10 @@ func (m Match) Blocks() int { return m.DeviceBlocks + m.HostOnlyBlocks }
 // without changing its state. Counters are cumulative over the index's
 // life, Clear included.
 type Stats struct {
-	// OrphanBlocks counts snapshot and history blocks skipped because
-	// their parent was unknown (R-IDX-5).
+	// OrphanBlocks counts blocks stored while their parent was unknown
+	// to the index or itself an orphan (R-IDX-5): they are kept without
+	// a content key, never hits, until a store with a known parent keys
+	// them.
 	OrphanBlocks uint64
 	// UnresolvedReplicas counts tokenless BlockStored hashes that the
 	// index did not know, so it could not attach the replica to a key.
@@ -124,6 +127,15 @@ const flagDup uint8 = 1 << 2
 // flagQueued marks an entry that is on the ghost queue.
 const flagQueued uint8 = 1 << 3
 
+// flagUnkeyed marks an orphan: a block the engine holds whose parent the
+// index did not know when it was stored, so its content key could not be
+// computed. It is in the engine-hash table only, never a hit, but it
+// keeps its tiers so that removals, tokenless replicas and a later store
+// with a known parent (which gives it its key) all find it: a Host copy
+// announced while the block was an orphan is then still known once the
+// block is reachable again.
+const flagUnkeyed uint8 = 1 << 4
+
 // entry is one engine block, 32 bytes; its tier bits, flagDup and
 // flagQueued are in the parallel meta slice, one byte each, which keeps
 // the struct free of padding. An entry on neither tier is a ghost: it
@@ -152,7 +164,7 @@ type Index struct {
 	hasher Hasher
 
 	entries  []entry
-	meta     []uint8 // per slot: tier bits, flagDup, flagQueued
+	meta     []uint8 // per slot: tier bits, flagDup, flagQueued, flagUnkeyed
 	byEngine table
 	byKey    table
 
@@ -198,7 +210,7 @@ func (ix *Index) ForEachKey(fn func(k Key, onDevice, onHost bool)) {
 	for i := range ix.entries {
 		m := ix.meta[i]
 		t := m & (tierDevice | tierHost)
-		if t == 0 {
+		if t == 0 || m&flagUnkeyed != 0 {
 			continue
 		}
 		k := ix.entries[i].key
@@ -209,9 +221,10 @@ func (ix *Index) ForEachKey(fn func(k Key, onDevice, onHost bool)) {
 	}
 }
 
-// notify tells the observer the tiers of the key of slot s.
+// notify tells the observer the tiers of the key of slot s; an orphan
+// has no key to tell.
 func (ix *Index) notify(s uint32) {
-	if ix.observe == nil {
+	if ix.observe == nil || ix.meta[s]&flagUnkeyed != 0 {
 		return
 	}
 	k, m := ix.entries[s].key, ix.meta[s]
@@ -262,7 +275,7 @@ func (ix *Index) Stats() Stats { return ix.stats }
 func (ix *Index) Clear() {
 	if ix.observe != nil {
 		for i := range ix.entries {
-			if ix.tiers(uint32(i)) != 0 {
+			if ix.tiers(uint32(i)) != 0 && ix.meta[i]&flagUnkeyed == 0 {
 				ix.observe(ix.entries[i].key, false, false)
 			}
 		}
@@ -275,8 +288,9 @@ func (ix *Index) Clear() {
 	ix.device, ix.host = 0, 0
 }
 
-// ForEach calls fn for every entry, ghosts (on neither tier) included, in
-// no particular order. fn must not modify the index.
+// ForEach calls fn for every entry, ghosts (on neither tier) and orphans
+// included, in no particular order; an orphan's key is the zero Key. fn
+// must not modify the index.
 func (ix *Index) ForEach(fn func(h kvevent.EngineHash, k Key, onDevice, onHost bool)) {
 	for i := range ix.entries {
 		e := &ix.entries[i]
@@ -324,10 +338,10 @@ func (ix *Index) Match(keys []Key) Match {
 // applied; the index stays internally consistent.
 //
 // Tokenless BlockStored events (Host offload copies announced by hash)
-// attach their tier to the key already mapped to each hash. A hash the
-// index does not know is counted in Stats and otherwise ignored rather
-// than failing the stream: the replica is only a missed hit, and the
-// periodic snapshot resync repairs it.
+// attach their tier to the entry already mapped to each hash, orphans
+// included. A hash the index does not know is counted in Stats and
+// otherwise ignored rather than failing the stream: the replica is only
+// a missed hit, and the periodic snapshot resync repairs it.
 func (ix *Index) Apply(ev *kvevent.Event, mode Mode) error {
 	switch ev.Kind {
 	case kvevent.BlockStored:
@@ -391,12 +405,12 @@ func (ix *Index) applyStored(ev *kvevent.Event, mode Mode) error {
 	hasParent := false
 	if ev.HasParent {
 		s, ok := ix.findEngine(ev.ParentHash)
-		if !ok {
-			if mode != Delta {
-				ix.stats.OrphanBlocks += uint64(len(ev.BlockHashes))
-				return nil
-			}
+		switch {
+		case !ok && mode == Delta:
 			return fmt.Errorf("kvindex: parent %v of %d stored blocks: %w", ev.ParentHash, len(ev.BlockHashes), ErrUnknownParent)
+		case !ok || ix.meta[s]&flagUnkeyed != 0:
+			// A known orphan's child is no lost event, even live.
+			return ix.storeOrphans(ev.BlockHashes, tier)
 		}
 		parent, hasParent = ix.entries[s].key, true
 	}
@@ -439,6 +453,34 @@ func (ix *Index) applyRemoved(ev *kvevent.Event) error {
 	return nil
 }
 
+// storeOrphans sets tier on the blocks of hashes, whose parent has no
+// content key, creating orphan entries for those it does not know. A
+// known entry keeps its key: the engine hash names the content, and the
+// key came from a store whose parent was known. Blocks on a tier with no
+// hits are not kept: a child of theirs is an orphan either way. It may
+// leave the blocks before a failing one stored, like store.
+func (ix *Index) storeOrphans(hashes []kvevent.EngineHash, tier uint8) error {
+	ix.stats.OrphanBlocks += uint64(len(hashes))
+	if tier == 0 {
+		return nil
+	}
+	for i, h := range hashes {
+		if s, ok := ix.findEngine(h); ok {
+			ix.setTier(s, tier)
+			continue
+		}
+		s, err := ix.allocSlot()
+		if err != nil {
+			return fmt.Errorf("kvindex: orphan block %d of %d (hash %v): %w", i, len(hashes), h, err)
+		}
+		ix.entries[s] = entry{engine: h}
+		ix.meta[s] = tier | flagUnkeyed
+		ix.insertEngine(s)
+		ix.addCount(tier, 1)
+	}
+	return nil
+}
+
 // store maps h to k and sets tier on it, creating the entry if needed.
 // Tier 0 (a medium with no hits) only keeps the mapping, as a ghost when
 // the entry is new, so that children stored on a served tier resolve. It
@@ -446,17 +488,20 @@ func (ix *Index) applyRemoved(ev *kvevent.Event) error {
 func (ix *Index) store(h kvevent.EngineHash, k Key, tier uint8) error {
 	if s, ok := ix.findEngine(h); ok {
 		e := &ix.entries[s]
-		if e.key != k {
-			// The engine reused the hash for other content (for example
-			// after a hash seed change); follow it.
+		if orphan := ix.meta[s]&flagUnkeyed != 0; orphan || e.key != k {
+			// An orphan gets its key, with the tiers it kept meanwhile;
+			// or the engine reused the hash for other content (for
+			// example after a hash seed change): follow it.
 			old := e.key
 			ix.deleteKey(s)
 			e.key = k
-			ix.meta[s] &^= flagDup
+			ix.meta[s] &^= flagDup | flagUnkeyed
 			ix.insertKey(s)
 			if ix.observe != nil && ix.tiers(s) != 0 {
-				d, h := ix.KeyTiers(old)
-				ix.observe(old, d, h)
+				if !orphan {
+					d, h := ix.KeyTiers(old)
+					ix.observe(old, d, h)
+				}
 				ix.notify(s)
 			}
 		}

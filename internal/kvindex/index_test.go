@@ -90,22 +90,29 @@ func TestUnknownParentDelta_RIDX5(t *testing.T) {
 	}
 }
 
-// TestSnapshotOrphanSkipped_RIDX5: in a snapshot an orphan suffix is
-// skipped, its children too, and independent prefixes are still indexed.
-func TestSnapshotOrphanSkipped_RIDX5(t *testing.T) {
+// TestSnapshotOrphanKept_RIDX5: in a snapshot an orphan suffix, its
+// children too, is kept under its engine hashes without a content key:
+// never a hit, but counted on its tiers, and independent prefixes are
+// still indexed.
+func TestSnapshotOrphanKept_RIDX5(t *testing.T) {
 	ix := newTestIndex(0)
 	a := seq(1, 2*testBlockSize)
 	b := seq(500, 2*testBlockSize)
-	mustApply(t, ix, storedEv(kvevent.Device, 77, seq(300, 2*testBlockSize), 20, 21), Snapshot) // parent 77 evicted
-	mustApply(t, ix, storedEv(kvevent.Device, 21, seq(400, testBlockSize), 22), Snapshot)       // child of the orphan
+	orphan, child := seq(300, 2*testBlockSize), seq(400, testBlockSize)
+	mustApply(t, ix, storedEv(kvevent.Device, 77, orphan, 20, 21), Snapshot) // parent 77 evicted
+	mustApply(t, ix, storedEv(kvevent.Device, 21, child, 22), Snapshot)      // child of the orphan
+	mustApply(t, ix, tokenlessEv(kvevent.Host, 21), Snapshot)                // the orphan's Host copy
 	mustApply(t, ix, storedEv(kvevent.Device, -1, a, 1, 2), Snapshot)
 	mustApply(t, ix, storedEv(kvevent.Host, -1, b, 5, 6), Snapshot)
 
-	if ix.Len() != 4 {
-		t.Fatalf("Len = %d, want 4", ix.Len())
+	if ix.Len() != 7 {
+		t.Fatalf("Len = %d, want 7", ix.Len())
 	}
-	if st := ix.Stats(); st.OrphanBlocks != 3 {
-		t.Fatalf("OrphanBlocks = %d, want 3", st.OrphanBlocks)
+	if st := ix.Stats(); st.OrphanBlocks != 3 || st.UnresolvedReplicas != 0 {
+		t.Fatalf("stats %+v, want 3 orphan blocks and every replica resolved", st)
+	}
+	if d, h := ix.Counts(); d != 5 || h != 3 {
+		t.Fatalf("Counts = %d Device / %d Host, want 5 / 3", d, h)
 	}
 	if m := ix.Match(keysOf(a)); m != (Match{DeviceBlocks: 2}) {
 		t.Fatalf("prefix a: %+v", m)
@@ -113,8 +120,92 @@ func TestSnapshotOrphanSkipped_RIDX5(t *testing.T) {
 	if m := ix.Match(keysOf(b)); m != (Match{HostOnlyBlocks: 2}) {
 		t.Fatalf("prefix b: %+v", m)
 	}
-	if _, ok := snapshotState(ix)[20]; ok {
-		t.Fatal("orphan block indexed")
+	// Whatever the orphans' true parent was, no prompt reaches them.
+	for _, p := range [][]uint32{orphan, cat(a, orphan), cat(b, orphan, child)} {
+		if m := ix.Match(keysOf(p)); m.Blocks() > 2 {
+			t.Fatalf("orphan reported as a hit: %+v", m)
+		}
+	}
+	st := snapshotState(ix)
+	for _, h := range []uint64{20, 21, 22} {
+		if st[h].key != (Key{}) || !st[h].dev {
+			t.Fatalf("orphan %d: %+v, want on Device without a key", h, st[h])
+		}
+	}
+	if !st[21].host {
+		t.Fatal("the orphan's Host copy was not attached to it")
+	}
+	if err := checkInvariants(ix); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOrphanHostCopyKnownOnceKeyed_RIDX5 is the case an engine with Host
+// offload produces: a block on Host whose parent left both tiers is an
+// orphan in a snapshot; the parent is computed again and the block, its
+// Host copy kept, is loaded back and announced as a Device store with
+// tokens (no new Host store: the engine's copy never left); then Device
+// evicts it. The engine still holds it on Host, so the index must report
+// it as a Host-only hit, not lose it. Removing its Host copy while it was
+// an orphan makes it a ghost that the later store revives on Device only.
+func TestOrphanHostCopyKnownOnceKeyed_RIDX5(t *testing.T) {
+	for _, removeHostFirst := range []bool{false, true} {
+		ix := newTestIndex(0)
+		tokens := seq(1, 3*testBlockSize)
+		keys := keysOf(tokens)
+		type call struct {
+			k    Key
+			d, h bool
+		}
+		var calls []call
+		ix.SetObserver(func(k Key, d, h bool) { calls = append(calls, call{k, d, h}) })
+		mustApply(t, ix, storedEv(kvevent.Host, 1, tokens[testBlockSize:2*testBlockSize], 2), Snapshot)
+		mustApply(t, ix, storedEv(kvevent.Device, 2, tokens[2*testBlockSize:], 3), Snapshot)
+		if len(calls) != 0 {
+			t.Fatalf("observer told of orphans: %v", calls)
+		}
+		if removeHostFirst {
+			mustApply(t, ix, removedEv(kvevent.Host, 2), Delta)
+		}
+		mustApply(t, ix, storedEv(kvevent.Device, -1, tokens, 1, 2, 3), Delta)
+		if m := ix.Match(keys); m != (Match{DeviceBlocks: 3}) {
+			t.Fatalf("after the chain is stored again: %+v", m)
+		}
+		mustApply(t, ix, removedEv(kvevent.Device, 3, 2), Delta)
+		want := Match{DeviceBlocks: 1, HostOnlyBlocks: 1}
+		if removeHostFirst {
+			want = Match{DeviceBlocks: 1}
+		}
+		if m := ix.Match(keys); m != want {
+			t.Fatalf("Host copy removed first %v: %+v, want %+v", removeHostFirst, m, want)
+		}
+		if onDev, onHost := ix.KeyTiers(keys[1]); onDev || onHost != !removeHostFirst {
+			t.Fatalf("KeyTiers of the once-orphan: %v/%v", onDev, onHost)
+		}
+		if last := calls[len(calls)-1]; last != (call{keys[1], false, !removeHostFirst}) {
+			t.Fatalf("observer's last call %+v, want the once-orphan's key on Host %v", last, !removeHostFirst)
+		}
+		if err := checkInvariants(ix); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestLiveChildOfOrphan_RIDX5: a live store under an orphan parent is no
+// lost event (the parent is known, only its key is not): the children are
+// orphans too. A live store under a hash never seen still is.
+func TestLiveChildOfOrphan_RIDX5(t *testing.T) {
+	ix := newTestIndex(0)
+	mustApply(t, ix, storedEv(kvevent.Device, 77, seq(300, testBlockSize), 20), Snapshot)
+	mustApply(t, ix, storedEv(kvevent.Device, 20, seq(400, 2*testBlockSize), 21, 22), Delta)
+	if d, _ := ix.Counts(); d != 3 || ix.Stats().OrphanBlocks != 3 {
+		t.Fatalf("Counts %d Device, stats %+v: want 3 orphans on Device", d, ix.Stats())
+	}
+	if err := ix.Apply(storedEv(kvevent.Device, 78, seq(500, testBlockSize), 23), Delta); !errors.Is(err, ErrUnknownParent) {
+		t.Fatalf("unknown parent live: %v, want ErrUnknownParent", err)
+	}
+	if err := checkInvariants(ix); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -601,15 +692,15 @@ func TestWideEngineHashes(t *testing.T) {
 }
 
 // TestHistoryModeOrphans: in History mode an unknown parent is a block
-// stored before the view began; its children are skipped as orphans, not
-// an error, and are never hits.
+// stored before the view began; its children are kept as orphans, not an
+// error, and are never hits.
 func TestHistoryModeOrphans(t *testing.T) {
 	ix := newTestIndex(0)
 	a, b := seq(1, testBlockSize), seq(50, 2*testBlockSize)
 	mustApply(t, ix, storedEv(kvevent.Device, 77, b, 2, 3), History)
 	mustApply(t, ix, storedEv(kvevent.Device, 3, seq(90, testBlockSize), 4), History)
 	mustApply(t, ix, storedEv(kvevent.Device, -1, a, 1), History)
-	if st := ix.Stats(); st.OrphanBlocks != 3 || ix.Len() != 1 {
+	if st := ix.Stats(); st.OrphanBlocks != 3 || ix.Len() != 4 {
 		t.Fatalf("stats %+v, len %d", st, ix.Len())
 	}
 	if m := ix.Match(keysOf(cat(a, b))); m != (Match{DeviceBlocks: 1}) {

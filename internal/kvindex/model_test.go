@@ -21,10 +21,15 @@ type refModel struct {
 	entries   map[kvevent.EngineHash]*refEntry
 	clock     uint64
 	stats     Stats
+	// orphansKeyed counts orphans a store with a known parent keyed, and
+	// liveOrphanChildren live stores under an orphan parent: coverage.
+	orphansKeyed, liveOrphanChildren int
 }
 
 type refEntry struct {
-	key       Key
+	key Key
+	// unkeyed: an orphan, whose key is unknown and which is never a hit.
+	unkeyed   bool
 	dev, host bool
 	// queued is set from when the entry becomes a ghost, at queuedAt,
 	// until eviction reaches it: a ghost revived and dropped again keeps
@@ -127,12 +132,32 @@ func (r *refModel) apply(ev *kvevent.Event, mode Mode) error {
 	var parent *Key
 	if ev.HasParent {
 		e, ok := r.entries[ev.ParentHash]
-		if !ok {
-			if mode == Snapshot {
-				r.stats.OrphanBlocks += uint64(len(ev.BlockHashes))
+		if !ok && mode == Delta {
+			return ErrUnknownParent
+		}
+		if !ok || e.unkeyed {
+			// Orphans keep their tiers under their hash, without a key;
+			// known blocks keep theirs.
+			r.stats.OrphanBlocks += uint64(len(ev.BlockHashes))
+			if ok && mode == Delta {
+				r.liveOrphanChildren++
+			}
+			if !ev.Medium.Served() {
 				return nil
 			}
-			return ErrUnknownParent
+			for _, h := range ev.BlockHashes {
+				if e, ok := r.entries[h]; ok {
+					r.set(e, ev.Medium)
+					continue
+				}
+				if err := r.room(); err != nil {
+					return err
+				}
+				e := &refEntry{unkeyed: true}
+				r.set(e, ev.Medium)
+				r.entries[h] = e
+			}
+			return nil
 		}
 		k := e.key
 		parent = &k
@@ -141,31 +166,15 @@ func (r *refModel) apply(ev *kvevent.Event, mode Mode) error {
 		k := r.key(parent, ev.TokenIDs[j*r.blockSize:(j+1)*r.blockSize])
 		parent = &k
 		if e, ok := r.entries[h]; ok {
-			e.key = k
+			if e.unkeyed {
+				r.orphansKeyed++
+			}
+			e.key, e.unkeyed = k, false
 			r.set(e, ev.Medium)
 			continue
 		}
-		if len(r.entries) >= r.max {
-			// The earliest queued entry goes if it is a ghost; a revived
-			// one leaves the queue and the next is tried.
-			for {
-				var victim kvevent.EngineHash
-				var oldest *refEntry
-				for vh, e := range r.entries {
-					if e.queued && (oldest == nil || e.queuedAt < oldest.queuedAt) {
-						victim, oldest = vh, e
-					}
-				}
-				if oldest == nil {
-					return ErrCapacity
-				}
-				oldest.queued = false
-				if !oldest.dev && !oldest.host {
-					delete(r.entries, victim)
-					r.stats.GhostEvictions++
-					break
-				}
-			}
+		if err := r.room(); err != nil {
+			return err
 		}
 		e := &refEntry{key: k}
 		r.set(e, ev.Medium)
@@ -177,12 +186,38 @@ func (r *refModel) apply(ev *kvevent.Event, mode Mode) error {
 	return nil
 }
 
+// room evicts the earliest queued ghost when the model is full: a revived
+// entry leaves the queue and the next is tried.
+func (r *refModel) room() error {
+	if len(r.entries) < r.max {
+		return nil
+	}
+	for {
+		var victim kvevent.EngineHash
+		var oldest *refEntry
+		for vh, e := range r.entries {
+			if e.queued && (oldest == nil || e.queuedAt < oldest.queuedAt) {
+				victim, oldest = vh, e
+			}
+		}
+		if oldest == nil {
+			return ErrCapacity
+		}
+		oldest.queued = false
+		if !oldest.dev && !oldest.host {
+			delete(r.entries, victim)
+			r.stats.GhostEvictions++
+			return nil
+		}
+	}
+}
+
 func (r *refModel) match(keys []Key) Match {
 	var m Match
 	for _, k := range keys {
 		dev, host := false, false
 		for _, e := range r.entries {
-			if e.key == k {
+			if e.key == k && !e.unkeyed {
 				dev, host = dev || e.dev, host || e.host
 			}
 		}
@@ -354,6 +389,8 @@ func TestAgainstReferenceModel(t *testing.T) {
 		st := ix.Stats()
 		seen["ghost eviction"] += int(st.GhostEvictions)
 		seen["orphan"] += int(st.OrphanBlocks)
+		seen["orphan keyed later"] += r.orphansKeyed
+		seen["live child of an orphan"] += r.liveOrphanChildren
 		seen["unresolved replica"] += int(st.UnresolvedReplicas)
 		seen["unserved tier"] += int(st.UnservedBlocks)
 		if hits == 0 {
@@ -362,7 +399,8 @@ func TestAgainstReferenceModel(t *testing.T) {
 	}
 	// The sequences must have reached the cases the model exists to check.
 	for _, c := range []string{ErrCapacity.Error(), ErrUnknownParent.Error(), ErrBlockSize.Error(),
-		"ghost eviction", "orphan", "unresolved replica", "unserved tier", "shared content key"} {
+		"ghost eviction", "orphan", "orphan keyed later", "live child of an orphan",
+		"unresolved replica", "unserved tier", "shared content key"} {
 		if seen[c] == 0 {
 			t.Errorf("random sequences never produced %q", c)
 		}

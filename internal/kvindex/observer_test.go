@@ -12,6 +12,9 @@ type keyTiers struct{ dev, host bool }
 func modelKeyTiers(r *refModel) map[Key]keyTiers {
 	out := map[Key]keyTiers{}
 	for _, e := range r.entries {
+		if e.unkeyed {
+			continue
+		}
 		t := out[e.key]
 		t.dev, t.host = t.dev || e.dev, t.host || e.host
 		if t.dev || t.host {

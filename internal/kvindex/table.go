@@ -152,6 +152,9 @@ func (ix *Index) rebuildTables(n int) {
 		e := &ix.entries[s]
 		home, tag := ix.byEngine.engineHash(e.engine)
 		ix.byEngine.place(home, ix.byEngine.cell(tag, uint32(s)))
+		if ix.meta[s]&flagUnkeyed != 0 {
+			continue
+		}
 		home, tag = ix.byKey.keyHash(e.key)
 		ix.byKey.place(home, ix.byKey.cell(tag, uint32(s)))
 	}
@@ -267,7 +270,11 @@ func (ix *Index) deleteEngine(s uint32) {
 	ix.shiftDelete(t, home, s, false)
 }
 
+// deleteKey removes slot s from the key table; an orphan is not in it.
 func (ix *Index) deleteKey(s uint32) {
+	if ix.meta[s]&flagUnkeyed != 0 {
+		return
+	}
 	t := &ix.byKey
 	home, _ := t.keyHash(ix.entries[s].key)
 	ix.shiftDelete(t, home, s, true)
