@@ -68,6 +68,10 @@ func (s Setting) String() string {
 	}
 	if s.HaltPollNs >= 0 {
 		out += fmt.Sprintf(", guest_halt_poll_ns=%d", s.HaltPollNs)
+		if s.Driver != "haltpoll" {
+			// The module's parameter acts only through its driver.
+			out += " (unused)"
+		}
 	}
 	return out
 }
