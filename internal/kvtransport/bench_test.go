@@ -2,6 +2,7 @@ package kvtransport
 
 import (
 	"fmt"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -102,4 +103,84 @@ func benchLiveHWM(b *testing.B, size, hwm int) {
 	}
 	b.ReportMetric(100*float64(got)/float64(b.N), "%delivered")
 	b.ReportMetric(float64(lastAt.Sub(start).Nanoseconds())/float64(got), "ns/delivered")
+}
+
+// BenchmarkLiveWake is one live message at a time: the publisher sends
+// when the subscriber has taken the last one, so every message costs a
+// wake-up, the checks of the subscriber's sockets (its live socket, its
+// monitor, its waker and a replayer's dealer, as a stream has during a
+// snapshot) and the receive that finds the socket empty again. It
+// reports the process's CPU per message besides the round trip.
+func BenchmarkLiveWake(b *testing.B) {
+	c := pubTestContext(b)
+	p, rs, w := engineSockets(b, c)
+	s, err := c.Subscribe(p.Endpoint(), "", SubscriberOptions{Waker: w})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	pubWaitSubscribed(b, p, 1, s)
+	r, err := c.DialReplay(rs.Endpoint(), ReplayOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer r.Close()
+	took := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		for got := 0; got < b.N; {
+			rd, err := s.Wait(r, time.Second)
+			if err != nil {
+				done <- err
+				return
+			}
+			for rd.Link {
+				if _, ok, err := s.RecvLink(); err != nil || !ok {
+					break
+				}
+			}
+			for rd.Live {
+				m, err := s.RecvLive()
+				if err != nil {
+					done <- err
+					return
+				}
+				if m == nil {
+					break
+				}
+				got++
+				took <- struct{}{}
+			}
+		}
+		done <- nil
+	}()
+	payload := make([]byte, 512)
+	cpu0 := processCPU(b)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := p.Send([][]byte{{}, seq8(uint64(i)), payload}); err != nil {
+			b.Fatal(err)
+		}
+		select {
+		case <-took:
+		case err := <-done:
+			b.Fatalf("receiver ended early: %v", err)
+		case <-time.After(5 * time.Second):
+			b.Fatal("message not received in 5 s")
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64((processCPU(b)-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/msg")
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+}
+
+// processCPU is the CPU time, user and system, this process has used.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -14,7 +14,7 @@ import (
 // endpoint. It receives every topic; telling the engines apart is the
 // owner's business.
 type BoundSubscriber struct {
-	sock      *zmq.Socket
+	sock      *watched
 	endpoints []string
 	ws        *waitSet
 	waker     *Waker
@@ -33,7 +33,7 @@ func (c *Context) BindSubscriber(endpoints []string, o SubscriberOptions) (*Boun
 	if err != nil {
 		return nil, err
 	}
-	b := &BoundSubscriber{sock: sock, waker: o.Waker}
+	b := &BoundSubscriber{sock: watch(sock, true), waker: o.Waker}
 	fail := func(what string, err error) (*BoundSubscriber, error) {
 		b.Close()
 		return nil, fmt.Errorf("kvtransport: bound subscriber %v: %s: %w", endpoints, what, err)
@@ -65,7 +65,7 @@ func (c *Context) BindSubscriber(endpoints []string, o SubscriberOptions) (*Boun
 		}
 		b.endpoints = append(b.endpoints, bound)
 	}
-	if b.ws, err = newWaitSet(b.waker, sock); err != nil {
+	if b.ws, err = newWaitSet(b.waker, b.sock); err != nil {
 		return fail("wait set", err)
 	}
 	return b, nil

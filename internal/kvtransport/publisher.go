@@ -38,7 +38,8 @@ type Publisher struct {
 func (p *Publisher) Wait(w *Waker, timeout time.Duration) error {
 	if p.waitSet == nil || p.waitWaker != w {
 		p.closeWaitSet()
-		ws, err := newWaitSet(w, p.sock)
+		// Sent on and read directly: not tracked, always asked.
+		ws, err := newWaitSet(w, watch(p.sock, false))
 		if err != nil {
 			return fmt.Errorf("kvtransport: publisher wait: %w", err)
 		}
@@ -170,7 +171,7 @@ type ReplayServer struct {
 func (r *ReplayServer) Wait(pub *Publisher, w *Waker, timeout time.Duration) (request bool, err error) {
 	if r.waitSet == nil || r.waitPub != pub || r.waitWaker != w {
 		r.closeWaitSet()
-		ws, err := newWaitSet(w, r.sock, pub.sock)
+		ws, err := newWaitSet(w, watch(r.sock, false), watch(pub.sock, false))
 		if err != nil {
 			return false, fmt.Errorf("kvtransport: replay server wait: %w", err)
 		}

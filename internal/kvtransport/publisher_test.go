@@ -12,7 +12,7 @@ import (
 	zmq "github.com/pebbe/zmq4"
 )
 
-func pubTestContext(t *testing.T) *Context {
+func pubTestContext(t testing.TB) *Context {
 	t.Helper()
 	c, err := NewContext()
 	if err != nil {

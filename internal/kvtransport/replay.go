@@ -23,7 +23,7 @@ type ReplayOptions struct {
 // current one.
 type Replayer struct {
 	endpoint string
-	dealer   *zmq.Socket
+	dealer   *watched
 }
 
 // DialReplay connects a DEALER to endpoint. The connection is made in
@@ -33,7 +33,7 @@ func (c *Context) DialReplay(endpoint string, o ReplayOptions) (*Replayer, error
 	if err != nil {
 		return nil, err
 	}
-	r := &Replayer{endpoint: endpoint, dealer: d}
+	r := &Replayer{endpoint: endpoint, dealer: watch(d, true)}
 	fail := func(what string, err error) (*Replayer, error) {
 		r.Close()
 		return nil, fmt.Errorf("kvtransport: replay %s: %s: %w", endpoint, what, err)
@@ -75,7 +75,9 @@ func (r *Replayer) Send(frames [][]byte) error {
 	for i, f := range frames {
 		parts[i] = f
 	}
-	if _, err := r.dealer.SendMessageDontwait(parts...); err != nil {
+	_, err := r.dealer.SendMessageDontwait(parts...)
+	r.dealer.sent()
+	if err != nil {
 		if isAgain(err) {
 			return ErrNotConnected
 		}

@@ -71,8 +71,8 @@ func (o SubscriberOptions) withDefaults() SubscriberOptions {
 // monitor that turns connection changes into LinkEvents.
 type Subscriber struct {
 	endpoint string
-	sub      *zmq.Socket
-	mon      *zmq.Socket
+	sub      *watched
+	mon      *watched
 	ws       *waitSet
 	waker    *Waker // nil without SubscriberOptions.Waker
 }
@@ -88,7 +88,7 @@ func (c *Context) Subscribe(endpoint, topic string, o SubscriberOptions) (*Subsc
 	if err != nil {
 		return nil, err
 	}
-	s := &Subscriber{endpoint: endpoint, sub: sub, waker: o.Waker}
+	s := &Subscriber{endpoint: endpoint, sub: watch(sub, true), waker: o.Waker}
 	fail := func(what string, err error) (*Subscriber, error) {
 		s.Close()
 		return nil, fmt.Errorf("kvtransport: subscribe %s: %s: %w", endpoint, what, err)
@@ -129,14 +129,14 @@ func (c *Context) Subscribe(endpoint, topic string, o SubscriberOptions) (*Subsc
 	if err != nil {
 		return fail("monitor socket", err)
 	}
-	s.mon = mon
+	s.mon = watch(mon, true)
 	if err := mon.Connect(monAddr); err != nil {
 		return fail("connect monitor", err)
 	}
 	if err := sub.Connect(endpoint); err != nil {
 		return fail("connect", err)
 	}
-	if s.ws, err = newWaitSet(s.waker, sub, mon); err != nil {
+	if s.ws, err = newWaitSet(s.waker, s.sub, s.mon); err != nil {
 		return fail("wait set", err)
 	}
 	return s, nil
@@ -175,6 +175,7 @@ func (s *Subscriber) RecvLive() ([][]byte, error) {
 // none is queued.
 func (s *Subscriber) RecvLink() (ev LinkEvent, ok bool, err error) {
 	et, _, _, err := s.mon.RecvEvent(zmq.DONTWAIT)
+	s.mon.seen(err)
 	if err != nil {
 		if isAgain(err) {
 			return 0, false, nil
@@ -201,7 +202,7 @@ func (r Ready) Any() bool { return r.Live || r.Link || r.Replay }
 // Wait blocks up to timeout until the subscriber, its monitor or the
 // optional replayer r has input, or the subscriber's waker is woken.
 func (s *Subscriber) Wait(r *Replayer, timeout time.Duration) (Ready, error) {
-	var extra *zmq.Socket
+	var extra *watched
 	if r != nil {
 		extra = r.dealer
 	}
@@ -227,12 +228,9 @@ func (s *Subscriber) Wait(r *Replayer, timeout time.Duration) (Ready, error) {
 // of everything in flight anyway.
 func setImmediate(s *zmq.Socket) error { return s.SetImmediate(true) }
 
-func recvNoWait(s *zmq.Socket, what string) ([][]byte, error) {
-	frames, err := s.RecvMessageBytes(zmq.DONTWAIT)
+func recvNoWait(s *watched, what string) ([][]byte, error) {
+	frames, err := s.recv()
 	if err != nil {
-		if isAgain(err) {
-			return nil, nil
-		}
 		return nil, fmt.Errorf("kvtransport: receive %s: %w", what, err)
 	}
 	return frames, nil

@@ -21,14 +21,59 @@ import (
 type waitSet struct {
 	// socks are the waker's receiving end if there is a waker, the
 	// fixed sockets, then the extra if any.
-	socks []*zmq.Socket
+	socks []*watched
 	waker *Waker
 	fixed int // the waker's end and the fixed sockets
+	// asks counts the sockets asked for their events, for tests.
+	asks uint64
 	waiter
 }
 
+// watched is a socket as the wait sets and its owner share it: what is
+// known of its input, so that a wait asks libzmq only about the sockets
+// that may have some. Asking (ZMQ_EVENTS) costs a cgo call and two system
+// calls per socket (libzmq checks its signal descriptor with poll, and
+// for a fork with getpid), which with four sockets a stream was most of
+// what a stream's wake-up cost.
+type watched struct {
+	*zmq.Socket
+	// fd is the socket's ZMQ_FD once it is in a set (Linux).
+	fd int
+	// tracked: the owner does everything to the socket through watched's
+	// methods (recv, sent), so empty can be trusted. A socket that is
+	// also sent on or read directly is not tracked and is always asked.
+	tracked bool
+	// empty: the last look at the socket (an ask or a receive) found no
+	// input and nothing was done to it since. libzmq's reader is then
+	// asleep, so the writer of any new input sends it a command, which
+	// makes fd readable: until fd is, there is nothing to ask about.
+	empty bool
+}
+
+func watch(s *zmq.Socket, tracked bool) *watched {
+	return &watched{Socket: s, fd: -1, tracked: tracked}
+}
+
+// recv receives one multipart message without waiting: nil when none
+// is queued, which also makes the socket known empty.
+func (s *watched) recv() ([][]byte, error) {
+	frames, err := s.RecvMessageBytes(zmq.DONTWAIT)
+	s.seen(err)
+	if err != nil && isAgain(err) {
+		return nil, nil
+	}
+	return frames, err
+}
+
+// seen records what a receive found: nothing (EAGAIN) or something.
+func (s *watched) seen(err error) { s.empty = err != nil && isAgain(err) }
+
+// sent records a send: libzmq may have taken in commands, among them one
+// that makes input readable, so the socket must be asked again.
+func (s *watched) sent() { s.empty = false }
+
 // newWaitSet makes a set of socks and, unless it is nil, waker.
-func newWaitSet(waker *Waker, socks ...*zmq.Socket) (*waitSet, error) {
+func newWaitSet(waker *Waker, socks ...*watched) (*waitSet, error) {
 	w := &waitSet{waker: waker}
 	if waker != nil {
 		w.socks = append(w.socks, waker.recv)
@@ -42,8 +87,8 @@ func newWaitSet(waker *Waker, socks ...*zmq.Socket) (*waitSet, error) {
 }
 
 // setExtra makes s (nil: none) the extra socket, in place of the last.
-func (w *waitSet) setExtra(s *zmq.Socket) error {
-	var old *zmq.Socket
+func (w *waitSet) setExtra(s *watched) error {
+	var old *watched
 	if len(w.socks) > w.fixed {
 		old = w.socks[w.fixed]
 	}
@@ -62,15 +107,30 @@ func (w *waitSet) setExtra(s *zmq.Socket) error {
 
 // ready reports which sockets have input now. Asking libzmq also has it
 // take in the commands its I/O thread signalled, which is what re-arms
-// a socket's signal descriptor.
+// a socket's signal descriptor. A tracked socket known empty is asked
+// only when its descriptor says libzmq signalled it since.
 func (w *waitSet) ready() (uint32, error) {
+	skippable := false
+	for _, s := range w.socks {
+		skippable = skippable || s.tracked && s.empty
+	}
+	signalled := ^uint32(0)
+	if skippable {
+		signalled = w.waiter.signalled()
+	}
 	var m uint32
 	for i, s := range w.socks {
+		if s.tracked && s.empty && signalled&(1<<i) == 0 {
+			continue
+		}
+		w.asks++
 		ev, err := s.GetEvents()
 		if err != nil {
+			s.empty = false
 			return m, err
 		}
-		if ev&zmq.POLLIN != 0 {
+		s.empty = ev&zmq.POLLIN == 0
+		if !s.empty {
 			m |= 1 << i
 		}
 	}

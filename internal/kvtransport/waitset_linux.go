@@ -9,7 +9,6 @@ import (
 	"syscall"
 	"time"
 
-	zmq "github.com/pebbe/zmq4"
 	"golang.org/x/sys/unix"
 )
 
@@ -21,8 +20,10 @@ import (
 // asking the sockets, and a wait parks only after they said no.
 type waiter struct {
 	ep    *os.File
+	epfd  int // ep's descriptor, for the non-blocking look of signalled
 	rc    syscall.RawConn
 	extra int // the extra socket's descriptor, -1 for none
+	evs   [8]unix.EpollEvent
 
 	// set is the waitSet holding this waiter, whose sockets the check
 	// asks; m and err are what the current wait's check found.
@@ -41,7 +42,7 @@ func (w *waiter) init(set *waitSet) error {
 		unix.Close(fd)
 		return fmt.Errorf("epoll nonblocking: %w", err)
 	}
-	w.ep = os.NewFile(uintptr(fd), "kvtransport-waitset")
+	w.ep, w.epfd = os.NewFile(uintptr(fd), "kvtransport-waitset"), fd
 	// A descriptor Go cannot poll has no deadlines: then there is no way
 	// to wait with a timeout.
 	if err := w.ep.SetReadDeadline(time.Time{}); err != nil {
@@ -77,16 +78,37 @@ func (w *waiter) ctl(op int, fd int) error {
 	return nil
 }
 
-func (w *waiter) add(s *zmq.Socket) (int, error) {
+func (w *waiter) add(s *watched) (int, error) {
 	fd, err := s.GetFd()
 	if err != nil {
 		return -1, fmt.Errorf("socket descriptor: %w", err)
 	}
+	s.fd = fd
 	return fd, w.ctl(unix.EPOLL_CTL_ADD, fd)
 }
 
+// signalled reports, as bits of their index, the sockets whose signal
+// descriptor is readable now: one epoll_wait that does not block. The
+// descriptors are in the set level-triggered, so looking consumes
+// nothing. On failure every socket counts as signalled.
+func (w *waiter) signalled() uint32 {
+	n, err := unix.EpollWait(w.epfd, w.evs[:], 0)
+	if err != nil || n == len(w.evs) {
+		return ^uint32(0)
+	}
+	var m uint32
+	for _, ev := range w.evs[:n] {
+		for i, s := range w.set.socks {
+			if int32(s.fd) == ev.Fd {
+				m |= 1 << i
+			}
+		}
+	}
+	return m
+}
+
 // swap replaces the extra socket (if any) by s (nil: none).
-func (w *waiter) swap(_, s *zmq.Socket) error {
+func (w *waiter) swap(_, s *watched) error {
 	if w.extra >= 0 {
 		// The old socket may be closed by now, its descriptor gone from
 		// the set with it; that is not an error. The number is removed

@@ -18,21 +18,24 @@ type waiter struct {
 func (w *waiter) init(set *waitSet) error {
 	w.set, w.p = set, zmq.NewPoller()
 	for _, s := range set.socks {
-		w.p.Add(s, zmq.POLLIN)
+		w.p.Add(s.Socket, zmq.POLLIN)
 	}
 	return nil
 }
 
-func (w *waiter) swap(old, s *zmq.Socket) error {
+func (w *waiter) swap(old, s *watched) error {
 	if old != nil {
 		// A socket closed since is not in the poll any more.
-		_ = w.p.RemoveBySocket(old)
+		_ = w.p.RemoveBySocket(old.Socket)
 	}
 	if s != nil {
-		w.p.Add(s, zmq.POLLIN)
+		w.p.Add(s.Socket, zmq.POLLIN)
 	}
 	return nil
 }
+
+// signalled does not know which sockets were signalled: all may have been.
+func (w *waiter) signalled() uint32 { return ^uint32(0) }
 
 func (w *waiter) wait(timeout time.Duration) (uint32, error) {
 	if _, err := w.p.Poll(timeout); err != nil {

@@ -208,3 +208,107 @@ func TestWaitReportsEachInput(t *testing.T) {
 		r.Close()
 	}
 }
+
+// A wait asks libzmq only about the sockets that may have input: none
+// while nothing arrives, the live socket for a live message. A socket
+// left with input (its owner stopped receiving before it was empty) is
+// still reported by every wait until it is drained, and a message that
+// arrives meanwhile on a socket known empty is reported too.
+func TestWaitAsksOnlySocketsThatMayHaveInput(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("signal descriptors are looked at on Linux only")
+	}
+	c := pubTestContext(t)
+	p, rs, w := engineSockets(t, c)
+	s, err := c.Subscribe(p.Endpoint(), "t", SubscriberOptions{Waker: w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	pubWaitSubscribed(t, p, 1, s)
+	r, err := c.DialReplay(rs.Endpoint(), ReplayOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	// Drain everything the connections brought.
+	for {
+		rd, err := s.Wait(r, 100*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !rd.Any() {
+			break
+		}
+		for rd.Link {
+			if _, ok, err := s.RecvLink(); err != nil || !ok {
+				break
+			}
+		}
+	}
+
+	before := s.ws.asks
+	for range 5 {
+		if rd, err := s.Wait(r, 20*time.Millisecond); err != nil || rd.Any() {
+			t.Fatalf("idle wait: %+v, %v", rd, err)
+		}
+	}
+	if n := s.ws.asks - before; n != 0 {
+		t.Errorf("5 idle waits asked %d sockets, want 0", n)
+	}
+
+	for i := range 3 {
+		if err := p.Send([][]byte{[]byte("t"), seq8(uint64(i)), {1}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // all three queued
+	before = s.ws.asks
+	if rd, err := s.Wait(r, 5*time.Second); err != nil || !rd.Live || rd.Replay || rd.Link {
+		t.Fatalf("after messages: %+v, %v", rd, err)
+	}
+	// The live socket, and the waker's end only if libzmq signalled it.
+	if n := s.ws.asks - before; n < 1 || n > 2 {
+		t.Errorf("a wait after live messages asked %d sockets, want 1 or 2", n)
+	}
+	for i := range 3 {
+		if m, err := s.RecvLive(); err != nil || len(m) != 3 {
+			t.Fatalf("message %d: %x, %v", i, m, err)
+		}
+		// One taken, the rest still queued: every wait reports them, and
+		// a reply arriving on the replayer, known empty, is reported too.
+		if i == 0 {
+			if err := r.Send([][]byte{{}, seq8(1)}); err != nil {
+				t.Fatal(err)
+			}
+			id, _, err := rs.Recv(5 * time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := rs.Reply(id, [][]byte{{}, seq8(1), {2}}); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				rd, err := s.Wait(r, time.Second)
+				if err != nil || !rd.Live {
+					t.Fatalf("live input left queued not reported: %+v, %v", rd, err)
+				}
+				if rd.Replay {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("reply not reported in 5 s")
+				}
+			}
+			if m, err := r.Recv(); err != nil || len(m) != 3 {
+				t.Fatalf("reply %x, %v", m, err)
+			}
+		} else if rd, err := s.Wait(r, time.Second); err != nil || rd.Live != (i < 2) {
+			t.Fatalf("after message %d of 3: %+v, %v", i, rd, err)
+		}
+	}
+	if m, err := s.RecvLive(); err != nil || m != nil {
+		t.Fatalf("a fourth message: %x, %v", m, err)
+	}
+}

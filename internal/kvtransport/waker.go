@@ -16,7 +16,7 @@ import (
 type Waker struct {
 	mu   sync.Mutex
 	send *zmq.Socket // nil once closed
-	recv *zmq.Socket
+	recv *watched
 }
 
 // NewWaker creates a waker. Every wake is queued until the owner drains
@@ -34,7 +34,7 @@ func (c *Context) NewWaker() (*Waker, error) {
 		recv.Close()
 		return nil, err
 	}
-	w := &Waker{send: send, recv: recv}
+	w := &Waker{send: send, recv: watch(recv, true)}
 	fail := func(what string, err error) (*Waker, error) {
 		w.Close()
 		return nil, fmt.Errorf("kvtransport: waker: %s: %w", what, err)
@@ -71,7 +71,9 @@ func (w *Waker) Wake() error {
 // drain takes every pending wake; only the owner calls it.
 func (w *Waker) drain() error {
 	for {
-		if _, err := w.recv.RecvBytes(zmq.DONTWAIT); err != nil {
+		_, err := w.recv.RecvBytes(zmq.DONTWAIT)
+		w.recv.seen(err)
+		if err != nil {
 			if isAgain(err) {
 				return nil
 			}

@@ -65,7 +65,7 @@ func TestWakerNeverLosesAWake(t *testing.T) {
 
 // engineSockets binds an engine's publisher and replay server on loopback
 // and makes a waker, all closed when the test ends.
-func engineSockets(t *testing.T, c *Context) (*Publisher, *ReplayServer, *Waker) {
+func engineSockets(t testing.TB, c *Context) (*Publisher, *ReplayServer, *Waker) {
 	t.Helper()
 	p, err := c.BindPublisher("tcp://127.0.0.1:0", PublisherOptions{})
 	if err != nil {
