@@ -29,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/config"
 	"github.com/kvcar/kvcar/internal/cpuidle"
 	"github.com/kvcar/kvcar/internal/devcluster"
 	"github.com/kvcar/kvcar/internal/enginesim"
@@ -54,6 +55,7 @@ type options struct {
 	adversarial  bool
 	maxBlocks    int
 	maxMessage   int
+	resync       time.Duration
 	// kvcarCPUs and driverCPUs, when set, keep kvcar and this driver
 	// (its etcd, engines and clients) on CPUs of their own.
 	kvcarCPUs, driverCPUs devcluster.CPUList
@@ -97,6 +99,7 @@ func parse(args []string) (options, error) {
 	fs.BoolVar(&o.adversarial, "adversarial", false, "engines publish to exhaust kvcar's limits: messages at and over max_message_bytes, chains past max_blocks_per_stream, repeated AllBlocksCleared")
 	fs.IntVar(&o.maxBlocks, "max_blocks_per_stream", 262144, "kvcar's max_blocks_per_stream")
 	fs.IntVar(&o.maxMessage, "max_message_bytes", 8<<20, "kvcar's max_message_bytes")
+	fs.DurationVar(&o.resync, "resync_interval", config.Default().ResyncInterval, "kvcar's resync_interval_ms: the period of each stream's calibration snapshot (0: none; else at least 1s)")
 	fs.Var(&o.kvcarCPUs, "kvcar_cpus", "CPUs kvcar runs on, as taskset lists them (\"1\", \"2-3\"); empty: any")
 	fs.Var(&o.driverCPUs, "driver_cpus", "CPUs this driver (etcd, the emulated engines, the clients) runs on; empty: any")
 	if err := fs.Parse(args); err != nil {
@@ -114,6 +117,9 @@ func parse(args []string) (options, error) {
 	if o.queryTokens < 1 || o.queryTokens > 65536 {
 		return o, fmt.Errorf("--query_tokens = %d: must be in [1, 65536]", o.queryTokens)
 	}
+	if o.resync != 0 && o.resync < time.Second {
+		return o, fmt.Errorf("--resync_interval = %v: must be 0 or at least 1s", o.resync)
+	}
 	if o.rate <= 0 || o.duration <= 0 || o.blockSize < 1 || o.promptBlocks < 1 {
 		return o, errors.New("--rate, --duration, --block_size and --prompt_blocks must be positive")
 	}
@@ -122,19 +128,22 @@ func parse(args []string) (options, error) {
 
 // result is what one run measured.
 type result struct {
-	syncTook        time.Duration
-	wall            time.Duration
-	blocks          int64
-	kvcarCPU        time.Duration
-	selfCPU         time.Duration
-	rss, peak       int64
-	bound           int64
-	synced          int
-	resident        int
-	queries         queryStats
-	routes          routeStats
-	systemTokens    int
-	promptTokensMax int
+	syncTook time.Duration
+	wall     time.Duration
+	blocks   int64
+	kvcarCPU time.Duration
+	// snapshots and snapshotsFailed count kvcar's snapshots (its
+	// calibrations, under this load) that ended during the window.
+	snapshots, snapshotsFailed uint64
+	selfCPU                    time.Duration
+	rss, peak                  int64
+	bound                      int64
+	synced                     int
+	resident                   int
+	queries                    queryStats
+	routes                     routeStats
+	systemTokens               int
+	promptTokensMax            int
 	// revs are the commits of the kvcar binary measured and of this
 	// driver.
 	revs devcluster.Revisions
@@ -157,6 +166,11 @@ func (r *result) print(w io.Writer, o options) {
 	}
 	fmt.Fprintf(w, "| %s | %d (%.0f blocks/s) |\n", what, r.blocks, float64(r.blocks)/r.wall.Seconds())
 	fmt.Fprintf(w, "| kvcar CPU during the window (the queries included) | %.1f%% of one core |\n", 100*r.kvcarCPU.Seconds()/r.wall.Seconds())
+	resync := "off"
+	if o.resync > 0 {
+		resync = "every " + o.resync.String()
+	}
+	fmt.Fprintf(w, "| snapshots kvcar completed / failed during the window (calibrations %s per stream) | %d / %d |\n", resync, r.snapshots, r.snapshotsFailed)
 	fmt.Fprintf(w, "| this driver's CPU (etcd, emulated engines, query client) in the window, on the same cores | %.1f%% of one core |\n", 100*r.selfCPU.Seconds()/r.wall.Seconds())
 	fmt.Fprintf(w, "| kvcar resident memory (now / peak) | %.1f MiB / %.1f MiB |\n", float64(r.rss)/(1<<20), float64(r.peak)/(1<<20))
 	fmt.Fprintf(w, "| memory the config allows above kvcar's own (kvdir.MemoryBound for %d streams) | %.1f MiB |\n", o.streams, float64(r.bound)/(1<<20))
@@ -216,6 +230,7 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 	defer os.RemoveAll(dir)
 	cfg := devcluster.DiscoveryConfig(o.blockSize, 200*time.Millisecond)
 	cfg.MaxStreams, cfg.MaxBlocksPerStream, cfg.MaxMessageBytes, cfg.MaxBufferedBytes = 128, o.maxBlocks, o.maxMessage, 2*o.maxMessage
+	cfg.ResyncInterval = o.resync
 	cfgPath, err := devcluster.WriteConfig(dir, cfg)
 	if err != nil {
 		return nil, err
@@ -250,6 +265,10 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 		revs:            devcluster.Revisions{KVCar: rev, Driver: devcluster.Revision()},
 		idle:            cpuidle.Read("/")}
 
+	states0, err := kv.StreamStates(ctx)
+	if err != nil {
+		return nil, err
+	}
 	cpu0, err := devcluster.CPUTime(kv.Pid())
 	if err != nil {
 		return nil, err
@@ -292,6 +311,13 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 		return nil, err
 	}
 	r.kvcarCPU, r.selfCPU = cpu1-cpu0, self1-self0
+	states1, err := kv.StreamStates(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ok0, failed0 := devcluster.Snapshots(states0)
+	ok1, failed1 := devcluster.Snapshots(states1)
+	r.snapshots, r.snapshotsFailed = ok1-ok0, failed1-failed0
 	if r.rss, r.peak, err = devcluster.Memory(kv.Pid()); err != nil {
 		return nil, err
 	}

@@ -13,7 +13,8 @@ import (
 // prompts the engines served, and hit (R-API-4: the instance that served
 // a prompt reports it held; the others the shared system prompt); the
 // completions routed meanwhile go to the engine that holds their prompt
-// (R-CAR-1) and report their decision time.
+// (R-CAR-1) and report their decision time; calibrations every second
+// (R-REC-4) are counted.
 func TestQueriesDuringLoadHit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds kvcar and runs it as a process")
@@ -23,7 +24,7 @@ func TestQueriesDuringLoadHit(t *testing.T) {
 		t.Fatal(err)
 	}
 	o, err := parse([]string{"--kvcar=" + bin, "--port=0", "--internal_port=0", "--streams=4", "--rate=10",
-		"--duration=3s", "--block_size=16", "--prompt_blocks=4", "--query_rate=40", "--query_tokens=512", "--route_rate=20"})
+		"--duration=3s", "--block_size=16", "--prompt_blocks=4", "--query_rate=40", "--query_tokens=512", "--route_rate=20", "--resync_interval=1s"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,6 +58,14 @@ func TestQueriesDuringLoadHit(t *testing.T) {
 		t.Fatalf("of %d completions (%d failed), %d on served prompts, %d went to the serving engine",
 			len(rt.decision), rt.failed, rt.withPrompt, rt.toServer)
 	}
+	// Each stream calibrates at a random point of the last quarter of
+	// every second: at least twice in the 3 s window.
+	if r.snapshots < uint64(2*o.streams) || r.snapshotsFailed != 0 {
+		t.Fatalf("%d calibrations succeeded and %d failed in the window, want at least %d and none", r.snapshots, r.snapshotsFailed, 2*o.streams)
+	}
+	if !strings.Contains(out.String(), "(calibrations every 1s per stream)") {
+		t.Error("the report does not name the calibration period")
+	}
 	if r.promptTokensMax != (systemBlocks+4)*16 {
 		t.Fatalf("held prompt reported as %d tokens", r.promptTokensMax)
 	}
@@ -88,7 +97,8 @@ func TestHitAllNeedsTheServingInstanceAndTheSharedPrefix(t *testing.T) {
 func TestParseRejectsBadFlags(t *testing.T) {
 	for _, args := range [][]string{{"--streams=0"}, {"--streams=129"}, {"--query_rate=-1"}, {"--query_tokens=0"},
 		{"--route_rate=-1"}, {"--rate=0"}, {"--duration=0s"}, {"--prompt_blocks=0"},
-		{"--kvcar_cpus=x"}, {"--kvcar_cpus=-1"}, {"--driver_cpus=4096"}, {"--driver_cpus=1-0"}} {
+		{"--kvcar_cpus=x"}, {"--kvcar_cpus=-1"}, {"--driver_cpus=4096"}, {"--driver_cpus=1-0"},
+		{"--resync_interval=500ms"}, {"--resync_interval=-1s"}} {
 		if _, err := parse(args); err == nil {
 			t.Errorf("%v accepted", args)
 		}

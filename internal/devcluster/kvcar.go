@@ -292,6 +292,19 @@ type StreamState struct {
 	Complete     bool   `json:"complete"`
 	DeviceBlocks int    `json:"device_blocks"`
 	HostBlocks   int    `json:"host_blocks"`
+	// SnapshotsSucceeded and SnapshotsFailed count the stream's
+	// snapshots, recoveries and calibrations alike, since it began.
+	SnapshotsSucceeded uint64 `json:"snapshots_succeeded"`
+	SnapshotsFailed    uint64 `json:"snapshots_failed"`
+}
+
+// Snapshots adds up the snapshots of states that succeeded and failed.
+func Snapshots(states []StreamState) (succeeded, failed uint64) {
+	for _, s := range states {
+		succeeded += s.SnapshotsSucceeded
+		failed += s.SnapshotsFailed
+	}
+	return succeeded, failed
 }
 
 // StreamStates reads kvcar's streams listing from its internal listener.

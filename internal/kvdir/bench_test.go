@@ -3,6 +3,7 @@ package kvdir
 import (
 	"fmt"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -219,4 +220,70 @@ func BenchmarkSnapshotOverTCP262144(b *testing.B) {
 	}
 	b.ReportMetric(float64(snapNanos)/float64(b.N)/1e6, "snapshot-ms")
 	b.ReportMetric(float64(recvNanos)/float64(b.N)/1e6, "receive+apply-ms")
+}
+
+// BenchmarkCalibration measures one stream's periodic calibration (R-REC-4)
+// end to end over real TCP: the engine emulator holds blocks of 128
+// tokens and publishes nothing, the directory calibrates every few
+// milliseconds, and each iteration is one calibration that succeeded:
+// connect a replay DEALER, request, receive, decode and apply the whole
+// state into a new index, compare it with the served one and publish it.
+// waits/op counts the stream goroutine's waits per calibration and
+// cpu-us/op the process's CPU, the engine's encoding of its reply
+// included.
+func BenchmarkCalibration(b *testing.B) {
+	for _, blocks := range []int{256, 4096} {
+		b.Run(fmt.Sprintf("blocks=%d", blocks), func(b *testing.B) {
+			e, err := enginesim.New(enginesim.Config{Name: "127.0.0.1:8000", DeviceBlocks: blocks, BlockSize: benchBlockSize, Topic: "xllm-kv"})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := e.Start(); err != nil {
+				b.Fatal(err)
+			}
+			defer e.Close()
+			for c := range blocks / 256 {
+				if _, err := e.StoreChain(0, promptTokens(c+1, 256*benchBlockSize), kvevent.Device); err != nil {
+					b.Fatal(err)
+				}
+			}
+			lim := Limits{MaxBlocksPerStream: 262144, MaxMessageBytes: 8 << 20, MaxBufferedBytes: 16 << 20,
+				ReplayTimeout: 10 * time.Second, ResyncInterval: 4 * time.Millisecond}
+			spec := StreamSpec{InstanceName: e.Name(), Endpoint: e.EventEndpoint(0), ReplayEndpoint: e.ReplayEndpoint(0),
+				Topic: "xllm-kv", BlockSize: benchBlockSize, HashSeed: 1024}
+			d, err := New(lim, Options{Logger: testLogger()})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer d.Close()
+			if err := d.SetStreams([]StreamSpec{spec}); err != nil {
+				b.Fatal(err)
+			}
+			s := d.streamOf(spec.Key())
+			for s.counters.snapshotsOK.Load() < 2 {
+				time.Sleep(time.Millisecond)
+			}
+			ok0, waits0, cpu0 := s.counters.snapshotsOK.Load(), s.counters.waits.Load(), processCPU(b)
+			b.ResetTimer()
+			for s.counters.snapshotsOK.Load() < ok0+uint64(b.N) {
+				time.Sleep(100 * time.Microsecond)
+			}
+			b.StopTimer()
+			n := float64(s.counters.snapshotsOK.Load() - ok0)
+			b.ReportMetric(float64(s.counters.waits.Load()-waits0)/n, "waits/op")
+			b.ReportMetric(float64((processCPU(b)-cpu0).Microseconds())/n, "cpu-us/op")
+			if m := d.Query(nil, nil); m[0].DeviceBlocks != blocks {
+				b.Fatalf("published %d blocks, want %d", m[0].DeviceBlocks, blocks)
+			}
+		})
+	}
+}
+
+// processCPU is the CPU time, user and system, this process has used.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

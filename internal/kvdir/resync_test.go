@@ -1,8 +1,12 @@
 package kvdir
 
 import (
+	"fmt"
 	"testing"
 	"time"
+
+	"github.com/kvcar/kvcar/internal/enginesim"
+	"github.com/kvcar/kvcar/internal/kvevent"
 )
 
 // Calibrations are spread over the last quarter of resync_interval_ms, so
@@ -36,4 +40,44 @@ func TestResyncJitterSpreadsCalibrations(t *testing.T) {
 	if got := resyncJitter(time.Second); got < 750*time.Millisecond || got > time.Second {
 		t.Errorf("resyncJitter(1s) = %v, outside [750ms, 1s]", got)
 	}
+}
+
+// A calibration in progress waits for its replies: its stream goroutine
+// does not spin until the snapshot ends because the calibration time
+// that started it lies in the past (R-REC-4 calibrations cost what
+// their replies cost, not a core for as long as they last). The engine
+// answers slowly, 100 ms before each of two batches.
+func TestCalibrationWaitsForReplies(t *testing.T) {
+	e := startEngine(t, enginesim.Config{DeviceBlocks: 64, SnapshotBatchBlocks: 8, ReplaySlowDelay: 100 * time.Millisecond})
+	if _, err := e.StoreChain(0, seqTokens(1, 12*testBlock), kvevent.Device); err != nil {
+		t.Fatal(err)
+	}
+	lim := testLimits()
+	lim.ResyncInterval = 100 * time.Millisecond
+	d := newDirectory(t, lim, specOf(e, 0))
+	k := StreamKey{e.Name(), 0}
+	waitSynced(t, d, k, 0)
+	if err := e.SetReplayMode(0, enginesim.ReplaySlow); err != nil {
+		t.Fatal(err)
+	}
+	s := d.streamOf(k)
+	ok0 := s.counters.snapshotsOK.Load()
+	for s.counters.snapshotsOK.Load() == ok0 { // a calibration may be under way
+		time.Sleep(time.Millisecond)
+	}
+	ok1, waits1 := s.counters.snapshotsOK.Load(), s.counters.waits.Load()
+	eventually(t, "three slow calibrations", 10*time.Second, func() (bool, string) {
+		n := s.counters.snapshotsOK.Load() - ok1
+		return n >= 3, fmt.Sprintf("%d calibrations", n)
+	})
+	n := s.counters.snapshotsOK.Load() - ok1
+	waits := s.counters.waits.Load() - waits1
+	// Per calibration: the request (a few 1 ms retries while the
+	// connection comes up), two replies and the end marker, the timer
+	// that starts the next one. A spinning wait makes thousands.
+	if perCal := waits / n; perCal > 40 {
+		t.Fatalf("%d waits over %d calibrations of ~200 ms each: %d per calibration", waits, n, perCal)
+	}
+	t.Logf("%d waits over %d calibrations", waits, n)
+	assertMatchesEngine(t, d, e, 0)
 }

@@ -72,6 +72,10 @@ func (y *syncer) startSnapshot(calibrate bool) {
 		requested: requested,
 	}
 	y.retryAt = time.Time{}
+	// The snapshot's end sets the next calibration (synchronised, or
+	// snapshotFailed for a calibration). Left in the past meanwhile, it
+	// would make every wait of the snapshot return at once.
+	y.nextResync = time.Time{}
 	if !calibrate {
 		y.setReason("snapshot in progress")
 	}
