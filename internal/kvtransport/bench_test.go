@@ -113,13 +113,7 @@ func benchLiveHWM(b *testing.B, size, hwm int) {
 // reports the process's CPU per message besides the round trip.
 func BenchmarkLiveWake(b *testing.B) {
 	c := pubTestContext(b)
-	p, rs, w := engineSockets(b, c)
-	s, err := c.Subscribe(p.Endpoint(), "", SubscriberOptions{Waker: w})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
-	pubWaitSubscribed(b, p, 1, s)
+	p, rs, _, s := subscribedStream(b, c, "")
 	r, err := c.DialReplay(rs.Endpoint(), ReplayOptions{})
 	if err != nil {
 		b.Fatal(err)

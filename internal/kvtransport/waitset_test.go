@@ -113,13 +113,7 @@ func TestWaitingSubscribersHoldNoThread(t *testing.T) {
 // read; with nothing at all it lasts its timeout.
 func TestWaitReportsEachInput(t *testing.T) {
 	c := pubTestContext(t)
-	p, rs, w := engineSockets(t, c)
-	s, err := c.Subscribe(p.Endpoint(), "t", SubscriberOptions{Waker: w})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	pubWaitSubscribed(t, p, 1, s)
+	p, rs, w, s := subscribedStream(t, c, "t")
 	for { // the link event of the connection
 		rd, err := s.Wait(nil, 100*time.Millisecond)
 		if err != nil {
@@ -219,13 +213,7 @@ func TestWaitAsksOnlySocketsThatMayHaveInput(t *testing.T) {
 		t.Skip("signal descriptors are looked at on Linux only")
 	}
 	c := pubTestContext(t)
-	p, rs, w := engineSockets(t, c)
-	s, err := c.Subscribe(p.Endpoint(), "t", SubscriberOptions{Waker: w})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	pubWaitSubscribed(t, p, 1, s)
+	p, rs, _, s := subscribedStream(t, c, "t")
 	r, err := c.DialReplay(rs.Endpoint(), ReplayOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -311,4 +299,19 @@ func TestWaitAsksOnlySocketsThatMayHaveInput(t *testing.T) {
 	if m, err := s.RecvLive(); err != nil || m != nil {
 		t.Fatalf("a fourth message: %x, %v", m, err)
 	}
+}
+
+// subscribedStream binds an engine's sockets and subscribes to topic with
+// a waker, as a stream does, and waits until the engine has the
+// subscription; everything is closed when the test ends.
+func subscribedStream(tb testing.TB, c *Context, topic string) (*Publisher, *ReplayServer, *Waker, *Subscriber) {
+	tb.Helper()
+	p, rs, w := engineSockets(tb, c)
+	s, err := c.Subscribe(p.Endpoint(), topic, SubscriberOptions{Waker: w})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.Close() })
+	pubWaitSubscribed(tb, p, 1, s)
+	return p, rs, w, s
 }
