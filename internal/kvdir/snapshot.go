@@ -256,6 +256,10 @@ func (y *syncer) finishSnapshot() {
 	}
 	if sn.calibrate {
 		y.s.obs.observeDrift(drift(y.s.idx, sn.idx))
+		// A block whose parent is evicted is an orphan in the snapshot;
+		// the served view may know its key, and needs it the moment the
+		// parent is stored again, which does not announce the block anew.
+		sn.idx.AdoptKeys(y.s.idx)
 	}
 	y.releaseSnapshot()
 	y.s.counters.snapshotsOK.Add(1)

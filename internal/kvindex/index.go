@@ -481,6 +481,38 @@ func (ix *Index) storeOrphans(hashes []kvevent.EngineHash, tier uint8) error {
 	return nil
 }
 
+// AdoptKeys gives each orphan of ix the content key that from holds for
+// the same engine hash, keeping the orphan's own tiers, and returns how
+// many it keyed. from must be an index of the same stream (same block
+// size and hash seed): an engine hash names the content of its whole
+// chain, so a key from knew is the key ix would have computed had it
+// known the parent. A calibration uses it, so that a snapshot taken while
+// a block's parent was evicted does not forget what the served view knew
+// of the block: once the parent is stored again, the block is a hit
+// again without being announced again.
+func (ix *Index) AdoptKeys(from *Index) int {
+	// OrphanBlocks counts every orphan ever stored: none, nothing to scan.
+	if from == nil || ix.stats.OrphanBlocks == 0 || from.cfg.BlockSize != ix.cfg.BlockSize || from.cfg.HashSeed != ix.cfg.HashSeed {
+		return 0
+	}
+	n := 0
+	for s := range ix.entries {
+		if ix.meta[s]&flagUnkeyed == 0 {
+			continue
+		}
+		f, ok := from.findEngine(ix.entries[s].engine)
+		if !ok || from.meta[f]&flagUnkeyed != 0 {
+			continue
+		}
+		ix.entries[s].key = from.entries[f].key
+		ix.meta[s] &^= flagUnkeyed | flagDup
+		ix.insertKey(uint32(s))
+		ix.notify(uint32(s))
+		n++
+	}
+	return n
+}
+
 // store maps h to k and sets tier on it, creating the entry if needed.
 // Tier 0 (a medium with no hits) only keeps the mapping, as a ghost when
 // the entry is new, so that children stored on a served tier resolve. It

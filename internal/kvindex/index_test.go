@@ -209,6 +209,60 @@ func TestLiveChildOfOrphan_RIDX5(t *testing.T) {
 	}
 }
 
+// TestAdoptKeys_RIDX5: a snapshot's orphan takes the key the served
+// view held for its engine hash, keeping the snapshot's tiers, so that
+// when its parent is stored again the prefix through it is a hit without
+// the engine announcing it again. Orphans the served view did not key,
+// and indexes of another block size or seed, adopt nothing.
+func TestAdoptKeys_RIDX5(t *testing.T) {
+	tokens := seq(1, 3*testBlockSize)
+	keys := keysOf(tokens)
+	served := newTestIndex(0)
+	mustApply(t, served, storedEv(kvevent.Device, -1, tokens, 1, 2, 3), Delta)
+	mustApply(t, served, storedEv(kvevent.Device, 77, seq(90, testBlockSize), 9), Snapshot) // an orphan there too
+
+	calibrated := newTestIndex(0)
+	// Block 1 was evicted from both tiers; 2 is on Host, 3 on Device.
+	mustApply(t, calibrated, storedEv(kvevent.Host, 1, tokens[testBlockSize:2*testBlockSize], 2), Snapshot)
+	mustApply(t, calibrated, storedEv(kvevent.Device, 2, tokens[2*testBlockSize:], 3), Snapshot)
+	mustApply(t, calibrated, storedEv(kvevent.Device, 8, seq(90, testBlockSize), 9), Snapshot)
+	mustApply(t, calibrated, storedEv(kvevent.Device, 8, seq(95, testBlockSize), 10), Snapshot)
+
+	otherSeed := newTestIndexSeed(served, 7)
+	mustApply(t, otherSeed, storedEv(kvevent.Device, -1, tokens, 1, 2, 3), Delta)
+	if n := calibrated.AdoptKeys(otherSeed); n != 0 {
+		t.Fatalf("adopted %d keys from an index of another seed", n)
+	}
+	if n := calibrated.AdoptKeys(served); n != 2 {
+		t.Fatalf("adopted %d keys, want 2 (blocks 2 and 3; 9 and 10 are unkeyed or unknown there)", n)
+	}
+	st := snapshotState(calibrated)
+	if st[2] != (entryState{key: keys[1], host: true}) || st[3] != (entryState{key: keys[2], dev: true}) {
+		t.Fatalf("adopted entries %+v %+v", st[2], st[3])
+	}
+	if st[9].key != (Key{}) || st[10].key != (Key{}) {
+		t.Fatalf("orphans the served view did not key were keyed: %+v %+v", st[9], st[10])
+	}
+	if m := calibrated.Match(keys); m.Blocks() != 0 {
+		t.Fatalf("before the parent is stored again: %+v", m)
+	}
+	mustApply(t, calibrated, storedEv(kvevent.Device, -1, tokens[:testBlockSize], 1), Delta)
+	if m := calibrated.Match(keys); m != (Match{DeviceBlocks: 2, HostOnlyBlocks: 1}) {
+		t.Fatalf("after the parent is stored again: %+v, want blocks 1 and 3 on Device, 2 on Host only", m)
+	}
+	if err := checkInvariants(calibrated); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// newTestIndexSeed returns an empty index like ix but with another hash
+// seed.
+func newTestIndexSeed(ix *Index, seed uint64) *Index {
+	cfg := ix.Config()
+	cfg.HashSeed = seed
+	return New(cfg)
+}
+
 // TestTokenlessHostReplica_RIDX1: a hash-only Host announcement attaches to
 // the known block's key; an unknown hash is counted and ignored.
 func TestTokenlessHostReplica_RIDX1(t *testing.T) {
