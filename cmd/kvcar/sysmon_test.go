@@ -79,13 +79,16 @@ func TestRestartsUnderSysmonSetting(t *testing.T) {
 }
 
 // kvcar says at start when the machine's idle vCPUs halt without polling
-// (cpuidle-haltpoll, guest_halt_poll_ns=0), and says nothing otherwise.
+// (cpuidle-haltpoll with guest_halt_poll_ns=0, or no cpuidle driver on a
+// virtual machine), and says nothing otherwise.
 func TestIdleNotice(t *testing.T) {
 	for _, c := range []struct {
 		s    cpuidle.Setting
 		want bool
 	}{
 		{cpuidle.Setting{Driver: "haltpoll", Governor: "haltpoll", HaltPollNs: 0}, true},
+		{cpuidle.Setting{Driver: "none", Governor: "menu", HaltPollNs: 200000, Virtual: true}, true},
+		{cpuidle.Setting{Driver: "none", Governor: "menu", HaltPollNs: -1}, false},
 		{cpuidle.Setting{Driver: "haltpoll", Governor: "haltpoll", HaltPollNs: 200000}, false},
 		{cpuidle.Setting{Driver: "intel_idle", Governor: "menu", HaltPollNs: -1}, false},
 		{cpuidle.Setting{HaltPollNs: -1}, false},
@@ -96,7 +99,7 @@ func TestIdleNotice(t *testing.T) {
 		if said := strings.Contains(got, "idle CPUs halt at once"); said != c.want {
 			t.Errorf("%v: notice %q, want one: %v", c.s, got, c.want)
 		}
-		if c.want && !strings.Contains(got, "guest_halt_poll_ns=0") {
+		if c.want && !strings.Contains(got, "cpuidle "+c.s.Driver) {
 			t.Errorf("%v: notice %q does not name the setting", c.s, got)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -18,6 +19,9 @@ type Setting struct {
 	// polls before it halts; 0 halts at once. -1 when there is no
 	// haltpoll module.
 	HaltPollNs int64
+	// Virtual: the CPUs say they run under a hypervisor (the
+	// "hypervisor" flag of /proc/cpuinfo).
+	Virtual bool
 }
 
 // Paths of the files Read reads, below the root it is given.
@@ -25,6 +29,7 @@ const (
 	driverFile   = "sys/devices/system/cpu/cpuidle/current_driver"
 	governorFile = "sys/devices/system/cpu/cpuidle/current_governor"
 	haltPollFile = "sys/module/haltpoll/parameters/guest_halt_poll_ns"
+	cpuinfoFile  = "proc/cpuinfo"
 )
 
 // Read reads the setting from the sysfs under root ("/" for this
@@ -41,7 +46,20 @@ func Read(root string) Setting {
 			s.HaltPollNs = n
 		}
 	}
+	s.Virtual = hasHypervisorFlag(readValue(root, cpuinfoFile))
 	return s
+}
+
+// hasHypervisorFlag reports whether the first CPU's flags in cpuinfo
+// include "hypervisor".
+func hasHypervisorFlag(cpuinfo string) bool {
+	for line := range strings.Lines(cpuinfo) {
+		name, flags, ok := strings.Cut(line, ":")
+		if ok && strings.TrimSpace(name) == "flags" {
+			return slices.Contains(strings.Fields(flags), "hypervisor")
+		}
+	}
+	return false
 }
 
 func readValue(root, rel string) string {
@@ -53,8 +71,13 @@ func readValue(root, rel string) string {
 }
 
 // HaltsAtOnce reports whether idle vCPUs halt without polling first: the
-// haltpoll driver with guest_halt_poll_ns at 0.
-func (s Setting) HaltsAtOnce() bool { return s.Driver == "haltpoll" && s.HaltPollNs == 0 }
+// haltpoll driver with guest_halt_poll_ns at 0, or a virtual machine with
+// no cpuidle driver, whose idle loop halts (haltpoll's driver registers
+// only when the hypervisor hints it or the kernel is booted with
+// cpuidle_haltpoll.force=1).
+func (s Setting) HaltsAtOnce() bool {
+	return s.Driver == "haltpoll" && s.HaltPollNs == 0 || s.Driver == "none" && s.Virtual
+}
 
 // String describes the setting for a benchmark's report, e.g.
 // "cpuidle haltpoll (governor haltpoll), guest_halt_poll_ns=0".
@@ -65,6 +88,9 @@ func (s Setting) String() string {
 	out := "cpuidle " + s.Driver
 	if s.Governor != "" {
 		out += " (governor " + s.Governor + ")"
+	}
+	if s.Virtual {
+		out += " on a virtual machine"
 	}
 	if s.HaltPollNs >= 0 {
 		out += fmt.Sprintf(", guest_halt_poll_ns=%d", s.HaltPollNs)

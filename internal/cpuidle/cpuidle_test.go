@@ -23,6 +23,14 @@ func writeSysfs(t *testing.T, files map[string]string) string {
 	return root
 }
 
+// Two CPUs' worth of /proc/cpuinfo, cut down; only the first flags line
+// is read.
+const (
+	vmCPUInfo = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu vme de pse tsc msr hypervisor lahf_lm\n\n" +
+		"processor\t: 1\nflags\t\t: fpu vme de pse tsc msr hypervisor lahf_lm\n"
+	metalCPUInfo = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu vme de pse tsc msr hypervisor_no lahf_lm\n"
+)
+
 func TestRead(t *testing.T) {
 	cases := []struct {
 		name   string
@@ -32,30 +40,34 @@ func TestRead(t *testing.T) {
 		String string
 	}{
 		{"virtual machine halting at once",
-			map[string]string{driverFile: "haltpoll", governorFile: "haltpoll", haltPollFile: "0"},
-			Setting{"haltpoll", "haltpoll", 0}, true,
-			"cpuidle haltpoll (governor haltpoll), guest_halt_poll_ns=0"},
+			map[string]string{driverFile: "haltpoll", governorFile: "haltpoll", haltPollFile: "0", cpuinfoFile: vmCPUInfo},
+			Setting{"haltpoll", "haltpoll", 0, true}, true,
+			"cpuidle haltpoll (governor haltpoll) on a virtual machine, guest_halt_poll_ns=0"},
 		{"virtual machine polling 200 µs",
-			map[string]string{driverFile: "haltpoll", governorFile: "haltpoll", haltPollFile: "200000"},
-			Setting{"haltpoll", "haltpoll", 200000}, false,
-			"cpuidle haltpoll (governor haltpoll), guest_halt_poll_ns=200000"},
+			map[string]string{driverFile: "haltpoll", governorFile: "haltpoll", haltPollFile: "200000", cpuinfoFile: vmCPUInfo},
+			Setting{"haltpoll", "haltpoll", 200000, true}, false,
+			"cpuidle haltpoll (governor haltpoll) on a virtual machine, guest_halt_poll_ns=200000"},
+		{"virtual machine without a cpuidle driver",
+			map[string]string{driverFile: "none", governorFile: "menu", haltPollFile: "200000", cpuinfoFile: vmCPUInfo},
+			Setting{"none", "menu", 200000, true}, true,
+			"cpuidle none (governor menu) on a virtual machine, guest_halt_poll_ns=200000 (unused)"},
 		{"bare metal",
-			map[string]string{driverFile: "intel_idle", governorFile: "menu"},
-			Setting{"intel_idle", "menu", -1}, false,
+			map[string]string{driverFile: "intel_idle", governorFile: "menu", cpuinfoFile: metalCPUInfo},
+			Setting{"intel_idle", "menu", -1, false}, false,
 			"cpuidle intel_idle (governor menu)"},
+		{"bare metal without a cpuidle driver",
+			map[string]string{driverFile: "none", governorFile: "menu", cpuinfoFile: metalCPUInfo},
+			Setting{"none", "menu", -1, false}, false,
+			"cpuidle none (governor menu)"},
 		{"module loaded, other driver",
 			map[string]string{driverFile: "acpi_idle", governorFile: "ladder", haltPollFile: "0"},
-			Setting{"acpi_idle", "ladder", 0}, false,
+			Setting{"acpi_idle", "ladder", 0, false}, false,
 			"cpuidle acpi_idle (governor ladder), guest_halt_poll_ns=0 (unused)"},
-		{"module loaded, no driver",
-			map[string]string{driverFile: "none", governorFile: "menu", haltPollFile: "200000"},
-			Setting{"none", "menu", 200000}, false,
-			"cpuidle none (governor menu), guest_halt_poll_ns=200000 (unused)"},
 		{"unreadable value",
 			map[string]string{driverFile: "haltpoll", haltPollFile: "many"},
-			Setting{"haltpoll", "", -1}, false,
+			Setting{"haltpoll", "", -1, false}, false,
 			"cpuidle haltpoll"},
-		{"no cpuidle", nil, Setting{"", "", -1}, false, "cpuidle unknown"},
+		{"no cpuidle", nil, Setting{"", "", -1, false}, false, "cpuidle unknown"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -86,5 +98,8 @@ func TestReadsThisMachine(t *testing.T) {
 	}
 	if _, err := os.Stat("/" + haltPollFile); err == nil && s.HaltPollNs < 0 {
 		t.Errorf("haltpoll's module is loaded, HaltPollNs = %d", s.HaltPollNs)
+	}
+	if info, err := os.ReadFile("/" + cpuinfoFile); err == nil && hasHypervisorFlag(string(info)) != s.Virtual {
+		t.Errorf("Virtual = %v, /proc/cpuinfo says otherwise", s.Virtual)
 	}
 }
