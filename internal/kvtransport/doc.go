@@ -8,7 +8,8 @@
 //
 // Every socket is used from the one goroutine that owns it. A wait parks
 // that goroutine in Go's network poller (on Linux), so a process following
-// many streams holds no thread per stream, and libzmq's own threads run
-// under SCHED_BATCH. The package must not decode payloads or keep any
+// many streams holds no thread per stream, asks libzmq only about the
+// sockets that may have input, and libzmq's own threads run under
+// SCHED_BATCH. The package must not decode payloads or keep any
 // stream state.
 package kvtransport
