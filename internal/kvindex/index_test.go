@@ -868,3 +868,73 @@ func TestSteadyChurnLargeTables(t *testing.T) {
 		}
 	}
 }
+
+// TestAdoptKeysRandom applies random event sequences to two indexes, one
+// of them in snapshot mode only and missing some events so that it holds
+// orphans the other keys, and checks
+// AdoptKeys: every orphan the other index keys takes that key and keeps
+// its tiers, every other entry is unchanged, and the tables stay whole
+// (R-IDX-5).
+func TestAdoptKeysRandom(t *testing.T) {
+	const bs = 2
+	adopted, orphans := 0, 0
+	for seed := uint64(1); seed <= 16; seed++ {
+		cfg := Config{BlockSize: bs, HashSeed: 99, MaxBlocks: 64}
+		served, calibrated := New(cfg), New(cfg)
+		rng := rand.New(rand.NewPCG(seed, 0x61646f7074))
+		r := newRefModel(served.Config())
+		for range 400 {
+			ev, mode := randomEvent(rng, r, bs)
+			_ = r.apply(ev, mode)
+			_ = served.Apply(ev, mode)
+			// The other index misses some events, among them parents it
+			// then sees children of: a snapshot taken in between.
+			if rng.IntN(3) > 0 {
+				_ = calibrated.Apply(ev, Snapshot)
+			}
+		}
+		before := map[kvevent.EngineHash]entryState{}
+		calibrated.ForEach(func(h kvevent.EngineHash, k Key, d, hst bool) { before[h] = entryState{k, d, hst} })
+		keyed := map[kvevent.EngineHash]Key{}
+		served.ForEach(func(h kvevent.EngineHash, k Key, _, _ bool) {
+			if s, ok := served.findEngine(h); ok && served.meta[s]&flagUnkeyed == 0 {
+				keyed[h] = k
+			}
+		})
+		for h := range before {
+			if s, _ := calibrated.findEngine(h); calibrated.meta[s]&flagUnkeyed != 0 {
+				orphans++
+			}
+		}
+		n := calibrated.AdoptKeys(served)
+		adopted += n
+		got := 0
+		calibrated.ForEach(func(h kvevent.EngineHash, k Key, d, hst bool) {
+			b := before[h]
+			if d != b.dev || hst != b.host {
+				t.Fatalf("seed %d: hash %v changed tiers %v/%v -> %v/%v", seed, h, b.dev, b.host, d, hst)
+			}
+			s, _ := calibrated.findEngine(h)
+			orphan := calibrated.meta[s]&flagUnkeyed != 0
+			sk, servedKeyed := keyed[h]
+			switch {
+			case k != b.key && (orphan || !servedKeyed || k != sk):
+				t.Fatalf("seed %d: hash %v key %v -> %v, served has %v (%v)", seed, h, b.key, k, sk, servedKeyed)
+			case k != b.key:
+				got++
+			case orphan && servedKeyed:
+				t.Fatalf("seed %d: orphan %v not adopted though the served index keys it", seed, h)
+			}
+		})
+		if got != n {
+			t.Fatalf("seed %d: AdoptKeys said %d, %d entries changed key", seed, n, got)
+		}
+		if err := checkInvariants(calibrated); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+	}
+	if adopted == 0 || orphans == adopted {
+		t.Fatalf("%d orphans, %d adopted keys: the sequences must give both outcomes", orphans, adopted)
+	}
+	t.Logf("%d orphans, %d adopted keys", orphans, adopted)
+}
