@@ -82,42 +82,57 @@ func TestCalibrationWaitsForReplies(t *testing.T) {
 	assertMatchesEngine(t, d, e, 0)
 }
 
-// A calibration taken while a block's parent is evicted from both tiers
-// sees the block as an orphan, which it cannot key; it keeps the key the
-// served view had for it (R-IDX-5, R-REC-4). When the parent is stored
-// again, the engine announces the parent alone, and the prefix through
-// the block, still on Host, is a hit again.
-func TestCalibrationKeepsKeysOfOrphans(t *testing.T) {
-	e := startEngine(t, enginesim.Config{DeviceBlocks: 64, HostBlocks: 64})
-	lim := testLimits()
-	lim.ResyncInterval = 100 * time.Millisecond
-	d := newDirectory(t, lim, specOf(e, 0))
-	k := StreamKey{e.Name(), 0}
-	waitSynced(t, d, k, 0)
-	prompt := seqTokens(1, 3*testBlock)
-	hashes, err := e.StoreChain(0, prompt, kvevent.Host)
-	if err != nil {
-		t.Fatal(err)
+// A snapshot taken while a block's parent is evicted from both tiers sees
+// the block as an orphan, which it cannot key; it keeps the key the view
+// it replaces had for it (R-IDX-5): the served view for a calibration
+// (R-REC-4), the view a gap withdrew for a recovery (R-REC-3). When the
+// parent is stored again, the engine announces the parent alone, and the
+// prefix through the block, still on Host, is a hit again.
+func TestSnapshotsKeepKeysOfOrphans(t *testing.T) {
+	for _, how := range []string{"calibration", "recovery after a gap"} {
+		t.Run(how, func(t *testing.T) {
+			e := startEngine(t, enginesim.Config{DeviceBlocks: 64, HostBlocks: 64})
+			lim := testLimits()
+			if how == "calibration" {
+				lim.ResyncInterval = 100 * time.Millisecond
+			}
+			d := newDirectory(t, lim, specOf(e, 0))
+			k := StreamKey{e.Name(), 0}
+			waitSynced(t, d, k, 0)
+			prompt := seqTokens(1, 3*testBlock)
+			hashes, err := e.StoreChain(0, prompt, kvevent.Host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitCaughtUp(t, d, e, 0) // the served view knows the blocks' keys
+			// Block 0 leaves Host: blocks 1 and 2 are orphans on Host.
+			if err := e.Remove(0, hashes[:1], kvevent.Host); err != nil {
+				t.Fatal(err)
+			}
+			waitCaughtUp(t, d, e, 0)
+			s := d.streamOf(k)
+			ok0 := s.counters.snapshotsOK.Load()
+			if how != "calibration" {
+				if err := e.SkipSeq(0, 1); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := e.StoreChain(0, seqTokens(500, testBlock), kvevent.Device); err != nil {
+					t.Fatal(err)
+				}
+			}
+			eventually(t, "a snapshot after the eviction", 10*time.Second, func() (bool, string) {
+				n := s.counters.snapshotsOK.Load() - ok0
+				return n >= 2 || how != "calibration" && n >= 1, fmt.Sprintf("%d snapshots", n)
+			})
+			if _, err := e.StoreChain(0, prompt[:testBlock], kvevent.Device); err != nil {
+				t.Fatal(err)
+			}
+			waitCaughtUp(t, d, e, 0)
+			if dev, host := e.Oracle(0, prompt); dev != testBlock || host != 2*testBlock {
+				t.Fatalf("engine reuses device=%d host=%d, want the root on Device and two blocks on Host", dev, host)
+			}
+			assertQueryMatchesOracle(t, d, e, 0, prompt)
+			assertMatchesEngine(t, d, e, 0)
+		})
 	}
-	waitCaughtUp(t, d, e, 0) // the served view knows the blocks' keys
-	// Block 0 leaves Host: blocks 1 and 2 are orphans on Host.
-	if err := e.Remove(0, hashes[:1], kvevent.Host); err != nil {
-		t.Fatal(err)
-	}
-	waitCaughtUp(t, d, e, 0)
-	s := d.streamOf(k)
-	ok0 := s.counters.snapshotsOK.Load()
-	eventually(t, "a calibration after the eviction", 10*time.Second, func() (bool, string) {
-		n := s.counters.snapshotsOK.Load() - ok0
-		return n >= 2, fmt.Sprintf("%d calibrations", n)
-	})
-	if _, err := e.StoreChain(0, prompt[:testBlock], kvevent.Device); err != nil {
-		t.Fatal(err)
-	}
-	waitCaughtUp(t, d, e, 0)
-	if dev, host := e.Oracle(0, prompt); dev != testBlock || host != 2*testBlock {
-		t.Fatalf("engine reuses device=%d host=%d, want the root on Device and two blocks on Host", dev, host)
-	}
-	assertQueryMatchesOracle(t, d, e, 0, prompt)
-	assertMatchesEngine(t, d, e, 0)
 }

@@ -256,11 +256,18 @@ func (y *syncer) finishSnapshot() {
 	}
 	if sn.calibrate {
 		y.s.obs.observeDrift(drift(y.s.idx, sn.idx))
-		// A block whose parent is evicted is an orphan in the snapshot;
-		// the served view may know its key, and needs it the moment the
-		// parent is stored again, which does not announce the block anew.
-		sn.idx.AdoptKeys(y.s.idx)
 	}
+	// A block whose parent is evicted is an orphan in the snapshot; the
+	// view it replaces (served, or withdrawn by the fault this snapshot
+	// recovers from) may know its key, which it needs the moment the
+	// parent is stored again: that does not announce the block anew. An
+	// engine hash names the content whatever the view's staleness.
+	known := y.s.idx
+	if known == nil {
+		known = y.withdrawn
+	}
+	sn.idx.AdoptKeys(known)
+	y.withdrawn = nil
 	y.releaseSnapshot()
 	y.s.counters.snapshotsOK.Add(1)
 	y.s.counters.lastSnapshot.Store(int64(time.Since(sn.started)))

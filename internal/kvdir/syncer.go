@@ -66,6 +66,12 @@ type syncer struct {
 	retryAt    time.Time
 	backoff    time.Duration
 	nextResync time.Time
+	// withdrawn is the view a fault withdrew, kept until the recovery
+	// snapshot ends so that the snapshot's orphans can take the keys it
+	// knew (kvindex.AdoptKeys); nil once a snapshot succeeded or the link
+	// dropped. With the snapshot's index it is the two indexes a stream
+	// may hold (MemoryBound).
+	withdrawn *kvindex.Index
 	// lastReason avoids logging the same state change once per message.
 	lastReason string
 }
@@ -259,6 +265,8 @@ func (y *syncer) drainLink() {
 			y.abortSnapshot()
 			y.orderedReset()
 			y.invalidate("publisher disconnected")
+			// A link may stay down for long: its view is not kept.
+			y.withdrawn = nil
 			y.retryAt = time.Now()
 			if err := y.subscribe(); err != nil {
 				y.fail(err.Error())
@@ -542,6 +550,9 @@ func (y *syncer) fault(reason string) {
 func (y *syncer) fail(reason string) { y.invalidate(reason) }
 
 func (y *syncer) invalidate(reason string) {
+	if y.s.idx != nil && !y.s.spec.ordered() {
+		y.withdrawn = y.s.idx
+	}
 	y.s.invalidate(reason)
 	y.dedupActive = false
 	y.nextResync = time.Time{}
