@@ -9,7 +9,8 @@ import (
 // under its Limits, whatever its engine sends (R-CFG-2): every part is
 // bounded by a limit, and this adds the bounds up.
 type MemoryBound struct {
-	// Index is the served index plus the one a snapshot builds beside
+	// Index is the served index (during a recovery, the view the fault
+	// withdrew, kept for its keys) plus the one a snapshot builds beside
 	// it, each bounded by max_blocks_per_stream.
 	Index int64
 	// Buffered is max_buffered_bytes: live deltas held while a snapshot
