@@ -267,7 +267,6 @@ func (y *syncer) finishSnapshot() {
 		known = y.withdrawn
 	}
 	sn.idx.AdoptKeys(known)
-	y.withdrawn = nil
 	y.releaseSnapshot()
 	y.s.counters.snapshotsOK.Add(1)
 	y.s.counters.lastSnapshot.Store(int64(time.Since(sn.started)))
@@ -289,6 +288,7 @@ const emptySnapshotTolerance = 2
 // hasSeq; next is the sequence expected next, or any when expectAny.
 func (y *syncer) synchronised(ix *kvindex.Index, seq uint64, hasSeq bool, next uint64, expectAny bool, how string) {
 	y.s.publish(ix, seq, hasSeq, true)
+	y.withdrawn = nil // a view is served again: at most two indexes
 	y.expected, y.expectAny = next, expectAny
 	y.dedupUpTo, y.dedupActive = seq, hasSeq
 	y.emptySnapshot = !hasSeq

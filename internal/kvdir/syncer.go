@@ -68,8 +68,8 @@ type syncer struct {
 	nextResync time.Time
 	// withdrawn is the view a fault withdrew, kept until the recovery
 	// snapshot ends so that the snapshot's orphans can take the keys it
-	// knew (kvindex.AdoptKeys); nil once a snapshot succeeded or the link
-	// dropped. With the snapshot's index it is the two indexes a stream
+	// knew (kvindex.AdoptKeys); nil once a view is served again or the
+	// link dropped. With the snapshot's index it is the two indexes a stream
 	// may hold (MemoryBound).
 	withdrawn *kvindex.Index
 	// lastReason avoids logging the same state change once per message.
