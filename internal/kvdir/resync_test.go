@@ -85,11 +85,12 @@ func TestCalibrationWaitsForReplies(t *testing.T) {
 // A snapshot taken while a block's parent is evicted from both tiers sees
 // the block as an orphan, which it cannot key; it keeps the key the view
 // it replaces had for it (R-IDX-5): the served view for a calibration
-// (R-REC-4), the view a gap withdrew for a recovery (R-REC-3). When the
+// (R-REC-4) or a full-state batch (R-WIRE-4), the view a gap withdrew for
+// a recovery (R-REC-3). When the
 // parent is stored again, the engine announces the parent alone, and the
 // prefix through the block, still on Host, is a hit again.
 func TestSnapshotsKeepKeysOfOrphans(t *testing.T) {
-	for _, how := range []string{"calibration", "recovery after a gap"} {
+	for _, how := range []string{"calibration", "recovery after a gap", "full-state batch"} {
 		t.Run(how, func(t *testing.T) {
 			e := startEngine(t, enginesim.Config{DeviceBlocks: 64, HostBlocks: 64})
 			lim := testLimits()
@@ -112,18 +113,33 @@ func TestSnapshotsKeepKeysOfOrphans(t *testing.T) {
 			waitCaughtUp(t, d, e, 0)
 			s := d.streamOf(k)
 			ok0 := s.counters.snapshotsOK.Load()
-			if how != "calibration" {
+			switch how {
+			case "calibration":
+				eventually(t, "a calibration after the eviction", 10*time.Second, func() (bool, string) {
+					n := s.counters.snapshotsOK.Load() - ok0
+					return n >= 2, fmt.Sprintf("%d calibrations", n)
+				})
+			case "recovery after a gap":
 				if err := e.SkipSeq(0, 1); err != nil {
 					t.Fatal(err)
 				}
 				if _, err := e.StoreChain(0, seqTokens(500, testBlock), kvevent.Device); err != nil {
 					t.Fatal(err)
 				}
+				eventually(t, "a recovery after the gap", 10*time.Second, func() (bool, string) {
+					n := s.counters.snapshotsOK.Load() - ok0
+					return n >= 1, fmt.Sprintf("%d snapshots", n)
+				})
+			default:
+				full0 := s.counters.fullStateSyncs.Load()
+				if err := e.SendFullState(0); err != nil {
+					t.Fatal(err)
+				}
+				eventually(t, "the full-state batch applied", 10*time.Second, func() (bool, string) {
+					n := s.counters.fullStateSyncs.Load() - full0
+					return n >= 1, fmt.Sprintf("%d full-state batches", n)
+				})
 			}
-			eventually(t, "a snapshot after the eviction", 10*time.Second, func() (bool, string) {
-				n := s.counters.snapshotsOK.Load() - ok0
-				return n >= 2 || how != "calibration" && n >= 1, fmt.Sprintf("%d snapshots", n)
-			})
 			if _, err := e.StoreChain(0, prompt[:testBlock], kvevent.Device); err != nil {
 				t.Fatal(err)
 			}

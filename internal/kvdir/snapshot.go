@@ -257,16 +257,7 @@ func (y *syncer) finishSnapshot() {
 	if sn.calibrate {
 		y.s.obs.observeDrift(drift(y.s.idx, sn.idx))
 	}
-	// A block whose parent is evicted is an orphan in the snapshot; the
-	// view it replaces (served, or withdrawn by the fault this snapshot
-	// recovers from) may know its key, which it needs the moment the
-	// parent is stored again: that does not announce the block anew. An
-	// engine hash names the content whatever the view's staleness.
-	known := y.s.idx
-	if known == nil {
-		known = y.withdrawn
-	}
-	sn.idx.AdoptKeys(known)
+	y.adoptKeys(sn.idx)
 	y.releaseSnapshot()
 	y.s.counters.snapshotsOK.Add(1)
 	y.s.counters.lastSnapshot.Store(int64(time.Since(sn.started)))
@@ -275,6 +266,20 @@ func (y *syncer) finishSnapshot() {
 		y.s.counters.lastSnapshotReceive.Store(int64(time.Since(sn.firstReply)))
 	}
 	y.synchronised(sn.idx, published, applied, next, any, fmt.Sprintf("snapshot of %d batches in %v", sn.batches, time.Since(sn.started).Round(time.Millisecond)))
+}
+
+// adoptKeys gives the orphans of ix, a full state about to be served,
+// the keys the view it replaces knew: the served one, or the one the
+// fault it recovers from withdrew. A block whose parent is evicted is an
+// orphan in a full state, and needs its key the moment the parent is
+// stored again, which does not announce the block anew. An engine hash
+// names the content however stale the view.
+func (y *syncer) adoptKeys(ix *kvindex.Index) {
+	known := y.s.idx
+	if known == nil {
+		known = y.withdrawn
+	}
+	ix.AdoptKeys(known)
 }
 
 // emptySnapshotTolerance is how many times an empty snapshot may be

@@ -398,6 +398,7 @@ func (y *syncer) recoverFromLive(seq uint64) {
 			return
 		}
 	}
+	y.adoptKeys(ix)
 	y.abortSnapshot()
 	y.s.counters.countEvents(&y.batch)
 	y.s.counters.lastApplied.Store(time.Now().UnixNano())
