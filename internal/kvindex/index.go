@@ -486,10 +486,10 @@ func (ix *Index) storeOrphans(hashes []kvevent.EngineHash, tier uint8) error {
 // many it keyed. from must be an index of the same stream (same block
 // size and hash seed): an engine hash names the content of its whole
 // chain, so a key from knew is the key ix would have computed had it
-// known the parent. A calibration uses it, so that a snapshot taken while
-// a block's parent was evicted does not forget what the served view knew
-// of the block: once the parent is stored again, the block is a hit
-// again without being announced again.
+// known the parent. A full state (a snapshot, a full-state batch) uses
+// it, so that one taken while a block's parent was evicted does not
+// forget what the view it replaces knew of the block: once the parent is
+// stored again, the block is a hit again without being announced again.
 func (ix *Index) AdoptKeys(from *Index) int {
 	// OrphanBlocks counts every orphan ever stored: none, nothing to scan.
 	if from == nil || ix.stats.OrphanBlocks == 0 || from.cfg.BlockSize != ix.cfg.BlockSize || from.cfg.HashSeed != ix.cfg.HashSeed {
@@ -504,10 +504,7 @@ func (ix *Index) AdoptKeys(from *Index) int {
 		if !ok || from.meta[f]&flagUnkeyed != 0 {
 			continue
 		}
-		ix.entries[s].key = from.entries[f].key
-		ix.meta[s] &^= flagUnkeyed | flagDup
-		ix.insertKey(uint32(s))
-		ix.notify(uint32(s))
+		ix.setKey(uint32(s), from.entries[f].key)
 		n++
 	}
 	return n
@@ -519,23 +516,8 @@ func (ix *Index) AdoptKeys(from *Index) int {
 // changes nothing when it fails.
 func (ix *Index) store(h kvevent.EngineHash, k Key, tier uint8) error {
 	if s, ok := ix.findEngine(h); ok {
-		e := &ix.entries[s]
-		if orphan := ix.meta[s]&flagUnkeyed != 0; orphan || e.key != k {
-			// An orphan gets its key, with the tiers it kept meanwhile;
-			// or the engine reused the hash for other content (for
-			// example after a hash seed change): follow it.
-			old := e.key
-			ix.deleteKey(s)
-			e.key = k
-			ix.meta[s] &^= flagDup | flagUnkeyed
-			ix.insertKey(s)
-			if ix.observe != nil && ix.tiers(s) != 0 {
-				if !orphan {
-					d, h := ix.KeyTiers(old)
-					ix.observe(old, d, h)
-				}
-				ix.notify(s)
-			}
+		if ix.meta[s]&flagUnkeyed != 0 || ix.entries[s].key != k {
+			ix.setKey(s, k)
 		}
 		if tier != 0 {
 			ix.setTier(s, tier)
@@ -557,6 +539,27 @@ func (ix *Index) store(h kvevent.EngineHash, k Key, tier uint8) error {
 	}
 	ix.addCount(tier, 1)
 	return nil
+}
+
+// setKey gives slot s content key k, keeping its tiers: an orphan gets
+// its first key, or a keyed entry follows the engine reusing its hash for
+// other content (for example after a hash seed change). The observer
+// learns the tiers of the old key, if there was one, and of the new.
+func (ix *Index) setKey(s uint32, k Key) {
+	orphan := ix.meta[s]&flagUnkeyed != 0
+	e := &ix.entries[s]
+	old := e.key
+	ix.deleteKey(s)
+	e.key = k
+	ix.meta[s] &^= flagDup | flagUnkeyed
+	ix.insertKey(s)
+	if ix.observe != nil && ix.tiers(s) != 0 {
+		if !orphan {
+			d, h := ix.KeyTiers(old)
+			ix.observe(old, d, h)
+		}
+		ix.notify(s)
+	}
 }
 
 // allocSlot returns a slot for a new entry, growing storage or evicting
