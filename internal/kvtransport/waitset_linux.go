@@ -19,11 +19,10 @@ import (
 // takes in its commands, by ready), so every wake-up is confirmed by
 // asking the sockets, and a wait parks only after they said no.
 type waiter struct {
-	ep    *os.File
-	epfd  int // ep's descriptor, for the non-blocking look of signalled
-	rc    syscall.RawConn
-	extra int // the extra socket's descriptor, -1 for none
-	evs   [8]unix.EpollEvent
+	ep   *os.File
+	epfd int // ep's descriptor, for the non-blocking look of signalled
+	rc   syscall.RawConn
+	evs  [8]unix.EpollEvent
 
 	// set is the waitSet holding this waiter, whose sockets the check
 	// asks; m and err are what the current wait's check found.
@@ -53,10 +52,9 @@ func (w *waiter) init(set *waitSet) error {
 		w.ep.Close()
 		return fmt.Errorf("epoll raw conn: %w", err)
 	}
-	w.extra = -1
 	w.set, w.check = set, w.checkSockets
 	for _, s := range set.socks {
-		if _, err := w.add(s); err != nil {
+		if err := w.add(s); err != nil {
 			w.ep.Close()
 			return err
 		}
@@ -78,13 +76,14 @@ func (w *waiter) ctl(op int, fd int) error {
 	return nil
 }
 
-func (w *waiter) add(s *watched) (int, error) {
+// add puts s's signal descriptor in the set and records it in s.fd.
+func (w *waiter) add(s *watched) error {
 	fd, err := s.GetFd()
 	if err != nil {
-		return -1, fmt.Errorf("socket descriptor: %w", err)
+		return fmt.Errorf("socket descriptor: %w", err)
 	}
 	s.fd = fd
-	return fd, w.ctl(unix.EPOLL_CTL_ADD, fd)
+	return w.ctl(unix.EPOLL_CTL_ADD, fd)
 }
 
 // signalled reports, as bits of their index, the sockets whose signal
@@ -107,28 +106,22 @@ func (w *waiter) signalled() uint32 {
 	return m
 }
 
-// swap replaces the extra socket (if any) by s (nil: none).
-func (w *waiter) swap(_, s *watched) error {
-	if w.extra >= 0 {
+// swap replaces the extra socket old (if any) by s (nil: none).
+func (w *waiter) swap(old, s *watched) error {
+	if old != nil {
 		// The old socket may be closed by now, its descriptor gone from
 		// the set with it; that is not an error. The number is removed
 		// before any new socket is added, so a reused number is never
 		// taken for the old one.
-		if err := w.ctl(unix.EPOLL_CTL_DEL, w.extra); err != nil &&
+		if err := w.ctl(unix.EPOLL_CTL_DEL, old.fd); err != nil &&
 			!errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EBADF) {
 			return err
 		}
-		w.extra = -1
 	}
 	if s == nil {
 		return nil
 	}
-	fd, err := w.add(s)
-	if err != nil {
-		return err
-	}
-	w.extra = fd
-	return nil
+	return w.add(s)
 }
 
 func (w *waiter) wait(timeout time.Duration) (uint32, error) {
