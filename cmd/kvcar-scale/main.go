@@ -31,6 +31,7 @@ import (
 
 	"github.com/kvcar/kvcar/internal/config"
 	"github.com/kvcar/kvcar/internal/cpuidle"
+	"github.com/kvcar/kvcar/internal/cpunoise"
 	"github.com/kvcar/kvcar/internal/devcluster"
 	"github.com/kvcar/kvcar/internal/enginesim"
 	"github.com/kvcar/kvcar/internal/etcdembed"
@@ -56,6 +57,9 @@ type options struct {
 	maxBlocks    int
 	maxMessage   int
 	resync       time.Duration
+	// noise is how long a busy thread records the interruptions of
+	// kvcar's CPUs before kvcar starts (0: not at all).
+	noise time.Duration
 	// kvcarCPUs and driverCPUs, when set, keep kvcar and this driver
 	// (its etcd, engines and clients) on CPUs of their own.
 	kvcarCPUs, driverCPUs devcluster.CPUList
@@ -100,6 +104,7 @@ func parse(args []string) (options, error) {
 	fs.IntVar(&o.maxBlocks, "max_blocks_per_stream", 262144, "kvcar's max_blocks_per_stream")
 	fs.IntVar(&o.maxMessage, "max_message_bytes", 8<<20, "kvcar's max_message_bytes")
 	fs.DurationVar(&o.resync, "resync_interval", config.Default().ResyncInterval, "kvcar's resync_interval_ms: the period of each stream's calibration snapshot (0: none; else at least 1s)")
+	fs.DurationVar(&o.noise, "noise", 2*time.Second, "how long a busy thread records this machine's interruptions on kvcar's CPUs before kvcar starts, the bound of the decision's latency (0: not at all)")
 	fs.Var(&o.kvcarCPUs, "kvcar_cpus", "CPUs kvcar runs on, as taskset lists them (\"1\", \"2-3\"); empty: any")
 	fs.Var(&o.driverCPUs, "driver_cpus", "CPUs this driver (etcd, the emulated engines, the clients) runs on; empty: any")
 	if err := fs.Parse(args); err != nil {
@@ -119,6 +124,9 @@ func parse(args []string) (options, error) {
 	}
 	if o.resync != 0 && o.resync < time.Second {
 		return o, fmt.Errorf("--resync_interval = %v: must be 0 or at least 1s", o.resync)
+	}
+	if o.noise < 0 || o.noise > time.Minute {
+		return o, fmt.Errorf("--noise = %v: must be in [0, 1m]", o.noise)
 	}
 	if o.rate <= 0 || o.duration <= 0 || o.blockSize < 1 || o.promptBlocks < 1 {
 		return o, errors.New("--rate, --duration, --block_size and --prompt_blocks must be positive")
@@ -149,6 +157,9 @@ type result struct {
 	revs devcluster.Revisions
 	// idle is how the machine's idle CPUs waited, read at the start.
 	idle cpuidle.Setting
+	// noise is what a busy thread on kvcar's CPUs lost to interruptions
+	// before kvcar started; empty without --noise.
+	noise cpunoise.Trace
 }
 
 func (r *result) print(w io.Writer, o options) {
@@ -202,6 +213,39 @@ func (r *result) print(w io.Writer, o options) {
 		fmt.Fprintf(w, "| CAR's decision during the window (%s: prompt hashed, directory walked, instance picked): p50 / p99 / max | %v / %v / %v |\n",
 			server.DecisionMicrosHeader, rt.decision.at(0.5), rt.decision.at(0.99), rt.decision[len(rt.decision)-1])
 	}
+	r.printNoise(w, o)
+}
+
+// noiseStarts is how many units of work the bound places over the trace;
+// noiseThreshold is the shortest gap counted as an interruption, far
+// above a clock read or a cache miss.
+const (
+	noiseStarts    = 100_000
+	noiseThreshold = 2 * time.Microsecond
+)
+
+// printNoise reports the interruptions of kvcar's CPUs and, when CAR
+// decided in the window, the bound of its decision: work as long as the
+// decision's median, delayed only by those interruptions.
+func (r *result) printNoise(w io.Writer, o options) {
+	n := &r.noise
+	if n.Span == 0 {
+		return
+	}
+	where := "kvcar's CPUs (" + o.kvcarCPUs.String() + ")"
+	if len(o.kvcarCPUs) == 0 {
+		where = "any CPU"
+	}
+	fmt.Fprintf(w, "| interruptions of a busy thread on %s over %v before kvcar started (gaps > %v): per second / each p50 / p99 / share of the CPU lost | %.0f / %v / %v / %.1f%% |\n",
+		where, n.Span.Round(time.Millisecond), n.Threshold, n.PerSecond(), n.GapQuantile(0.5).Round(100*time.Nanosecond), n.GapQuantile(0.99).Round(100*time.Nanosecond), 100*n.Lost())
+	if len(r.routes.decision) == 0 {
+		return
+	}
+	unit := r.routes.decision.at(0.5)
+	if q, err := n.Elapsed(unit, noiseStarts, 0.5, 0.99); err == nil {
+		fmt.Fprintf(w, "| bound: %v of CPU work (the decision's p50) started anywhere in that trace: p50 / p99 | %v / %v |\n",
+			unit, q[0].Round(100*time.Nanosecond), q[1].Round(100*time.Nanosecond))
+	}
 }
 
 // measure runs the load and the queries and reads what they cost kvcar.
@@ -228,6 +272,18 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
+	// The machine's own interruptions of kvcar's CPUs, measured before
+	// kvcar runs there, so that its work is not counted among them.
+	var noise cpunoise.Trace
+	if o.noise > 0 {
+		var nerr error
+		if err := devcluster.RunOnCPUs(o.kvcarCPUs, func() { noise, nerr = cpunoise.Record(o.noise, noiseThreshold) }); err != nil {
+			return nil, err
+		}
+		if nerr != nil {
+			return nil, nerr
+		}
+	}
 	cfg := devcluster.DiscoveryConfig(o.blockSize, 200*time.Millisecond)
 	cfg.MaxStreams, cfg.MaxBlocksPerStream, cfg.MaxMessageBytes, cfg.MaxBufferedBytes = 128, o.maxBlocks, o.maxMessage, 2*o.maxMessage
 	cfg.ResyncInterval = o.resync
@@ -263,7 +319,7 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 	r = &result{syncTook: syncTook, systemTokens: systemBlocks * o.blockSize,
 		promptTokensMax: min((systemBlocks+o.promptBlocks)*o.blockSize, o.queryTokens/o.blockSize*o.blockSize),
 		revs:            devcluster.Revisions{KVCar: rev, Driver: devcluster.Revision()},
-		idle:            cpuidle.Read("/")}
+		idle:            cpuidle.Read("/"), noise: noise}
 
 	states0, err := kv.StreamStates(ctx)
 	if err != nil {

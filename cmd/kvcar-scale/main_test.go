@@ -24,7 +24,8 @@ func TestQueriesDuringLoadHit(t *testing.T) {
 		t.Fatal(err)
 	}
 	o, err := parse([]string{"--kvcar=" + bin, "--port=0", "--internal_port=0", "--streams=4", "--rate=10",
-		"--duration=3s", "--block_size=16", "--prompt_blocks=4", "--query_rate=40", "--query_tokens=512", "--route_rate=20", "--resync_interval=1s"})
+		"--duration=3s", "--block_size=16", "--prompt_blocks=4", "--query_rate=40", "--query_tokens=512", "--route_rate=20", "--resync_interval=1s",
+		"--noise=200ms"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,6 +67,16 @@ func TestQueriesDuringLoadHit(t *testing.T) {
 	if !strings.Contains(out.String(), "(calibrations every 1s per stream)") {
 		t.Error("the report does not name the calibration period")
 	}
+	// The machine's interruptions were recorded, and the decision's bound
+	// reported from them.
+	if n := r.noise; n.Span < o.noise || n.Threshold != noiseThreshold {
+		t.Fatalf("interruptions recorded over %v with threshold %v, want %v and %v", n.Span, n.Threshold, o.noise, noiseThreshold)
+	}
+	for _, want := range []string{"| interruptions of a busy thread on any CPU over 200ms", "of CPU work (the decision's p50) started anywhere in that trace"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
 	if r.promptTokensMax != (systemBlocks+4)*16 {
 		t.Fatalf("held prompt reported as %d tokens", r.promptTokensMax)
 	}
@@ -98,7 +109,7 @@ func TestParseRejectsBadFlags(t *testing.T) {
 	for _, args := range [][]string{{"--streams=0"}, {"--streams=129"}, {"--query_rate=-1"}, {"--query_tokens=0"},
 		{"--route_rate=-1"}, {"--rate=0"}, {"--duration=0s"}, {"--prompt_blocks=0"},
 		{"--kvcar_cpus=x"}, {"--kvcar_cpus=-1"}, {"--driver_cpus=4096"}, {"--driver_cpus=1-0"},
-		{"--resync_interval=500ms"}, {"--resync_interval=-1s"}} {
+		{"--resync_interval=500ms"}, {"--resync_interval=-1s"}, {"--noise=-1s"}, {"--noise=2m"}} {
 		if _, err := parse(args); err == nil {
 			t.Errorf("%v accepted", args)
 		}

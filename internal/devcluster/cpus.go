@@ -141,3 +141,38 @@ func AllowedCPUs(pid int) (string, error) {
 	}
 	return "", fmt.Errorf("CPUs of %d: no Cpus_allowed_list in /proc/%d/status", pid, pid)
 }
+
+// RunOnCPUs runs f on a thread kept on cpus (on any CPU when cpus is
+// empty) and waits for it: a driver measures there what the process it
+// pins there will see. The thread gets its own CPUs back after f; if it
+// cannot, it stays locked to f's goroutine, which the runtime then ends
+// with the thread, so no other goroutine runs on it.
+func RunOnCPUs(cpus []int, f func()) error {
+	if len(cpus) == 0 {
+		f()
+		return nil
+	}
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		var old unix.CPUSet
+		if err := unix.SchedGetaffinity(0, &old); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("reading this thread's CPUs: %w", err)
+			return
+		}
+		if err := unix.SchedSetaffinity(0, cpuSet(cpus)); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("pinning to CPUs %v: %w", cpus, err)
+			return
+		}
+		f()
+		if err := unix.SchedSetaffinity(0, &old); err != nil {
+			errc <- fmt.Errorf("restoring this thread's CPUs: %w", err)
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- nil
+	}()
+	return <-errc
+}

@@ -178,3 +178,31 @@ func mustAtoi(t *testing.T, s string) int {
 	}
 	return n
 }
+
+// TestRunOnCPUs runs a function on the last CPU: its thread is there
+// while it runs, and every thread has its CPUs of before after it.
+func TestRunOnCPUs(t *testing.T) {
+	before := threadCPUs(t)
+	last := runtime.NumCPU() - 1
+	var where string
+	if err := RunOnCPUs([]int{last}, func() {
+		where, _ = AllowedCPUs(syscall.Gettid())
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if where != strconv.Itoa(last) {
+		t.Errorf("f ran on a thread allowed CPUs %q, want %d", where, last)
+	}
+	for th, cpus := range threadCPUs(t) {
+		if was, ok := before[th]; ok && was != cpus {
+			t.Errorf("thread %s: CPUs %q after RunOnCPUs, %q before", th, cpus, was)
+		}
+	}
+	ran := false
+	if err := RunOnCPUs(nil, func() { ran = true }); err != nil || !ran {
+		t.Errorf("RunOnCPUs(nil, f): ran %v, error %v", ran, err)
+	}
+	if err := RunOnCPUs([]int{runtime.NumCPU() + 64}, func() { t.Error("f ran on no CPU") }); err == nil {
+		t.Error("RunOnCPUs on a CPU this machine lacks: no error")
+	}
+}

@@ -103,6 +103,9 @@ var layout = map[string]place{
 	"internal/sysmon": {layer: 0, forbid: slices.Concat(sockets, routing)},
 	// How idle CPUs wait: sysfs files read, nothing changed.
 	"internal/cpuidle": {layer: 0, forbid: slices.Concat(sockets, routing)},
+	// A busy thread's interruptions and their arithmetic, for the
+	// drivers' reports: it reads the clock and imports nothing of kvcar.
+	"internal/cpunoise": {layer: 0, forbid: slices.Concat(sockets, routing), onlyFor: []string{"cmd/..."}},
 	// Raw socket reads and writes and accept retries: a leaf the HTTP
 	// and baidu_std servers and the load driver share, knowing nothing
 	// of HTTP or of kvcar's parts.
