@@ -81,6 +81,17 @@ func threadCPUs(t *testing.T) map[string]string {
 	return out
 }
 
+// threadsKeptCPUs checks that every thread of before still has its CPUs
+// after what.
+func threadsKeptCPUs(t *testing.T, before map[string]string, what string) {
+	t.Helper()
+	for tid, cpus := range threadCPUs(t) {
+		if was, ok := before[tid]; ok && was != cpus {
+			t.Errorf("thread %s of this process: CPUs %q after %s, %q before", tid, cpus, what, was)
+		}
+	}
+}
+
 // TestStartOnCPUs starts a child on the last CPU alone: the child runs
 // there, and this process's threads keep the CPUs they had.
 func TestStartOnCPUs(t *testing.T) {
@@ -101,11 +112,7 @@ func TestStartOnCPUs(t *testing.T) {
 	if got != strconv.Itoa(last) {
 		t.Errorf("child's CPUs = %q, want %d", got, last)
 	}
-	for tid, cpus := range threadCPUs(t) {
-		if was, ok := before[tid]; ok && was != cpus {
-			t.Errorf("thread %s of this process: CPUs %q after starting the child, %q before", tid, cpus, was)
-		}
-	}
+	threadsKeptCPUs(t, before, "starting the child")
 
 	// Without CPUs the child runs where this process may.
 	mine, err := AllowedCPUs(os.Getpid())
@@ -193,11 +200,7 @@ func TestRunOnCPUs(t *testing.T) {
 	if where != strconv.Itoa(last) {
 		t.Errorf("f ran on a thread allowed CPUs %q, want %d", where, last)
 	}
-	for th, cpus := range threadCPUs(t) {
-		if was, ok := before[th]; ok && was != cpus {
-			t.Errorf("thread %s: CPUs %q after RunOnCPUs, %q before", th, cpus, was)
-		}
-	}
+	threadsKeptCPUs(t, before, "RunOnCPUs")
 	ran := false
 	if err := RunOnCPUs(nil, func() { ran = true }); err != nil || !ran {
 		t.Errorf("RunOnCPUs(nil, f): ran %v, error %v", ran, err)
