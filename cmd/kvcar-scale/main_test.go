@@ -72,7 +72,7 @@ func TestQueriesDuringLoadHit(t *testing.T) {
 	if n := r.noise; n.Span < o.noise || n.Threshold != noiseThreshold {
 		t.Fatalf("interruptions recorded over %v with threshold %v, want %v and %v", n.Span, n.Threshold, o.noise, noiseThreshold)
 	}
-	for _, want := range []string{"| interruptions of a busy thread on any CPU over 200ms", "of CPU work (the decision's p50) started anywhere in that trace"} {
+	for _, want := range []string{"| interruptions of a busy thread on any CPU over ", "of CPU work (the decision's p50) started anywhere in that trace"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("the report lacks %q", want)
 		}
