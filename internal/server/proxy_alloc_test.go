@@ -60,8 +60,20 @@ func checkAllocsFlatLoop(t *testing.T, loop func(body []byte) func()) {
 		runtime.ReadMemStats(&after)
 		return float64(after.TotalAlloc-before.TotalAlloc) / runs, float64(after.Mallocs-before.Mallocs) / runs
 	}
-	smallB, smallN := measure(2048)
-	largeB, largeN := measure(65536)
+	// The counts are the whole process's, so what its other goroutines
+	// allocate meanwhile (an engine's heartbeat, a timer) adds to a
+	// measurement now and then; only the least of three is the
+	// request's.
+	least := func(ids int) (bytesPerOp, allocsPerOp float64) {
+		bytesPerOp, allocsPerOp = measure(ids)
+		for range 2 {
+			b, n := measure(ids)
+			bytesPerOp, allocsPerOp = min(bytesPerOp, b), min(allocsPerOp, n)
+		}
+		return bytesPerOp, allocsPerOp
+	}
+	smallB, smallN := least(2048)
+	largeB, largeN := least(65536)
 	t.Logf("per request: 2048 ids %.0f B in %.1f allocations, 65536 ids %.0f B in %.1f allocations", smallB, smallN, largeB, largeN)
 	if largeB-smallB > 1024 || largeN-smallN > 1 {
 		t.Errorf("a prompt of 65536 ids allocates %.0f B per request in %.1f allocations, %.0f B more than one of 2048",
