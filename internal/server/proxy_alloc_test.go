@@ -8,6 +8,7 @@ package server
 import (
 	"bufio"
 	"bytes"
+	"math"
 	"net"
 	"net/http"
 	"runtime"
@@ -42,7 +43,11 @@ func checkAllocsFlat(t *testing.T, h http.Handler) {
 // loop returns for a body.
 func checkAllocsFlatLoop(t *testing.T, loop func(body []byte) func()) {
 	t.Helper()
-	measure := func(ids int) (bytesPerOp, allocsPerOp float64) {
+	// The counts are the whole process's, so what its other goroutines
+	// allocate meanwhile (an engine's heartbeat, a timer) adds to a
+	// measurement now and then; only the least of three is the
+	// request's.
+	least := func(ids int) (bytesPerOp, allocsPerOp float64) {
 		const runs = 200
 		serve := loop(idsCompletion(ids))
 		for range 20 {
@@ -52,23 +57,16 @@ func checkAllocsFlatLoop(t *testing.T, loop func(body []byte) func()) {
 		// the request's.
 		runtime.GC()
 		defer debug.SetGCPercent(debug.SetGCPercent(-1))
-		var before, after runtime.MemStats
-		runtime.ReadMemStats(&before)
-		for range runs {
-			serve()
-		}
-		runtime.ReadMemStats(&after)
-		return float64(after.TotalAlloc-before.TotalAlloc) / runs, float64(after.Mallocs-before.Mallocs) / runs
-	}
-	// The counts are the whole process's, so what its other goroutines
-	// allocate meanwhile (an engine's heartbeat, a timer) adds to a
-	// measurement now and then; only the least of three is the
-	// request's.
-	least := func(ids int) (bytesPerOp, allocsPerOp float64) {
-		bytesPerOp, allocsPerOp = measure(ids)
-		for range 2 {
-			b, n := measure(ids)
-			bytesPerOp, allocsPerOp = min(bytesPerOp, b), min(allocsPerOp, n)
+		bytesPerOp, allocsPerOp = math.Inf(1), math.Inf(1)
+		for range 3 {
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			for range runs {
+				serve()
+			}
+			runtime.ReadMemStats(&after)
+			bytesPerOp = min(bytesPerOp, float64(after.TotalAlloc-before.TotalAlloc)/runs)
+			allocsPerOp = min(allocsPerOp, float64(after.Mallocs-before.Mallocs)/runs)
 		}
 		return bytesPerOp, allocsPerOp
 	}
