@@ -4,6 +4,7 @@ import (
 	"math/bits"
 	"slices"
 	"sync"
+	"unsafe"
 
 	"github.com/kvcar/kvcar/internal/kvindex"
 	"github.com/kvcar/kvcar/internal/prefetch"
@@ -26,17 +27,22 @@ import (
 //
 // Readers hold mu shared for a whole walk, so a walk sees one state of the
 // table; writers hold it exclusively for at most keyChunk changes at a
-// time, so a query waits for little. Records and dense entries live in
-// fixed pages that never move, so growing them copies nothing; the cell
-// array, rebuilt from the records when its occupied cells pass
-// maxLoadNum/maxLoadDen, and the dense entries, rebuilt when the bitsets
-// widen, are rebuilt beside the served ones and swapped in (see wmu), so
-// no query waits for a rebuild.
+// time, so a query waits for little. The cell array, rebuilt larger when
+// its live keys would pass maxLoadNum/maxLoadDen, and the dense entries,
+// rebuilt when the bitsets widen, are rebuilt beside the served ones and
+// swapped in (see wmu), so no query waits for a rebuild; dense entries
+// live in fixed pages that never move, so adding one copies nothing.
 //
 // Size: a stream's index holds at most max_blocks_per_stream keys on a
 // tier, and a stream has bits on at most the keys of its published view
 // (of two views while a calibration is swapped in), so the records are
 // bounded by twice the sum of the group's per-stream limits (R-CFG-2).
+//
+// A cell identifies its key by 96 of the key's 128 bits (k.Hi and the top
+// half of k.Lo). Two keys of a group agreeing on them is as likely as 2
+// in 2^96 per pair, some 10^-14 for the 67 million keys of 128 streams
+// at the largest limit: far below the hardware's own error rates, and
+// the stream's index, which decides what a stream holds, keeps all 128.
 type keyTable struct {
 	blockSize int
 	seed      uint64
@@ -47,50 +53,66 @@ type keyTable struct {
 	// what queries read.
 	wmu sync.Mutex
 	mu  sync.RWMutex
-	// A record is three words: the key (Hi, Lo) and its holders. Most
-	// keys are held by one or two streams, so the holders word lists up
-	// to two (slot, tiers) entries inline; a key held by more gets a
-	// dense entry, Device and Host bitsets of words words each, in a
-	// pool, and the holders word names it (denseFlag | index).
+	// A cell is a key's record: 16 bytes, so that one cache line fetched
+	// answers for the key, with no record to fetch after it. Most keys
+	// are held by one or two streams, so the holders list up to two
+	// (slot, tiers) entries inline; a key held by more gets a dense
+	// entry, Device and Host bitsets of words words each, in a pool, and
+	// the holders name it (holdDense | index).
+	//
+	// The cells are an open-addressed array, probed linearly from a key's
+	// home, which is computed from the key's tag (the top half of k.Lo,
+	// kept in the cell): so a cell alone tells where its key belongs. A
+	// dropped key's cell is emptied by shifting the later cells of its
+	// probe run back (remove), which leaves no tombstones and needs no
+	// rebuild at steady state, and a rebuild places the old cells in
+	// their order. The array's size is not a power of two: a home is a
+	// multiply-shift of the tag, so the load after a rebuild is
+	// rebuildLoad whatever the number of keys.
 	words int
-	recs  slab // records, recWords words each
+	cells []cell
+	live  int  // cells in use
 	pool  slab // dense entries, 2*words words each
-	// cells hold record+1 in the low recBits bits and the top bits of
-	// the key's high half above, which reject most cells of other keys
-	// without reading their records. A cell whose record bits are all
-	// ones is a tombstone: the cell of a dropped key. Shifting the later
-	// cells of its probe run back instead would mean reading their
-	// records' keys for their homes, a cache miss each; a tombstone costs
-	// nothing, the next new key whose probe passes it takes its place,
-	// and those that end a run are emptied at once. Tombstones count
-	// towards the load and go at the next rebuild. The array's size is
-	// not a power of two: a key's home is a multiply-shift of its bits,
-	// so the load after a rebuild is rebuildLoad whatever the number of
-	// keys.
-	cells    []uint32
-	recBits  uint
-	occupied int // cells not empty: live ones and tombstones
-	live     int // live records
 	// published has a slot's bit set while the slot's bits are its
 	// stream's served view.
 	published []uint64
 	slotUsed  []bool
 }
 
-// Record layout and the inline holder entries: an entry is 24 bits,
-// present bit, two tier bits, 16-bit slot.
+// cell is one key's record: hi is k.Hi; tagHold holds the key's tag in
+// its high half and its holders in its low half, which are never zero
+// while the cell is in use. The holders are either up to two inline
+// entries of 15 bits each (present bit, two tier bits, 12-bit slot), or,
+// with holdDense set, the index of a dense entry.
+type cell struct {
+	hi, tagHold uint64
+}
+
 const (
-	recWords     = 3
-	denseFlag    = 1 << 63
-	entryBits    = 24
+	holdDense    = 1 << 31
+	entryBits    = 15
 	entryMask    = 1<<entryBits - 1
-	entryPresent = 1 << 23
-	tierShift    = 16
+	entryPresent = 1 << 14
+	tierShift    = 12
+	slotMask     = 1<<tierShift - 1
 	tierDev      = 1
 	tierHost     = 2
-	// maxSlots is what a 16-bit inline slot can name.
-	maxSlots = 1 << 16
+	// maxSlots is what an inline slot can name: a group has at most
+	// max_streams (128) streams, and while a set changes, its retired
+	// streams' slots besides.
+	maxSlots = 1 << tierShift
 )
+
+func (c *cell) used() bool          { return uint32(c.tagHold) != 0 }
+func (c *cell) tag() uint32         { return uint32(c.tagHold >> 32) }
+func (c *cell) holders() uint32     { return uint32(c.tagHold) }
+func (c *cell) setHolders(h uint32) { c.tagHold = c.tagHold&^(1<<32-1) | uint64(h) }
+
+// holds reports whether the cell is k's.
+func (c *cell) holds(k kvindex.Key) bool { return c.hi == k.Hi && c.tag() == tagOf(k) }
+
+// entries returns the two inline entries of holders h.
+func entries(h uint32) [2]uint32 { return [2]uint32{h & entryMask, h >> entryBits & entryMask} }
 
 const (
 	pageShift   = 12
@@ -105,10 +127,19 @@ const (
 	keyBatch = 64
 	// minCells is the smallest cell array allocated.
 	minCells = 1024
-	// The cells are rebuilt when occupied ones would pass 17/20 of them
-	// (a miss then probes some 23 cells of four bytes, under two cache
-	// lines, on average), at a size that puts the live keys at 7/10.
-	maxLoadNum, maxLoadDen         = 17, 20
+	// The cells grow when live keys would pass 4/5 of them, to a size
+	// that puts the live keys at 7/10: 21–23 bytes a key.
+	//
+	// warmLines is how many cache lines of cells warmChanges fetches
+	// from a key's home on: a key that is not held, and one dropped
+	// (remove shifts the rest of its run), are read up to the end of
+	// their probe run, at those loads 6 to 13 cells from the home on
+	// average; three lines from the home's own hold at least eight.
+	// BenchmarkKeyTableChurn (16 M keys, 2026-12-04): 135 ns a change
+	// with one line, 113 with two, 89 with three, 92 with four.
+	warmLines                      = 3
+	cellsPerLine                   = 64 / 16
+	maxLoadNum, maxLoadDen         = 4, 5
 	rebuildLoadNum, rebuildLoadDen = 7, 10
 )
 
@@ -147,9 +178,6 @@ func (t *keyTable) setWords(w int) {
 	t.words, t.pool, t.published, t.slotUsed = w, pool, pub, su
 	t.mu.Unlock()
 }
-
-// rec returns record r: key Hi, key Lo, holders.
-func (t *keyTable) rec(r uint32) []uint64 { return t.recs.at(r, recWords) }
 
 // dense returns dense entry d: Device words, then Host words.
 func (t *keyTable) dense(d uint32) []uint64 { return t.pool.at(d, 2*t.words) }
@@ -276,27 +304,28 @@ func (t *keyTable) apply(slot int, changes []keyChange) {
 	}
 }
 
-// set makes slot's bits of k say dev and host, adding the record when k
+// set makes slot's bits of k say dev and host, adding k's cell when k
 // gains its first holder and dropping it when it loses its last.
 func (t *keyTable) set(slot int, k kvindex.Key, dev, host bool) {
-	var tiers uint64
+	var tiers uint32
 	if dev {
 		tiers |= tierDev
 	}
 	if host {
 		tiers |= tierHost
 	}
-	r, cell, ok := t.lookup(k)
+	mine := entryPresent | tiers<<tierShift | uint32(slot)
+	i, ok := t.lookup(k)
 	if !ok {
-		if tiers == 0 {
-			return
+		if tiers != 0 {
+			t.insert(k, i, mine)
 		}
-		r = t.insert(k, cell)
+		return
 	}
-	rec := t.rec(r)
-	h := rec[2]
-	if h&denseFlag != 0 {
-		d := t.dense(uint32(h))
+	c := &t.cells[i]
+	h := c.holders()
+	if h&holdDense != 0 {
+		d := t.dense(h &^ holdDense)
 		w, b := slot>>6, uint64(1)<<(slot&63)
 		setBit(&d[w], b, dev)
 		setBit(&d[t.words+w], b, host)
@@ -308,17 +337,15 @@ func (t *keyTable) set(slot int, k kvindex.Key, dev, host bool) {
 				return
 			}
 		}
-		t.pool.release(uint32(h))
-		rec[2] = 0
-		t.remove(r, cell)
+		t.pool.release(h &^ holdDense)
+		t.remove(i)
 		return
 	}
-	e := [2]uint64{h & entryMask, h >> entryBits & entryMask}
-	mine := entryPresent | tiers<<tierShift | uint64(slot)
+	e := entries(h)
 	switch {
-	case e[0] != 0 && int(e[0]&0xFFFF) == slot:
+	case e[0] != 0 && int(e[0]&slotMask) == slot:
 		e[0] = 0
-	case e[1] != 0 && int(e[1]&0xFFFF) == slot:
+	case e[1] != 0 && int(e[1]&slotMask) == slot:
 		e[1] = 0
 	}
 	if tiers != 0 {
@@ -328,38 +355,39 @@ func (t *keyTable) set(slot int, k kvindex.Key, dev, host bool) {
 		case e[1] == 0:
 			e[1] = mine
 		default:
-			rec[2] = t.promote(e[0], e[1], mine)
+			c.setHolders(t.promote(e[0], e[1], mine))
 			return
 		}
 	}
 	if e[0] == 0 {
 		e[0], e[1] = e[1], 0
 	}
-	rec[2] = e[0] | e[1]<<entryBits
-	if rec[2] == 0 {
-		t.remove(r, cell)
+	if e[0] == 0 {
+		t.remove(i)
+		return
 	}
+	c.setHolders(e[0] | e[1]<<entryBits)
 }
 
 // promote moves a key's holders into a new dense entry and returns the
-// holders word naming it.
-func (t *keyTable) promote(entries ...uint64) uint64 {
+// holders naming it.
+func (t *keyTable) promote(entries ...uint32) uint32 {
 	d := t.pool.alloc(2 * t.words)
 	bits := t.dense(d)
 	clear(bits)
 	for _, e := range entries {
 		addEntry(bits, t.words, e)
 	}
-	return denseFlag | uint64(d)
+	return holdDense | d
 }
 
 // addEntry sets the bits of inline entry e in the bitsets of dst (Device
 // words, then Host words, w each).
-func addEntry(dst []uint64, w int, e uint64) {
+func addEntry(dst []uint64, w int, e uint32) {
 	if e == 0 {
 		return
 	}
-	slot := e & 0xFFFF
+	slot := e & slotMask
 	b := uint64(1) << (slot & 63)
 	if e>>tierShift&tierDev != 0 {
 		dst[slot>>6] |= b
@@ -377,70 +405,36 @@ func setBit(x *uint64, b uint64, on bool) {
 	}
 }
 
-// homeOf returns k's home cell in an array of n cells: the top half of
-// k.Lo, uniform as XXH3 output is, scaled to [0, n).
-func homeOf(k kvindex.Key, n int) int { return int((k.Lo >> 32) * uint64(n) >> 32) }
+// homeOf returns k's home cell in an array of n cells.
+func homeOf(k kvindex.Key, n int) int { return homeOfTag(tagOf(k), n) }
 
-// fpOf returns the fingerprint of k for cells with recBits record bits:
-// the top 32-recBits bits of k.Hi (none when recBits is 32).
-func fpOf(k kvindex.Key, recBits uint) uint32 { return uint32(k.Hi >> 32 >> recBits) }
+// tagOf returns the tag of k: the top half of k.Lo, uniform as XXH3
+// output is.
+func tagOf(k kvindex.Key) uint32 { return uint32(k.Lo >> 32) }
 
-// recMask is the record bits of a cell; all of them set is a tombstone.
-func (t *keyTable) recMask() uint32 { return 1<<t.recBits - 1 }
+// homeOfTag returns the home cell of tag in an array of n cells: the tag
+// scaled to [0, n), so homes follow the tags' order.
+func homeOfTag(tag uint32, n int) int { return int(uint64(tag) * uint64(n) >> 32) }
 
-// find returns the record of k.
-func (t *keyTable) find(k kvindex.Key) (uint32, bool) {
-	n := len(t.cells)
-	if n == 0 {
-		return 0, false
-	}
-	fp, rb, rm := fpOf(k, t.recBits), t.recBits, t.recMask()
-	for i := homeOf(k, n); ; {
-		c := t.cells[i]
-		if c == 0 {
-			return 0, false
-		}
-		if c>>rb == fp && c&rm != rm {
-			r := c&rm - 1
-			if rec := t.rec(r); rec[0] == k.Hi && rec[1] == k.Lo {
-				return r, true
-			}
-		}
-		if i++; i == n {
-			i = 0
-		}
-	}
-}
+// find returns the cell of k.
+func (t *keyTable) find(k kvindex.Key) (int, bool) { return t.lookup(k) }
 
-// lookup is find for writers: it also returns the cell of k's record, or
-// when k is not held the cell insert puts it in: the first tombstone of
-// its probe run, or the empty cell that ends the run if it has none (-1
-// when there are no cells). The probe is not repeated by insert.
-func (t *keyTable) lookup(k kvindex.Key) (r uint32, cell int, ok bool) {
-	n := len(t.cells)
-	tomb := -1
-	if n == 0 {
-		return 0, tomb, false
-	}
+// lookup returns the cell of k, or when k is not held the empty cell that
+// ends its probe run, where insert puts it (-1 when there are no cells).
+// The probe is not repeated by insert.
+func (t *keyTable) lookup(k kvindex.Key) (int, bool) {
 	cells := t.cells
-	fp, rb, rm := fpOf(k, t.recBits), t.recBits, t.recMask()
+	n := len(cells)
+	if n == 0 {
+		return -1, false
+	}
 	for i := homeOf(k, n); ; {
-		c := cells[i]
-		switch {
-		case c == 0:
-			if tomb < 0 {
-				tomb = i
-			}
-			return 0, tomb, false
-		case c&rm == rm:
-			if tomb < 0 {
-				tomb = i
-			}
-		case c>>rb == fp:
-			r := c&rm - 1
-			if rec := t.rec(r); rec[0] == k.Hi && rec[1] == k.Lo {
-				return r, i, true
-			}
+		c := &cells[i]
+		if !c.used() {
+			return i, false
+		}
+		if c.holds(k) {
+			return i, true
 		}
 		if i++; i == n {
 			i = 0
@@ -448,49 +442,32 @@ func (t *keyTable) lookup(k kvindex.Key) (r uint32, cell int, ok bool) {
 	}
 }
 
-// needsRebuild reports whether adding extra keys could push the cells
-// past maxLoad or name a record their record bits cannot (all ones is
-// the tombstone).
+// needsRebuild reports whether adding extra keys could push the live
+// keys past maxLoad of the cells.
 func (t *keyTable) needsRebuild(extra int) bool {
-	return maxLoadDen*(t.occupied+extra) > maxLoadNum*len(t.cells) ||
-		uint64(t.recs.used)+uint64(extra) >= 1<<t.recBits-1
+	return maxLoadDen*(t.live+extra) > maxLoadNum*len(t.cells)
 }
 
-// insert adds a record for k, which the table does not hold, with every
-// bit clear, in cell if that is not -1 (the tombstone or empty cell
-// lookup found for k); set makes the record live before anything reads it.
-func (t *keyTable) insert(k kvindex.Key, cell int) uint32 {
+// insert adds k, which the table does not hold, with holders h, in cell i
+// if that is not -1 (the empty cell lookup found for k).
+func (t *keyTable) insert(k kvindex.Key, i int, h uint32) {
 	if t.needsRebuild(1) {
 		t.rebuildCells(1)
-		cell = -1
+		i = -1
 	}
-	r := t.recs.alloc(recWords)
-	rec := t.rec(r)
-	clear(rec)
-	rec[0], rec[1] = k.Hi, k.Lo
-	switch {
-	case cell < 0:
-		placeIn(t.cells, t.recBits, k, r)
-		t.occupied++
-	default:
-		if t.cells[cell] == 0 { // a tombstone is already counted as occupied
-			t.occupied++
-		}
-		t.cells[cell] = fpOf(k, t.recBits)<<t.recBits | (r + 1)
+	c := cell{hi: k.Hi, tagHold: uint64(tagOf(k))<<32 | uint64(h)}
+	if i < 0 {
+		placeAt(t.cells, homeOf(k, len(t.cells)), c)
+	} else {
+		t.cells[i] = c
 	}
 	t.live++
-	return r
 }
 
-// placeIn stores record r of key k in the first empty cell from k's home.
-func placeIn(cells []uint32, recBits uint, k kvindex.Key, r uint32) {
-	placeAt(cells, homeOf(k, len(cells)), fpOf(k, recBits)<<recBits|(r+1))
-}
-
-// placeAt stores cell c in the first empty cell from i on.
-func placeAt(cells []uint32, i int, c uint32) {
+// placeAt stores c in the first empty cell from i on.
+func placeAt(cells []cell, i int, c cell) {
 	n := len(cells)
-	for cells[i] != 0 {
+	for cells[i].used() {
 		if i++; i == n {
 			i = 0
 		}
@@ -498,79 +475,62 @@ func placeAt(cells []uint32, i int, c uint32) {
 	cells[i] = c
 }
 
-// rebuildCells builds a cell array for the live records with room for
-// extra more keys, dropping tombstones. It reads the records in order,
-// not the old cells, so it makes no random reads. The new array is
-// filled without mu, so that queries keep reading the old one meanwhile
-// (a rebuild of tens of millions of cells takes a second); the caller
-// holds wmu, so the records do not change, and only the swap takes mu.
-// A caller already holding mu (set, outside apply) must not reach here;
-// apply makes room first.
+// rebuildCells builds a cell array for the live keys with room for extra
+// more. It reads the old cells in order; as homes follow the tags' order,
+// it writes the new ones nearly in order too. The new array is filled
+// without mu, so that queries keep reading the old one meanwhile; the
+// caller holds wmu, so the cells do not change, and only the swap takes
+// mu. A caller already holding mu (set, outside apply) must not reach
+// here; apply makes room first.
 func (t *keyTable) rebuildCells(extra int) {
 	need := t.live + extra
 	n := max(minCells, (need*rebuildLoadDen+rebuildLoadNum-1)/rebuildLoadNum)
-	// Records can be named up to the larger of the slab's high-water mark
-	// with extra more and the array's size, which bounds the live records
-	// until the next rebuild; one more keeps clear of the tombstone.
-	recBits := uint(bits.Len64(max(uint64(t.recs.used)+uint64(extra), uint64(n)) + 1))
-	cells := make([]uint32, n)
-	// The home cell of the record keyBatch places ahead is fetched before
-	// each placement, so that keyBatch misses stay in flight instead of
-	// each placement stalling on its own.
-	var homes [keyBatch]int
-	used := t.recs.used
-	ahead := func(r uint32) {
-		if r < used {
-			rec := t.rec(r)
-			homes[r%keyBatch] = homeOf(kvindex.Key{Hi: rec[0], Lo: rec[1]}, n)
-			prefetch.Elem(cells, homes[r%keyBatch])
-		}
-	}
-	for r := range uint32(keyBatch) {
-		ahead(r)
-	}
-	for r := range used {
-		home := homes[r%keyBatch]
-		rec := t.rec(r)
-		ahead(r + keyBatch)
-		if rec[2] != 0 {
-			placeAt(cells, home, fpOf(kvindex.Key{Hi: rec[0], Lo: rec[1]}, recBits)<<recBits|(r+1))
+	cells := make([]cell, n)
+	for i := range t.cells {
+		if c := &t.cells[i]; c.used() {
+			placeAt(cells, homeOfTag(c.tag(), n), *c)
 		}
 	}
 	t.mu.Lock()
-	t.cells, t.recBits, t.occupied = cells, recBits, t.live
+	t.cells = cells
 	t.mu.Unlock()
 }
 
-// remove frees record r, found through cell i, which becomes a
-// tombstone; if the cell after it is empty, the probe run ends there, so
-// it and the tombstones right before it are emptied instead.
-func (t *keyTable) remove(r uint32, i int) {
-	n, rm := len(t.cells), t.recMask()
-	t.cells[i] = rm
-	next := i + 1
-	if next == n {
-		next = 0
-	}
-	if t.cells[next] == 0 {
-		for t.cells[i] == rm {
-			t.cells[i] = 0
-			t.occupied--
-			if i == 0 {
-				i = n
-			}
-			i--
+// remove empties cell i. The later cells of its probe run whose home
+// does not lie after the hole move back into it in turn, so every key
+// stays reachable from its home through cells in use.
+func (t *keyTable) remove(i int) {
+	cells := t.cells
+	n := len(cells)
+	for j := i; ; {
+		if j++; j == n {
+			j = 0
 		}
+		c := &cells[j]
+		if !c.used() {
+			break
+		}
+		// The cell at j stays if its home lies cyclically in (i, j].
+		h := homeOfTag(c.tag(), n)
+		if i <= j {
+			if i < h && h <= j {
+				continue
+			}
+		} else if i < h || h <= j {
+			continue
+		}
+		cells[i] = *c
+		i = j
 	}
+	cells[i] = cell{}
 	t.live--
-	t.recs.release(r)
 }
 
 // storageBytes is the memory the table holds, by capacity.
 func (t *keyTable) storageBytes() int64 {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return t.recs.bytes(recWords) + t.pool.bytes(2*t.words) + int64(len(t.cells))*4
+	return t.pool.bytes(2*t.words) + int64(len(t.cells))*int64(unsafe.Sizeof(cell{}))
 }
 
 // records returns the number of keys the table holds.
@@ -688,18 +648,19 @@ walk:
 		}
 		t.warm(keys, wr)
 		for j := range keys {
-			r, ok := t.find(keys[j])
+			c, ok := t.find(keys[j])
 			if !ok {
 				break walk
 			}
 			var dev, host []uint64
-			if h := t.rec(r)[2]; h&denseFlag != 0 {
-				d := t.dense(uint32(h))
+			if h := t.cells[c].holders(); h&holdDense != 0 {
+				d := t.dense(h &^ holdDense)
 				dev, host = d[:W], d[W:2*W]
 			} else {
 				clear(wr.inline)
-				addEntry(wr.inline, W, h&entryMask)
-				addEntry(wr.inline, W, h>>entryBits&entryMask)
+				e := entries(h)
+				addEntry(wr.inline, W, e[0])
+				addEntry(wr.inline, W, e[1])
 				dev, host = wr.inline[:W], wr.inline[W:2*W]
 			}
 			left := uint64(0)
@@ -731,73 +692,41 @@ walk:
 	}
 }
 
-// warm loads the home cells of keys, then the records those cells name,
-// each pass's loads independent of each other.
+// warm loads the home cells of keys, then the dense entries those cells
+// name, each pass's loads independent of each other.
 func (t *keyTable) warm(keys []kvindex.Key, wr *walkResult) {
 	if len(keys) < 2 || len(t.cells) == 0 {
 		return
 	}
 	var acc uint64
-	var cells [16]uint64
-	n, rm := len(t.cells), t.recMask()
+	var hs [16]uint32
+	n := len(t.cells)
 	for j, k := range keys {
-		cells[j] = uint64(t.cells[homeOf(k, n)] & rm)
+		hs[j] = t.cells[homeOf(k, n)].holders()
 	}
-	for j, c := range cells[:len(keys)] {
-		if c != 0 && c != uint64(rm) {
-			cells[j] = t.rec(uint32(c) - 1)[2]
-		}
-	}
-	for _, h := range cells[:len(keys)] {
-		if h&denseFlag != 0 {
-			acc += t.dense(uint32(h))[0]
+	for _, h := range hs[:len(keys)] {
+		if h&holdDense != 0 {
+			acc += t.dense(h &^ holdDense)[0]
 		}
 	}
 	wr.sink += acc
 }
 
-// warmChanges loads what set will read for up to keyBatch changes, so
-// that their cache misses overlap instead of stalling each change in
-// turn: first every home cell is fetched, without waiting for any; then,
-// as they arrive, each key's probe run is searched for the cell whose
-// fingerprint matches (a held key's own, most of the time, however far
-// from home it lies) and the record it names is fetched, again without
-// waiting. A new key's run usually names none, so it costs its cell and
-// nothing more.
+// warmChanges fetches the cells of up to keyBatch changes from their
+// homes on, warmLines lines each, before set reads any, so that their
+// cache misses overlap instead of stalling each change in turn.
 func (t *keyTable) warmChanges(changes []keyChange) {
 	n := len(t.cells)
 	if n == 0 {
 		return
 	}
-	changes = changes[:min(len(changes), keyBatch)]
-	cells := t.cells
-	var homes [keyBatch]int
-	for j := range changes {
-		homes[j] = homeOf(changes[j].k, n)
-		prefetch.Elem(cells, homes[j])
-	}
-	rb, rm := t.recBits, t.recMask()
-	for j := range changes {
-		fp := fpOf(changes[j].k, rb)
-		for i, left := homes[j], warmProbe; left > 0; left-- {
-			c := cells[i]
-			if c == 0 {
-				break
-			}
-			if c>>rb == fp && c&rm != rm {
-				prefetch.Elem(t.rec(c&rm-1), 0)
-				break
-			}
-			if i++; i == n {
-				i = 0
-			}
+	for j := range changes[:min(len(changes), keyBatch)] {
+		h := homeOf(changes[j].k, n)
+		for l := range warmLines {
+			prefetch.Elem(t.cells, h+l*cellsPerLine)
 		}
 	}
 }
-
-// warmProbe bounds the cells warmChanges searches per key: a run longer
-// than that is rare at the table's load, and set still finds its key.
-const warmProbe = 32
 
 // fill writes ix's keys for slot, which must not be published: nothing
 // of it is visible until setPublished.

@@ -9,9 +9,9 @@ import (
 )
 
 // BenchmarkKeyTableRebuild measures rebuilding the cells of a shared key
-// table that holds keys= random keys, as a writer does when tombstones
-// fill the cells: every record is placed again in a new array far larger
-// than the processor's caches.
+// table that holds keys= random keys, as a writer does when the table
+// grows: every cell is placed again in a new array far larger than the
+// processor's caches.
 func BenchmarkKeyTableRebuild(b *testing.B) {
 	for _, n := range []int{4 << 20} {
 		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) {
@@ -35,8 +35,7 @@ func BenchmarkKeyTableRebuild(b *testing.B) {
 // state, alone: a table of keys= random keys, one slot, loses its 64
 // oldest keys and gains 64 new ones per operation, as a stream evicting
 // and storing a prefill of 64 blocks writes it. ns/change counts both
-// kinds; it includes the cell rebuilds the removals' tombstones force,
-// amortised over the operations between them.
+// kinds.
 func BenchmarkKeyTableChurn(b *testing.B) {
 	for _, n := range []int{16 << 20} {
 		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) {

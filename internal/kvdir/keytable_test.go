@@ -3,6 +3,7 @@ package kvdir
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -426,16 +427,16 @@ func TestSharedTableGrowsUnderQueries(t *testing.T) {
 	t.Logf("%d queries while the table grew to %d words and %d cells", queries, words, cells)
 }
 
-// slotTiers reads slot's tiers from record r.
-func (t *keyTable) slotTiers(r uint32, slot int) (dev, host bool) {
-	h := t.rec(r)[2]
-	if h&denseFlag != 0 {
-		d := t.dense(uint32(h))
+// slotTiers reads slot's tiers from cell i.
+func (t *keyTable) slotTiers(i int, slot int) (dev, host bool) {
+	h := t.cells[i].holders()
+	if h&holdDense != 0 {
+		d := t.dense(h &^ holdDense)
 		w, b := slot>>6, uint64(1)<<(slot&63)
 		return d[w]&b != 0, d[t.words+w]&b != 0
 	}
-	for _, e := range []uint64{h & entryMask, h >> entryBits & entryMask} {
-		if e != 0 && int(e&0xFFFF) == slot {
+	for _, e := range entries(h) {
+		if e != 0 && int(e&slotMask) == slot {
 			return e>>tierShift&tierDev != 0, e>>tierShift&tierHost != 0
 		}
 	}
@@ -444,11 +445,12 @@ func (t *keyTable) slotTiers(r uint32, slot int) (dev, host bool) {
 
 // TestKeyTableCellsUnderChurn adds and drops keys of three slots at
 // random, the table's live keys staying near a constant number, as an
-// engine at steady state does: dropped keys leave tombstones that new
-// keys take over or rebuilds clear. After every chunk each held key must
+// engine at steady state does: a dropped key's cell is emptied and later
+// cells of its probe run move back. After every chunk each held key must
 // be found with its tiers, each dropped one not at all (no stale hit,
-// R-REC-1), every live record must have exactly one cell, and the cells
-// must stay within their load and size bounds.
+// R-REC-1), every live record must have exactly one cell, no empty cell
+// may lie between a key's home and its cell, and the cells must stay
+// within their load and size bounds.
 func TestKeyTableCellsUnderChurn(t *testing.T) {
 	type held struct{ dev, host bool }
 	tab := newKeyTable(modelBlock, 1024)
@@ -509,33 +511,81 @@ func TestKeyTableCellsUnderChurn(t *testing.T) {
 				}
 			}
 		}
-		rm := tab.recMask()
-		occupied, cellsOf := 0, map[uint32]int{}
-		for _, c := range tab.cells {
-			if c != 0 {
-				occupied++
+		inUse, keysOf := 0, map[[2]uint64]int{}
+		n := len(tab.cells)
+		for i := range tab.cells {
+			c := &tab.cells[i]
+			if !c.used() {
+				continue
 			}
-			if c != 0 && c&rm != rm {
-				if tab.rec(c&rm - 1)[2] == 0 {
-					t.Fatalf("round %d: a cell names freed record %d", round, c&rm-1)
+			inUse++
+			keysOf[[2]uint64{c.hi, uint64(c.tag())}]++
+			// Every cell from the key's home to its own is in use, or
+			// lookups stop short of it.
+			for h := homeOfTag(c.tag(), n); h != i; h = (h + 1) % n {
+				if !tab.cells[h].used() {
+					t.Fatalf("round %d: an empty cell %d lies between cell %d and its home", round, h, i)
 				}
-				cellsOf[c&rm-1]++
 			}
 		}
-		if len(cellsOf) != tab.live || tab.live != len(model) || occupied != tab.occupied {
-			t.Fatalf("round %d: %d records with cells, %d live, %d held; %d cells occupied, counted %d",
-				round, len(cellsOf), tab.live, len(model), occupied, tab.occupied)
+		if inUse != tab.live || tab.live != len(model) {
+			t.Fatalf("round %d: %d cells in use, %d live, %d held", round, inUse, tab.live, len(model))
 		}
-		for r, n := range cellsOf {
+		for k, n := range keysOf {
 			if n != 1 {
-				t.Fatalf("round %d: record %d has %d cells", round, r, n)
+				t.Fatalf("round %d: key %x has %d cells", round, k, n)
 			}
 		}
-		if maxLoadDen*occupied > maxLoadNum*len(tab.cells) || len(tab.cells) > max(minCells, (peak+keyChunk)*rebuildLoadDen/rebuildLoadNum+1) {
-			t.Fatalf("round %d: %d of %d cells occupied for %d live keys", round, occupied, len(tab.cells), tab.live)
+		if maxLoadDen*tab.live > maxLoadNum*len(tab.cells) || len(tab.cells) > max(minCells, (peak+keyChunk)*rebuildLoadDen/rebuildLoadNum+1) {
+			t.Fatalf("round %d: %d cells for %d live keys", round, len(tab.cells), tab.live)
 		}
 	}
-	t.Logf("%d keys used, %d live, %d cells, %d occupied", len(keys), tab.live, len(tab.cells), tab.occupied)
+	t.Logf("%d keys used, %d live, %d cells", len(keys), tab.live, len(tab.cells))
+}
+
+// TestKeyTableRemoveAcrossTheEnd drops keys from probe runs that wrap
+// from the last cell to the first, in every order: each drop must leave
+// every other key findable and no dropped key found (R-REC-1).
+func TestKeyTableRemoveAcrossTheEnd(t *testing.T) {
+	// Homes, in a table of minCells cells: three keys at the last cell,
+	// two at the first, one at the second; their run covers the last
+	// cell and the first five.
+	homes := []int{minCells - 1, minCells - 1, 0, minCells - 1, 1, 0}
+	keys := make([]kvindex.Key, len(homes))
+	for i, h := range homes {
+		// The smallest tag whose home is h, plus i so that tags differ.
+		tag := (uint64(h)<<32+minCells-1)/minCells + uint64(i)
+		keys[i] = kvindex.Key{Hi: uint64(i + 1), Lo: tag << 32}
+		if got := homeOf(keys[i], minCells); got != h {
+			t.Fatalf("key %d: home %d, want %d", i, got, h)
+		}
+	}
+	orders := [][]int{{0, 1, 2, 3, 4, 5}, {5, 4, 3, 2, 1, 0}, {1, 3, 0, 5, 2, 4}, {2, 0, 4, 1, 5, 3}, {3, 5, 1, 4, 0, 2}}
+	for _, order := range orders {
+		tab := newKeyTable(modelBlock, 1024)
+		slot := tab.allocSlot()
+		var add []keyChange
+		for _, k := range keys {
+			add = append(add, keyChange{k: k, dev: true})
+		}
+		tab.apply(slot, add)
+		if len(tab.cells) != minCells || !tab.cells[minCells-1].used() || !tab.cells[4].used() {
+			t.Fatalf("the keys do not fill the run meant: %d cells", len(tab.cells))
+		}
+		dropped := map[int]bool{}
+		for _, i := range order {
+			tab.apply(slot, []keyChange{{k: keys[i]}})
+			dropped[i] = true
+			for j, k := range keys {
+				if _, ok := tab.find(k); ok == dropped[j] {
+					t.Fatalf("order %v: after dropping key %d, key %d found %v", order, i, j, ok)
+				}
+			}
+		}
+		if tab.live != 0 || slices.ContainsFunc(tab.cells, func(c cell) bool { return c.used() }) {
+			t.Fatalf("order %v: %d live keys, cells not all empty", order, tab.live)
+		}
+	}
 }
 
 // TestSynchronisedAnswerCarriesItsView: while writers withdraw and

@@ -57,22 +57,20 @@ func (b MemoryBound) Process(streams int) int64 {
 // most maxBlocks blocks each, whatever their engines send (R-CFG-2). A
 // stream has bits on at most the keys of its view, of two views while a
 // calibration swaps them (keyTable.replace), so the tables hold at most
-// R = 2·streams·maxBlocks records of 24 bytes in pages of 4096; at most
-// one dense entry of 16·W bytes per record, W = ⌈streams/64⌉, copied once
-// more while W grows; a cell array sized for at most R+keyBatch keys at
-// the rebuild load, of 4-byte cells, with the old one (no larger) beside
-// it while it is rebuilt; and free lists of 4 bytes per record and per
-// dense entry.
+// R = 2·streams·maxBlocks keys: a cell array sized for at most R+keyBatch
+// keys at the rebuild load, of 16-byte cells, with the old one (no
+// larger) beside it while it is rebuilt; at most one dense entry of 16·W
+// bytes per key, W = ⌈streams/64⌉, in pages of 4096, copied once more
+// while W grows; and a free list of 4 bytes per dense entry.
 func KeyTableBound(streams, maxBlocks int) int64 {
 	if streams <= 0 {
 		return 0
 	}
 	w := int64(streams+63) / 64
 	r := 2 * int64(streams) * int64(maxBlocks)
-	recs := (r + pageRecords) * 8 * recWords
 	pool := 2 * (r + pageRecords) * 16 * w
 	cells := max((r+keyBatch)*rebuildLoadDen/rebuildLoadNum+1, minCells)
-	return recs + pool + 2*cells*4 + 2*r*4
+	return pool + 2*cells*16 + r*4
 }
 
 // maxBlocksOf is the block limit an index of l applies (kvindex.New's
