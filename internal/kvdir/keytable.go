@@ -138,7 +138,7 @@ const (
 	// BenchmarkKeyTableChurn (16 M keys, 2026-12-04): 135 ns a change
 	// with one line, 113 with two, 89 with three, 92 with four.
 	warmLines                      = 3
-	cellsPerLine                   = 64 / 16
+	cellsPerLine                   = 64 / int(unsafe.Sizeof(cell{}))
 	maxLoadNum, maxLoadDen         = 4, 5
 	rebuildLoadNum, rebuildLoadDen = 7, 10
 )
@@ -416,9 +416,6 @@ func tagOf(k kvindex.Key) uint32 { return uint32(k.Lo >> 32) }
 // scaled to [0, n), so homes follow the tags' order.
 func homeOfTag(tag uint32, n int) int { return int(uint64(tag) * uint64(n) >> 32) }
 
-// find returns the cell of k.
-func (t *keyTable) find(k kvindex.Key) (int, bool) { return t.lookup(k) }
-
 // lookup returns the cell of k, or when k is not held the empty cell that
 // ends its probe run, where insert puts it (-1 when there are no cells).
 // The probe is not repeated by insert.
@@ -648,7 +645,7 @@ walk:
 		}
 		t.warm(keys, wr)
 		for j := range keys {
-			c, ok := t.find(keys[j])
+			c, ok := t.lookup(keys[j])
 			if !ok {
 				break walk
 			}

@@ -496,7 +496,7 @@ func TestKeyTableCellsUnderChurn(t *testing.T) {
 			continue
 		}
 		for _, k := range keys {
-			r, ok := tab.find(k)
+			r, ok := tab.lookup(k)
 			want := model[k]
 			if ok != (want != nil) {
 				t.Fatalf("round %d: key %x found %v, held by %d slots", round, k, ok, len(want))
@@ -577,7 +577,7 @@ func TestKeyTableRemoveAcrossTheEnd(t *testing.T) {
 			tab.apply(slot, []keyChange{{k: keys[i]}})
 			dropped[i] = true
 			for j, k := range keys {
-				if _, ok := tab.find(k); ok == dropped[j] {
+				if _, ok := tab.lookup(k); ok == dropped[j] {
 					t.Fatalf("order %v: after dropping key %d, key %d found %v", order, i, j, ok)
 				}
 			}
