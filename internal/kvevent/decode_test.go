@@ -138,7 +138,7 @@ func TestDecodeReusesBatch(t *testing.T) {
 
 // A steady stream decodes without allocating once the batch has grown.
 func TestDecodeSteadyStateAllocs(t *testing.T) {
-	payload := AppendBatch(nil, benchBatch(16, 2, 128), Shape{})
+	payload := AppendBatch(nil, benchBatch(0, 16, 2, 128), Shape{})
 	d := NewDecoder(0)
 	var b Batch
 	mustDecode(t, d, payload, &b)
