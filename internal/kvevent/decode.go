@@ -881,12 +881,10 @@ func readHash(p []byte) (EngineHash, []byte, error) {
 	return IntHash(h), p[need:], nil
 }
 
-// readTokens is the hot loop of the decoder: a 128-token block is read
-// without a call per token for the encodings engines actually produce
-// (positive fixint, uint8, uint16, uint32). A table-driven, branch-free
-// variant measured three times slower: it chains every token's load on
-// the previous token's size, where branches let the CPU run ahead.
-// ctx reports a token that is not a plain integer (SGLang's speculative
+// readTokens reads a token_ids array: readIDs reads the encodings
+// engines actually produce (positive fixint, uint8, uint16, uint32) for
+// as long as it can, and the loop reads the rest, the last few ids of a
+// message and everything else. ctx reports a token that is not a plain integer (SGLang's speculative
 // decoding sends token pairs): the blocks are then not plain text, and
 // the token's place is held by 0 so the count still checks.
 func readTokens(p []byte, b *Batch) (dst []uint32, ctx bool, rest []byte, err error) {
@@ -897,7 +895,9 @@ func readTokens(p []byte, b *Batch) (dst []uint32, ctx bool, rest []byte, err er
 	start := len(b.tokens)
 	b.tokens = slices.Grow(b.tokens, n)[:start+n]
 	dst = b.tokens[start : start+n : start+n]
-	for i := range dst {
+	var i int
+	i, p = readIDs(p, dst)
+	for ; i < len(dst); i++ {
 		if len(p) >= 5 {
 			switch c := p[0]; {
 			case c <= 0x7f:

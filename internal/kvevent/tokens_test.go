@@ -1,0 +1,155 @@
+package kvevent
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/tinylib/msgp/msgp"
+)
+
+// refTokens reads a token_ids array the plain way, one element at a time
+// with the msgp library: the reference readTokens must agree with.
+func refTokens(p []byte) (ids []uint32, ctx bool, rest []byte, ok bool) {
+	n, p, err := msgp.ReadArrayHeaderBytes(p)
+	if err != nil {
+		return nil, false, nil, false
+	}
+	for range n {
+		switch msgp.NextType(p) {
+		case msgp.ArrayType:
+			if p, err = msgp.Skip(p); err != nil {
+				return nil, false, nil, false
+			}
+			ids, ctx = append(ids, 0), true
+		case msgp.UintType:
+			var u uint64
+			if u, p, err = msgp.ReadUint64Bytes(p); err != nil || u > math.MaxUint32 {
+				return nil, false, nil, false
+			}
+			ids = append(ids, uint32(u))
+		case msgp.IntType:
+			var v int64
+			if v, p, err = msgp.ReadInt64Bytes(p); err != nil || v < 0 || v > math.MaxUint32 {
+				return nil, false, nil, false
+			}
+			ids = append(ids, uint32(v))
+		default:
+			return nil, false, nil, false
+		}
+	}
+	return ids, ctx, p, true
+}
+
+// appendOddToken appends one element that is not one of the four
+// encodings readIDs reads, valid or not.
+func appendOddToken(p []byte, rng *rand.Rand) []byte {
+	switch rng.IntN(9) {
+	case 0: // uint64 encoding of a small id
+		return append(p, 0xcf, 0, 0, 0, 0, 0, 0, 0, 42)
+	case 1: // signed encodings of valid ids
+		return append(p, 0xd1, 0x01, 0x02)
+	case 2:
+		return append(p, 0xd2, 0x00, 0x01, 0x00, 0x00)
+	case 3: // a negative id
+		return append(p, 0xff)
+	case 4: // SGLang's token pair
+		return append(p, 0x92, 0x05, 0xcd, 0x01, 0x00)
+	case 5: // a float: its type byte 0xcb sits just below the uints
+		return append(p, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0)
+	case 6: // nil
+		return append(p, 0xc0)
+	case 7: // an id past 2^32 - 1
+		return append(p, 0xcf, 0, 0, 0, 1, 0, 0, 0, 0)
+	}
+	return append(p, 0xa1, 'x') // a string
+}
+
+// TestReadTokensMatchesReference decodes token_ids arrays of every length
+// up to a few chunks of readIDs, with ids of every width in real text's
+// mix and in runs of one width, with and without an odd element (other
+// encodings of valid ids, SGLang's pairs, and elements that must fail)
+// at a random place, followed by a few or many more bytes: readTokens
+// must give what reading each element with msgp gives, the same ids, the
+// same rest, and an error exactly when that does (R-WIRE-2).
+func TestReadTokensMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 5))
+	widths := []uint32{100, 200, 60000, 150000, 0x7f, 0xff, 0xffff, math.MaxUint32}
+	for iter := range 20000 {
+		n := rng.IntN(700)
+		if iter%4 == 0 {
+			n = rng.IntN(20)
+		}
+		p := msgp.AppendArrayHeader(nil, uint32(n))
+		odd := -1
+		if iter%3 == 0 && n > 0 {
+			odd = rng.IntN(n)
+		}
+		run := rng.IntN(3) == 0
+		w := widths[rng.IntN(len(widths))]
+		for i := range n {
+			if i == odd {
+				p = appendOddToken(p, rng)
+				continue
+			}
+			if !run {
+				w = widths[rng.IntN(len(widths))]
+			}
+			p = msgp.AppendUint32(p, uint32(rng.Int64N(int64(w)+1)))
+		}
+		tail := rng.IntN(3) * 100
+		for range tail {
+			p = append(p, byte(rng.Uint32()))
+		}
+		want, wantCtx, wantRest, ok := refTokens(p)
+		var b Batch
+		got, ctx, rest, err := readTokens(p, &b)
+		if (err == nil) != ok {
+			t.Fatalf("iteration %d (%d ids, odd at %d): error %v, reference ok %v\n% x", iter, n, odd, err, ok, p)
+		}
+		if !ok {
+			continue
+		}
+		if !slices.Equal(got, want) || ctx != wantCtx || len(rest) != len(wantRest) {
+			t.Fatalf("iteration %d (%d ids, odd at %d): got %d ids, ctx %v, %d bytes left; want %d, %v, %d\n% x",
+				iter, n, odd, len(got), ctx, len(rest), len(want), wantCtx, len(wantRest), p)
+		}
+	}
+}
+
+// TestReadIDsStopsAtOddElements puts one element readIDs does not read at
+// every position of an array of 300 5-byte ids: readIDs must stop right
+// there, with the ids before it read, or earlier, where fewer than a
+// chunk of bytes are left, with rest starting at the first id not read.
+func TestReadIDsStopsAtOddElements(t *testing.T) {
+	for _, odd := range [][]byte{{0xcb, 0, 0, 0, 0, 0, 0, 0, 0}, {0xcf, 0, 0, 0, 0, 0, 0, 0, 1}, {0x92, 1, 2}, {0xc0}, {0xd0, 1}} {
+		for at := range 300 {
+			var p []byte
+			for i := range 300 {
+				if i == at {
+					p = append(p, odd...)
+					continue
+				}
+				p = msgp.AppendUint32(p, 70000+uint32(i))
+			}
+			dst := make([]uint32, 300)
+			n, rest := readIDs(p, dst)
+			if n > at || (at < 250 && n != at) {
+				t.Fatalf("odd % x at %d: read %d ids", odd, at, n)
+			}
+			for i := range n {
+				if dst[i] != 70000+uint32(i) {
+					t.Fatalf("odd % x at %d: id %d = %d", odd, at, i, dst[i])
+				}
+			}
+			next := msgp.AppendUint32(nil, 70000+uint32(n))
+			if n == at {
+				next = odd
+			}
+			if len(rest) < len(next) || !slices.Equal(rest[:len(next)], next) {
+				t.Fatalf("odd % x at %d: read %d ids, rest starts % x", odd, at, n, rest[:min(len(rest), 9)])
+			}
+		}
+	}
+}
