@@ -2,6 +2,7 @@ package kvdir
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"syscall"
 	"testing"
@@ -10,17 +11,16 @@ import (
 	"github.com/kvcar/kvcar/internal/enginesim"
 	"github.com/kvcar/kvcar/internal/kvevent"
 	"github.com/kvcar/kvcar/internal/kvindex"
+	"github.com/kvcar/kvcar/internal/kvindex/prefillgen"
 )
 
 const benchBlockSize = 128
 
-// promptTokens returns n tokens of prompt p, distinct across prompts.
+// promptTokens returns n token ids of prompt p with English text's widths
+// (see prefillgen.Text), distinct across prompts; the first n of a longer
+// prompt p are the same.
 func promptTokens(p, n int) []uint32 {
-	t := make([]uint32, n)
-	for i := range t {
-		t[i] = uint32(p*1_000_003+i) % 151_000
-	}
-	return t
+	return prefillgen.English.IDs(rand.New(rand.NewPCG(uint64(p), 0x5eed)), n)
 }
 
 // storedBatch builds one batch of BlockStored events for the full blocks
