@@ -67,7 +67,8 @@ func appendOddToken(p []byte, rng *rand.Rand) []byte {
 }
 
 // TestReadTokensMatchesReference decodes token_ids arrays of every length
-// up to a few chunks of readIDs, with ids of every width in real text's
+// up to a few chunks of readIDs and of thousands of ids (read by two walks
+// at once), with ids of every width in real text's
 // mix and in runs of one width, with and without an odd element (other
 // encodings of valid ids, SGLang's pairs, and elements that must fail)
 // at a random place, followed by a few or many more bytes: readTokens
@@ -78,8 +79,11 @@ func TestReadTokensMatchesReference(t *testing.T) {
 	widths := []uint32{100, 200, 60000, 150000, 0x7f, 0xff, 0xffff, math.MaxUint32}
 	for iter := range 20000 {
 		n := rng.IntN(700)
-		if iter%4 == 0 {
+		switch iter % 8 {
+		case 0, 4:
 			n = rng.IntN(20)
+		case 1:
+			n = 1500 + rng.IntN(6000) // long enough for two walks
 		}
 		p := msgp.AppendArrayHeader(nil, uint32(n))
 		odd := -1
