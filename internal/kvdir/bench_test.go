@@ -16,11 +16,11 @@ import (
 
 const benchBlockSize = 128
 
-// promptTokens returns n token ids of prompt p with English text's widths
+// promptTokens returns n token ids of prompt p with real text's widths
 // (see prefillgen.Text), distinct across prompts; the first n of a longer
 // prompt p are the same.
 func promptTokens(p, n int) []uint32 {
-	return prefillgen.English.IDs(rand.New(rand.NewPCG(uint64(p), 0x5eed)), n)
+	return prefillgen.Real.IDs(rand.New(rand.NewPCG(uint64(p), 0x5eed)), n)
 }
 
 // storedBatch builds one batch of BlockStored events for the full blocks

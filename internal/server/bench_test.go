@@ -222,7 +222,7 @@ func BenchmarkDispatchOverhead(b *testing.B) {
 // id's digit count runs faster on a body it has seen, which live traffic
 // never sends twice in a row.
 func BenchmarkParseTokenIDsFresh(b *testing.B) {
-	for _, text := range []prefillgen.Text{prefillgen.English, prefillgen.Uniform} {
+	for _, text := range []prefillgen.Text{prefillgen.Real, prefillgen.Uniform} {
 		for _, variants := range []int{1, 64} {
 			b.Run(fmt.Sprintf("text=%v/variants=%d", text, variants), func(b *testing.B) {
 				rng := rand.New(rand.NewPCG(1, 2))

@@ -26,7 +26,7 @@ import (
 // A message cycles through Options.Variants encodings, each with token
 // ids of its own: a decoder fed the same ids message after message runs
 // faster than on live traffic, because the processor's branch predictor
-// learns the sequence of encoded widths (about four times faster on this
+// learns the sequence of encoded widths (several times faster on this
 // project's reference machine; see README, "Fresh token ids in every
 // message"). Live prompts never repeat that way.
 type Message struct {
@@ -76,7 +76,8 @@ type Options struct {
 	Variants int
 }
 
-// New returns a message of English-like ids in DefaultVariants variants.
+// New returns a message of ids with real text's widths in DefaultVariants
+// variants.
 func New(tb testing.TB, blocksPerEvent int, withRemovals bool) *Message {
 	return NewWith(tb, Options{BlocksPerEvent: blocksPerEvent, Removals: withRemovals})
 }

