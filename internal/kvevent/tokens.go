@@ -10,12 +10,14 @@ import "encoding/binary"
 //
 // A loop that branches on each id's type byte keeps the chain short only
 // while the processor predicts the widths. Replaying one message lets it
-// learn them; real text does not (its widths hardly depend on the width
-// before), so on live traffic about every second or third id costs a
-// mispredicted branch: 3.4–4.6 ns an id on this project's reference
-// machine against 0.8–1.0 ns replayed (BenchmarkDecodeTokens).
+// learn them all (0.9–1.0 ns an id on this project's reference machine);
+// English text and code it predicts well enough (2.6–2.7 ns); Chinese
+// text, whose ids change between two and four value bytes at random, it
+// does not (4.5–4.7 ns), nor widths drawn at random (4.5–5.0 ns). See
+// README, "Fresh token ids in every message".
 //
-// readIDs takes the chain apart. For a chunk of bytes it first computes,
+// readIDs takes the chain apart, so that its cost does not depend on the
+// text (2.7–3.3 ns an id in all those cases). For a chunk of bytes it first computes,
 // for every byte, the width an id would have if it started there (eight
 // bytes at a time, with no branch; most results belong to bytes inside
 // ids and are never used). The walk from id to id is then one load and
