@@ -884,9 +884,10 @@ func readHash(p []byte) (EngineHash, []byte, error) {
 // readTokens reads a token_ids array: readIDs reads the encodings
 // engines actually produce (positive fixint, uint8, uint16, uint32) for
 // as long as it can, and the loop reads the rest, the last few ids of a
-// message and everything else. ctx reports a token that is not a plain integer (SGLang's speculative
-// decoding sends token pairs): the blocks are then not plain text, and
-// the token's place is held by 0 so the count still checks.
+// message and everything else. ctx reports a token that is not a plain
+// integer (SGLang's speculative decoding sends token pairs): the blocks
+// are then not plain text, and the token's place is held by 0 so the
+// count still checks.
 func readTokens(p []byte, b *Batch) (dst []uint32, ctx bool, rest []byte, err error) {
 	n, p, err := readArrayHeader(p, keyTokenIDs, 1)
 	if err != nil {
@@ -898,25 +899,9 @@ func readTokens(p []byte, b *Batch) (dst []uint32, ctx bool, rest []byte, err er
 	var i int
 	i, p = readIDs(p, dst)
 	for ; i < len(dst); i++ {
-		if len(p) >= 5 {
-			switch c := p[0]; {
-			case c <= 0x7f:
-				dst[i] = uint32(c)
-				p = p[1:]
-				continue
-			case c == 0xce:
-				dst[i] = binary.BigEndian.Uint32(p[1:5])
-				p = p[5:]
-				continue
-			case c == 0xcd:
-				dst[i] = uint32(binary.BigEndian.Uint16(p[1:3]))
-				p = p[3:]
-				continue
-			case c == 0xcc:
-				dst[i] = uint32(p[1])
-				p = p[2:]
-				continue
-			}
+		if id, size := readPlainID(p); size > 0 {
+			dst[i], p = id, p[size:]
+			continue
 		}
 		if msgp.NextType(p) == msgp.ArrayType {
 			dst[i], ctx = 0, true

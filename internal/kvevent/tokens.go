@@ -17,10 +17,10 @@ import "encoding/binary"
 // README, "Fresh token ids in every message".
 //
 // readIDs takes the chain apart, so that its cost does not depend on the
-// text (2.7–3.3 ns an id in all those cases). For a chunk of bytes it first computes,
-// for every byte, the width an id would have if it started there (eight
-// bytes at a time, with no branch; most results belong to bytes inside
-// ids and are never used). The walk from id to id is then one load and
+// text (2.7–3.3 ns an id in all those cases). For a chunk of bytes it
+// first computes, for every byte, the width an id would have if it
+// started there (eight bytes at a time, with no branch; most results
+// belong to bytes inside ids and are never used). The walk from id to id is then one load and
 // one add per id, and reading an id's value hangs off the walk instead of
 // lengthening it: the eight bytes that end where the id ends hold its
 // type byte and its value in their low bytes.
@@ -44,32 +44,41 @@ func idWidths(x uint64) uint64 {
 	return marker&himask | ones&^himask
 }
 
+// readPlainID reads a token id encoded as a positive fixint, uint8,
+// uint16 or uint32 at the start of p and returns it with its size; size
+// is 0 for any other encoding, and when p holds fewer than 5 bytes.
+func readPlainID(p []byte) (id uint32, size int) {
+	if len(p) < 5 {
+		return 0, 0
+	}
+	switch c := p[0]; {
+	case c <= 0x7f:
+		return uint32(c), 1
+	case c == 0xcc:
+		return uint32(p[1]), 2
+	case c == 0xcd:
+		return uint32(binary.BigEndian.Uint16(p[1:3])), 3
+	case c == 0xce:
+		return binary.BigEndian.Uint32(p[1:5]), 5
+	}
+	return 0, 0
+}
+
 // readIDs reads token ids of dst from p as long as they are positive
 // fixint, uint8, uint16 or uint32 integers and p holds the whole chunk
-// being walked. It returns how many it read and the rest
-// of p after them; the caller reads the others one by one, which also
-// reports every error.
+// being walked. It returns how many it read and the rest of p after
+// them; the caller reads the others one by one, which also reports every
+// error.
 func readIDs(p []byte, dst []uint32) (int, []byte) {
 	// The eight bytes that end an id start up to seven bytes before it:
 	// read the first ids one by one until eight bytes lie behind.
 	i, o := 0, 0
-	for ; o < 8 && i < len(dst) && len(p)-o >= 5; i++ {
-		switch c := p[o]; {
-		case c <= 0x7f:
-			dst[i] = uint32(c)
-			o++
-		case c == 0xcc:
-			dst[i] = uint32(p[o+1])
-			o += 2
-		case c == 0xcd:
-			dst[i] = uint32(binary.BigEndian.Uint16(p[o+1:]))
-			o += 3
-		case c == 0xce:
-			dst[i] = binary.BigEndian.Uint32(p[o+1:])
-			o += 5
-		default:
+	for ; o < 8 && i < len(dst); i++ {
+		id, size := readPlainID(p[o:])
+		if size == 0 {
 			return i, p[o:]
 		}
+		dst[i], o = id, o+size
 	}
 	if o < 8 {
 		return i, p[o:]

@@ -67,11 +67,11 @@ func appendOddToken(p []byte, rng *rand.Rand) []byte {
 }
 
 // TestReadTokensMatchesReference decodes token_ids arrays of every length
-// up to a few chunks of readIDs and of thousands of ids (read by two walks
-// at once), with ids of every width in real text's
-// mix and in runs of one width, with and without an odd element (other
-// encodings of valid ids, SGLang's pairs, and elements that must fail)
-// at a random place, followed by a few or many more bytes: readTokens
+// up to a few chunks of readIDs and of thousands of ids (many chunks),
+// with ids of every width mixed and in runs of one width, with and
+// without an odd element (other encodings of valid ids, SGLang's pairs,
+// and elements that must fail) at a random place, followed by a few or
+// many more bytes: readTokens
 // must give what reading each element with msgp gives, the same ids, the
 // same rest, and an error exactly when that does (R-WIRE-2).
 func TestReadTokensMatchesReference(t *testing.T) {
@@ -83,7 +83,7 @@ func TestReadTokensMatchesReference(t *testing.T) {
 		case 0, 4:
 			n = rng.IntN(20)
 		case 1:
-			n = 1500 + rng.IntN(6000) // long enough for two walks
+			n = 1500 + rng.IntN(6000) // many chunks
 		}
 		p := msgp.AppendArrayHeader(nil, uint32(n))
 		odd := -1
