@@ -22,25 +22,41 @@ func tokenBody(n int) []byte { return tokenBodySep(n, ",") }
 // tokenBodySep separates the ids with sep: "," as Go's and httpx's
 // encoders write, ", " as Python's json.dumps does by default.
 func tokenBodySep(n int, sep string) []byte {
+	ids := make([]uint32, n)
+	for i := range ids {
+		// Realistic vocabulary ids: up to six digits.
+		ids[i] = uint32(i * 7919 % 151936)
+	}
+	return tokenBodyOf(ids, sep)
+}
+
+// tokenBodyOf is a query body of ids, separated by sep.
+func tokenBodyOf(ids []uint32, sep string) []byte {
 	b := []byte(`{"token_ids":[`)
-	for i := range n {
+	for i, id := range ids {
 		if i > 0 {
 			b = append(b, sep...)
 		}
-		// Realistic vocabulary ids: up to six digits.
-		b = strconv.AppendUint(b, uint64(i*7919%151936), 10)
+		b = strconv.AppendUint(b, uint64(id), 10)
 	}
 	return append(b, "]}"...)
 }
 
 func benchmarkParse(b *testing.B, n int, sep string) {
-	body := tokenBodySep(n, sep)
-	r := bytes.NewReader(body)
+	benchmarkParseBodies(b, n, [][]byte{tokenBodySep(n, sep)})
+}
+
+// benchmarkParseBodies parses bodies of n ids each, in turn.
+func benchmarkParseBodies(b *testing.B, n int, bodies [][]byte) {
+	r := bytes.NewReader(nil)
 	buf := make([]byte, readChunk)
 	var ids []uint32
-	b.SetBytes(int64(len(body)))
+	b.SetBytes(int64(len(bodies[0])))
 	b.ReportAllocs()
+	i := 0
 	for b.Loop() {
+		body := bodies[i%len(bodies)]
+		i++
 		r.Reset(body)
 		sc := scanner{r: r, buf: buf, limit: int64(len(body))}
 		var err *requestError
@@ -228,32 +244,9 @@ func BenchmarkParseTokenIDsFresh(b *testing.B) {
 				rng := rand.New(rand.NewPCG(1, 2))
 				bodies := make([][]byte, variants)
 				for v := range bodies {
-					body := []byte(`{"token_ids":[`)
-					for i, id := range text.IDs(rng, 8192) {
-						if i > 0 {
-							body = append(body, ',')
-						}
-						body = strconv.AppendUint(body, uint64(id), 10)
-					}
-					bodies[v] = append(body, "]}"...)
+					bodies[v] = tokenBodyOf(text.IDs(rng, 8192), ",")
 				}
-				r := bytes.NewReader(nil)
-				buf := make([]byte, readChunk)
-				var ids []uint32
-				b.SetBytes(int64(len(bodies[0])))
-				b.ReportAllocs()
-				i := 0
-				for b.Loop() {
-					body := bodies[i%variants]
-					i++
-					r.Reset(body)
-					sc := scanner{r: r, buf: buf, limit: int64(len(body))}
-					var err *requestError
-					ids, err = parseQuery(&sc, ids[:0], DefaultMaxTokenIDs)
-					if err != nil || len(ids) != 8192 {
-						b.Fatalf("parse: %v (%d ids)", err, len(ids))
-					}
-				}
+				benchmarkParseBodies(b, 8192, bodies)
 				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/8192, "ns/id")
 			})
 		}
