@@ -896,8 +896,17 @@ func readTokens(p []byte, b *Batch) (dst []uint32, ctx bool, rest []byte, err er
 	start := len(b.tokens)
 	b.tokens = slices.Grow(b.tokens, n)[:start+n]
 	dst = b.tokens[start : start+n : start+n]
-	var i int
-	i, p = readIDs(p, dst)
+	i, p := readIDs(p, dst)
+	if ctx, p, err = readEachToken(p, dst, i); err != nil {
+		return nil, false, p, err
+	}
+	return dst, ctx, p, nil
+}
+
+// readEachToken reads token ids dst[i:] from p one at a time, with a
+// branch on each id's encoding: the ids readIDs leaves, and any other
+// encoding readTokens accepts.
+func readEachToken(p []byte, dst []uint32, i int) (ctx bool, rest []byte, err error) {
 	for ; i < len(dst); i++ {
 		if id, size := readPlainID(p); size > 0 {
 			dst[i], p = id, p[size:]
@@ -906,15 +915,15 @@ func readTokens(p []byte, b *Batch) (dst []uint32, ctx bool, rest []byte, err er
 		if msgp.NextType(p) == msgp.ArrayType {
 			dst[i], ctx = 0, true
 			if p, err = skip(p, keyTokenIDs); err != nil {
-				return nil, false, p, err
+				return false, p, err
 			}
 			continue
 		}
 		if dst[i], p, err = readTokenSlow(p); err != nil {
-			return nil, false, p, fmt.Errorf("%s[%d]: %w", keyTokenIDs, i, err)
+			return false, p, fmt.Errorf("%s[%d]: %w", keyTokenIDs, i, err)
 		}
 	}
-	return dst, ctx, p, nil
+	return ctx, p, nil
 }
 
 // readTokenSlow reads one token id in any integer encoding, range-checked,
