@@ -66,8 +66,14 @@ func readPlainID(p []byte) (id uint32, size int) {
 	return 0, 0
 }
 
+// fillWidths writes into word m of ws the widths of the eight bytes of p
+// at o+8*m.
+func fillWidths(ws *[idChunk]byte, m int, p []byte, o int) {
+	binary.LittleEndian.PutUint64(ws[(8*m)&(idChunk-1):], idWidths(binary.LittleEndian.Uint64(p[o+8*m:])))
+}
+
 // readIDs reads token ids of dst from p as long as they are positive
-// fixint, uint8, uint16 or uint32 integers and p holds the whole chunk
+// fixint, uint8, uint16 or uint32 integers and p holds the whole window
 // being walked. It returns how many it read and the rest of p after
 // them; the caller reads the others one by one, which also reports every
 // error.
@@ -82,36 +88,62 @@ func readIDs(p []byte, dst []uint32) (int, []byte) {
 		}
 		dst[i], o = id, o+size
 	}
-	if o < 8 {
+	if o < 8 || o+idChunk > len(p) {
 		return i, p[o:]
 	}
 	// masks keeps the value bytes of an id of each width (a fixint is
 	// its own value).
 	masks := [8]uint32{1: 0xff, 2: 0xff, 3: 0xffff, 5: 0xffffffff}
-	var widths [idChunk]byte
-	for i < len(dst) && o+idChunk <= len(p) {
-		for k := 0; k < idChunk; k += 8 {
-			binary.LittleEndian.PutUint64(widths[k:], idWidths(binary.LittleEndian.Uint64(p[o+k:])))
+	// Windows of idChunk bytes follow each other every stride bytes, so
+	// that where the next one starts does not depend on the walk: the
+	// walk fills the next window's widths, one word an id, while its own
+	// chain of steps leaves the processor room. It enters the next
+	// window within the last eight bytes of this one, which both share.
+	const stride = idChunk - 8
+	const words = idChunk / 8
+	var widths [2][idChunk]byte
+	for m := range words {
+		fillWidths(&widths[0], m, p, o)
+	}
+	cur, j := 0, uint(0)
+	for i < len(dst) {
+		next := o + stride
+		more := next+idChunk <= len(p)
+		// Unless the ids left, at three bytes an id, end in this window.
+		ahead := 0
+		if more && 3*(len(dst)-i) >= stride-int(j) {
+			ahead = words
 		}
+		ws, nw := &widths[cur], &widths[cur^1]
 		// q[j : j+8] are the eight bytes that end at p[o+j]. A walk
 		// position stays below idChunk, so masking it with idChunk-1
 		// changes nothing and lets the compiler drop the bounds check,
 		// outside the chain of dependent steps from id to id.
 		q := (*[idChunk + 8]byte)(p[o-8 : o+idChunk])
-		j := uint(0)
-		for ; j < idChunk-8 && i < len(dst); i++ {
+		m := 0
+		for ; j < stride && i < len(dst); i++ {
+			if m < ahead {
+				fillWidths(nw, m, p, next)
+				m++
+			}
 			start := j
-			w := uint(widths[j])
+			w := uint(ws[j])
 			j += w
 			x := binary.BigEndian.Uint64(q[j&(idChunk-1):])
 			// The walk trusted the width of the byte at start: it
-			// holds only if that byte is a type byte read here.
-			if c := uint(x>>(8*w-8)) & 0xff; (c-0xcc)&-(c>>7) > 2 {
+			// holds only if that byte is a type byte.
+			if c := uint(q[start+8]); (c-0xcc)&-(c>>7) > 2 {
 				return i, p[o+int(start):]
 			}
 			dst[i] = uint32(x) & masks[w&7]
 		}
-		o += int(j)
+		if j < stride || !more {
+			break
+		}
+		for ; m < words; m++ {
+			fillWidths(nw, m, p, next)
+		}
+		o, j, cur = next, j-stride, cur^1
 	}
-	return i, p[o:]
+	return i, p[o+int(j):]
 }
