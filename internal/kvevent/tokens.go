@@ -17,20 +17,20 @@ import "encoding/binary"
 // README, "Fresh token ids in every message".
 //
 // readIDs takes the chain apart, so that its cost does not depend on the
-// text (2.4–2.8 ns an id in all those cases). For a chunk of bytes it
-// first computes, for every byte, the width an id would have if it
-// started there (eight bytes at a time, with no branch; most results
-// belong to bytes inside ids and are never used). The walk from id to id is then one load and
-// one add per id, and reading an id's value hangs off the walk instead of
-// lengthening it: the eight bytes that end where the id ends hold its
-// type byte and its value in their low bytes.
+// text (2.3–2.8 ns an id in all those cases). For a window of bytes it
+// computes, for every byte, the width an id would have if it started
+// there (eight bytes at a time, with no branch; most results belong to
+// bytes inside ids and are never used). The walk from id to id is then
+// one load and one add per id, and reading an id's value hangs off the
+// walk instead of lengthening it: the eight bytes that end where the id
+// ends hold its value in their low bytes.
 
-// idChunk is how many bytes of widths readIDs computes at a time. A chunk
-// starts where the walk through the one before ended, so each start waits
-// for that walk and then for its own widths: 512 bytes (about 200 ids)
-// amortise that wait where 128 did not, 6-7 % of decode + apply, and an
-// event of one 128-token block (~330 bytes) still wastes little on widths
-// past its end (README, "Fresh token ids in every message").
+// idChunk is the size of readIDs' windows. Their widths are computed a
+// window ahead of the walk, so their size matters less than when each
+// waited for the walk before (128 bytes then cost 6-7 % of decode +
+// apply against 512); an event of one 128-token block (~330 bytes)
+// still wastes little on widths past its end (README, "Fresh token ids
+// in every message").
 const idChunk = 512
 
 // idWidths returns, for each byte of x (read little-endian, so byte k of
