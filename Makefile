@@ -52,6 +52,8 @@ fmt-check:
 
 test: deps-test tokenizer-fixtures fmt-check vet
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	@# kvevent's portable widths, which architectures other than amd64 use
+	$(GO) test -count=1 -tags purego ./internal/kvevent/
 	@$(MAKE) --no-print-directory test-alloc
 
 # Allocation tests (named *Alloc*) skip under -race, whose sync.Pool drops

@@ -20,6 +20,11 @@
 //   - a parent of 0 is a root in the legacy array events, a hash in maps;
 //   - unknown keys and trailing elements are skipped.
 //
+// Token ids, most of a message's bytes, are read by a walk over
+// precomputed widths (tokens.go); on amd64 the widths come from SSE2
+// assembly, elsewhere (and with the purego build tag) from portable Go
+// that computes the same, which both tests check byte by byte.
+//
 // It must not know about streams, indexes or sockets: it turns bytes into
 // events and events into bytes, nothing more.
 package kvevent

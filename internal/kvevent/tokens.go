@@ -17,27 +17,28 @@ import "encoding/binary"
 // README, "Fresh token ids in every message".
 //
 // readIDs takes the chain apart, so that its cost does not depend on the
-// text (2.3–2.8 ns an id in all those cases). For a window of bytes it
-// computes, for every byte, the width an id would have if it started
-// there (eight bytes at a time, with no branch; most results belong to
-// bytes inside ids and are never used). The walk from id to id is then
-// one load and one add per id, and reading an id's value hangs off the
-// walk instead of lengthening it: the eight bytes that end where the id
-// ends hold its value in their low bytes.
+// text (1.8–2.0 ns an id in all those cases). For a window of bytes it
+// first computes, for every byte, the width an id would have if it
+// started there: sixteen bytes at a time and without a branch (SSE2,
+// fillWindow), most results belonging to bytes inside ids and never
+// used. The walk from id to id is then one load and one add per id, and
+// reading an id's value hangs off the walk instead of lengthening it:
+// the eight bytes that end where the id ends hold its value in their low
+// bytes.
 
-// idChunk is the size of readIDs' windows. Their widths are computed a
-// window ahead of the walk, so their size matters less than when each
-// waited for the walk before (128 bytes then cost 6-7 % of decode +
-// apply against 512); an event of one 128-token block (~330 bytes)
-// still wastes little on widths past its end (README, "Fresh token ids
-// in every message").
+// idChunk is the size of readIDs' windows: big enough to amortise
+// starting one (128 bytes cost 6-7 % of decode + apply against 512),
+// small enough that an event of one 128-token block (~330 bytes) wastes
+// little on widths past its end (README, "Fresh token ids in every
+// message").
 const idChunk = 512
 
 // idWidths returns, for each byte of x (read little-endian, so byte k of
 // the input is lane k), the width of an id whose type byte it is: 1 below
 // 0x80, 2 for 0xcc, 3 for 0xcd, 5 for 0xce. Other bytes of 0x80 and above
-// get a width of 2 to 6, which keeps the walk within the chunk's slack
-// until readIDs checks the type byte and stops there.
+// get a width of 2 to 6, which keeps the walk within the window's slack
+// until readIDs checks the type byte and stops there. fillWindow computes
+// the same for a whole window, in assembly where there is some.
 func idWidths(x uint64) uint64 {
 	const ones = 0x0101010101010101
 	hi := x >> 7 & ones                 // 1 in lanes of 0x80 and above
@@ -66,12 +67,6 @@ func readPlainID(p []byte) (id uint32, size int) {
 	return 0, 0
 }
 
-// fillWidths writes into word m of ws the widths of the eight bytes of p
-// at o+8*m.
-func fillWidths(ws *[idChunk]byte, m int, p []byte, o int) {
-	binary.LittleEndian.PutUint64(ws[(8*m)&(idChunk-1):], idWidths(binary.LittleEndian.Uint64(p[o+8*m:])))
-}
-
 // readIDs reads token ids of dst from p as long as they are positive
 // fixint, uint8, uint16 or uint32 integers and p holds the whole window
 // being walked. It returns how many it read and the rest of p after
@@ -94,40 +89,22 @@ func readIDs(p []byte, dst []uint32) (int, []byte) {
 	// masks keeps the value bytes of an id of each width (a fixint is
 	// its own value).
 	masks := [8]uint32{1: 0xff, 2: 0xff, 3: 0xffff, 5: 0xffffffff}
-	// Windows of idChunk bytes follow each other every stride bytes, so
-	// that where the next one starts does not depend on the walk: the
-	// walk fills the next window's widths, one word an id, while its own
-	// chain of steps leaves the processor room. It enters the next
-	// window within the last eight bytes of this one, which both share.
+	// Windows of idChunk bytes follow each other every stride bytes.
+	// The walk enters the next window within the last eight bytes of
+	// this one, which both share.
 	const stride = idChunk - 8
-	const words = idChunk / 8
-	var widths [2][idChunk]byte
-	for m := range words {
-		fillWidths(&widths[0], m, p, o)
-	}
-	cur, j := 0, uint(0)
+	var widths [idChunk]byte
+	j := uint(0)
 	for i < len(dst) {
-		next := o + stride
-		more := next+idChunk <= len(p)
-		// Unless the ids left, at three bytes an id, end in this window.
-		ahead := 0
-		if more && 3*(len(dst)-i) >= stride-int(j) {
-			ahead = words
-		}
-		ws, nw := &widths[cur], &widths[cur^1]
+		fillWindow(&widths, p[o:])
 		// q[j : j+8] are the eight bytes that end at p[o+j]. A walk
 		// position stays below idChunk, so masking it with idChunk-1
 		// changes nothing and lets the compiler drop the bounds check,
 		// outside the chain of dependent steps from id to id.
 		q := (*[idChunk + 8]byte)(p[o-8 : o+idChunk])
-		m := 0
 		for ; j < stride && i < len(dst); i++ {
-			if m < ahead {
-				fillWidths(nw, m, p, next)
-				m++
-			}
 			start := j
-			w := uint(ws[j])
+			w := uint(widths[j])
 			j += w
 			x := binary.BigEndian.Uint64(q[j&(idChunk-1):])
 			// The walk trusted the width of the byte at start: it
@@ -137,13 +114,10 @@ func readIDs(p []byte, dst []uint32) (int, []byte) {
 			}
 			dst[i] = uint32(x) & masks[w&7]
 		}
-		if j < stride || !more {
+		if j < stride || o+stride+idChunk > len(p) {
 			break
 		}
-		for ; m < words; m++ {
-			fillWidths(nw, m, p, next)
-		}
-		o, j, cur = next, j-stride, cur^1
+		o, j = o+stride, j-stride
 	}
 	return i, p[o+int(j):]
 }

@@ -1,6 +1,7 @@
 package kvevent
 
 import (
+	"encoding/binary"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -153,6 +154,57 @@ func TestReadIDsStopsAtOddElements(t *testing.T) {
 			}
 			if len(rest) < len(next) || !slices.Equal(rest[:len(next)], next) {
 				t.Fatalf("odd % x at %d: read %d ids, rest starts % x", odd, at, n, rest[:min(len(rest), 9)])
+			}
+		}
+	}
+}
+
+// byteWidth is the width readIDs' walk takes from a byte, one byte at a
+// time: an id's whole size for a type byte it reads (fixint 1, 0xcc 2,
+// 0xcd 3, 0xce 5), and 2 to 6 for any other byte of 0x80 and above, at
+// which the walk stops.
+func byteWidth(b byte) byte {
+	if b < 0x80 {
+		return 1
+	}
+	t := b & 3
+	return 2 + t + t>>1
+}
+
+// TestWindowWidths checks the widths of every byte value, at every
+// position of a window, and of random windows, from both idWidths (eight
+// bytes at a time) and fillWindow (sixteen at a time where assembly
+// does it).
+func TestWindowWidths(t *testing.T) {
+	for b, want := range map[byte]byte{0x00: 1, 0x7f: 1, 0xcc: 2, 0xcd: 3, 0xce: 5} {
+		if got := byteWidth(b); got != want {
+			t.Fatalf("byteWidth(%#x) = %d, want %d", b, got, want)
+		}
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for iter := range 2000 {
+		p := make([]byte, idChunk+int(rng.IntN(16)))
+		for k := range p {
+			if iter < 256 {
+				p[k] = byte(iter + k)
+			} else {
+				p[k] = byte(rng.Uint32())
+			}
+		}
+		var ws [idChunk]byte
+		fillWindow(&ws, p)
+		for k := range idChunk {
+			if want := byteWidth(p[k]); ws[k] != want {
+				t.Fatalf("iteration %d: fillWindow: byte %d (%#x) width %d, want %d", iter, k, p[k], ws[k], want)
+			}
+			if k%8 == 0 {
+				var word [8]byte
+				binary.LittleEndian.PutUint64(word[:], idWidths(binary.LittleEndian.Uint64(p[k:])))
+				for l, w := range word {
+					if want := byteWidth(p[k+l]); w != want {
+						t.Fatalf("iteration %d: idWidths: byte %d (%#x) width %d, want %d", iter, k+l, p[k+l], w, want)
+					}
+				}
 			}
 		}
 	}
