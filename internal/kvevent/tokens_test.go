@@ -174,7 +174,7 @@ func byteWidth(b byte) byte {
 // TestWindowWidths checks the widths of every byte value, at every
 // position of a window, and of random windows, from both idWidths (eight
 // bytes at a time) and fillWindow (sixteen at a time where assembly
-// does it).
+// does it), and fillWindow's distances to the id after next.
 func TestWindowWidths(t *testing.T) {
 	for b, want := range map[byte]byte{0x00: 1, 0x7f: 1, 0xcc: 2, 0xcd: 3, 0xce: 5} {
 		if got := byteWidth(b); got != want {
@@ -183,19 +183,31 @@ func TestWindowWidths(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(3, 4))
 	for iter := range 2000 {
-		p := make([]byte, idChunk+int(rng.IntN(16)))
+		p := make([]byte, idChunk+16+int(rng.IntN(16)))
 		for k := range p {
-			if iter < 256 {
+			switch {
+			case iter < 256:
 				p[k] = byte(iter + k)
-			} else {
+			case iter < 1000:
+				// Mostly type bytes, so that ids follow ids.
+				p[k] = []byte{0x05, 0xcc, 0xcd, 0xce, byte(rng.Uint32())}[rng.IntN(5)]
+			default:
 				p[k] = byte(rng.Uint32())
 			}
 		}
-		var ws [idChunk]byte
-		fillWindow(&ws, p)
+		var ws, ws2 [idChunk]byte
+		fillWindow(&ws, &ws2, p)
 		for k := range idChunk {
-			if want := byteWidth(p[k]); ws[k] != want {
+			want := byteWidth(p[k])
+			if ws[k] != want {
 				t.Fatalf("iteration %d: fillWindow: byte %d (%#x) width %d, want %d", iter, k, p[k], ws[k], want)
+			}
+			want2 := want
+			if want != 4 && want != 6 {
+				want2 += byteWidth(p[k+int(want)])
+			}
+			if ws2[k] != want2 {
+				t.Fatalf("iteration %d: fillWindow: byte %d (%#x) to the id after next %d, want %d", iter, k, p[k], ws2[k], want2)
 			}
 			if k%8 == 0 {
 				var word [8]byte
