@@ -50,6 +50,9 @@ type rank struct {
 	batch kvevent.Batch
 	buf   []byte
 	jobs  []*replayJob
+	// appendState's storage for runs of blocks, kept between calls.
+	stateRun      run
+	stateReplicas []kvevent.EngineHash
 	// bound is true while the rank has its sockets; rs is nil with
 	// ReplayNone.
 	bound bool
@@ -308,8 +311,11 @@ func (r *rank) sendLive(payload []byte) error {
 // cpu store for those that also have a Host copy, chains of Host-only
 // blocks as one cpu store with tokens. An orphan keeps its parent hash.
 func (r *rank) appendState(b *kvevent.Batch, blocks []*blockRec) {
-	var cur run
-	var replicas []kvevent.EngineHash
+	// The batch copies what it is given, so one run's storage serves
+	// every run of every call: a snapshot's hundreds of batches would
+	// otherwise each grow their own.
+	cur, replicas := r.stateRun, r.stateReplicas
+	defer func() { r.stateRun, r.stateReplicas = cur, replicas }()
 	curDevice := false
 	var prev *blockRec
 	flush := func() {
@@ -324,7 +330,8 @@ func (r *rank) appendState(b *kvevent.Batch, blocks []*blockRec) {
 		if len(replicas) > 0 {
 			b.AddStored(replicas, kvevent.EngineHash{}, false, nil, 0, kvevent.Host)
 		}
-		cur, replicas = run{}, nil
+		cur = run{hashes: cur.hashes[:0], tokens: cur.tokens[:0]}
+		replicas = replicas[:0]
 	}
 	for _, blk := range blocks {
 		onDevice := blk.dev != nil
