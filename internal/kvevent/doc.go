@@ -21,9 +21,10 @@
 //   - unknown keys and trailing elements are skipped.
 //
 // Token ids, most of a message's bytes, are read by a walk over
-// precomputed widths (tokens.go); on amd64 the widths come from SSE2
-// assembly, elsewhere (and with the purego build tag) from portable Go
-// that computes the same, which both tests check byte by byte.
+// precomputed widths (tokens.go); on amd64 processors with SSSE3 the
+// widths come from assembly, elsewhere (and with the purego build tag)
+// from portable Go that computes the same; a test checks both byte by
+// byte.
 //
 // It must not know about streams, indexes or sockets: it turns bytes into
 // events and events into bytes, nothing more.

@@ -172,15 +172,16 @@ func byteWidth(b byte) byte {
 }
 
 // TestWindowWidths checks the widths of every byte value, at every
-// position of a window, and of random windows, from both idWidths (eight
-// bytes at a time) and fillWindow (sixteen at a time where assembly
-// does it), and fillWindow's distances to the id after next.
+// position of a window, and of random windows, from idWidths (eight
+// bytes at a time), fillWindow (sixteen at a time where assembly does
+// it) and fillWindowGo, and both fills' distances to the id after next.
 func TestWindowWidths(t *testing.T) {
 	for b, want := range map[byte]byte{0x00: 1, 0x7f: 1, 0xcc: 2, 0xcd: 3, 0xce: 5} {
 		if got := byteWidth(b); got != want {
 			t.Fatalf("byteWidth(%#x) = %d, want %d", b, got, want)
 		}
 	}
+	fills := map[string]func(ws, ws2 *[idChunk]byte, p []byte){"fillWindow": fillWindow, "fillWindowGo": fillWindowGo}
 	rng := rand.New(rand.NewPCG(3, 4))
 	for iter := range 2000 {
 		p := make([]byte, idChunk+16+int(rng.IntN(16)))
@@ -195,27 +196,25 @@ func TestWindowWidths(t *testing.T) {
 				p[k] = byte(rng.Uint32())
 			}
 		}
-		var ws, ws2 [idChunk]byte
-		fillWindow(&ws, &ws2, p)
-		for k := range idChunk {
-			want := byteWidth(p[k])
-			if ws[k] != want {
-				t.Fatalf("iteration %d: fillWindow: byte %d (%#x) width %d, want %d", iter, k, p[k], ws[k], want)
+		for name, fill := range fills {
+			var ws, ws2 [idChunk]byte
+			fill(&ws, &ws2, p)
+			for k := range idChunk {
+				want := byteWidth(p[k])
+				if ws[k] != want {
+					t.Fatalf("iteration %d: %s: byte %d (%#x) width %d, want %d", iter, name, k, p[k], ws[k], want)
+				}
+				if want2 := want + byteWidth(p[k+int(want)]); ws2[k] != want2 {
+					t.Fatalf("iteration %d: %s: byte %d (%#x) to the id after next %d, want %d", iter, name, k, p[k], ws2[k], want2)
+				}
 			}
-			want2 := want
-			if want != 4 && want != 6 {
-				want2 += byteWidth(p[k+int(want)])
-			}
-			if ws2[k] != want2 {
-				t.Fatalf("iteration %d: fillWindow: byte %d (%#x) to the id after next %d, want %d", iter, k, p[k], ws2[k], want2)
-			}
-			if k%8 == 0 {
-				var word [8]byte
-				binary.LittleEndian.PutUint64(word[:], idWidths(binary.LittleEndian.Uint64(p[k:])))
-				for l, w := range word {
-					if want := byteWidth(p[k+l]); w != want {
-						t.Fatalf("iteration %d: idWidths: byte %d (%#x) width %d, want %d", iter, k+l, p[k+l], w, want)
-					}
+		}
+		for k := 0; k < idChunk; k += 8 {
+			var word [8]byte
+			binary.LittleEndian.PutUint64(word[:], idWidths(binary.LittleEndian.Uint64(p[k:])))
+			for l, w := range word {
+				if want := byteWidth(p[k+l]); w != want {
+					t.Fatalf("iteration %d: idWidths: byte %d (%#x) width %d, want %d", iter, k+l, p[k+l], w, want)
 				}
 			}
 		}

@@ -1,0 +1,23 @@
+//go:build !purego
+
+package kvevent
+
+import "golang.org/x/sys/cpu"
+
+// fillWindow writes into ws the widths of the first idChunk bytes of p,
+// as idWidths, and into ws2 the distance from each byte to the id after
+// next: its width plus the width of the byte that many bytes on. Sixteen
+// bytes at a time where the processor has SSSE3 (every x86-64 processor
+// of the last fifteen years), else as fillWindowGo. p holds idChunk+16
+// bytes.
+func fillWindow(ws, ws2 *[idChunk]byte, p []byte) {
+	_ = p[idChunk+15]
+	if cpu.X86.HasSSSE3 {
+		fillWindowSSSE3(&ws[0], &ws2[0], &p[0], idChunk)
+		return
+	}
+	fillWindowGo(ws, ws2, p)
+}
+
+//go:noescape
+func fillWindowSSSE3(ws, ws2 *byte, p *byte, n int)

@@ -1,0 +1,79 @@
+//go:build !purego
+
+#include "textflag.h"
+
+// WIDTHS sets X to the widths of the sixteen bytes at (R): 2 + t + t>>1,
+// t the low two bits, for bytes of 0x80 and above, 1 for the others.
+// It clobbers T1 and T2. X8 holds 0x01 and X9 0x03 in every byte.
+#define WIDTHS(R, X, T1, T2) \
+	MOVOU	R, X \
+	PXOR	T1, T1 \
+	PCMPGTB	X, T1 \
+	PAND	X9, X \
+	MOVO	X, T2 \
+	PSRLW	$1, T2 \
+	PAND	X8, T2 \
+	PADDB	X8, X \
+	PADDB	T2, X \
+	PAND	T1, X \
+	PADDB	X8, X
+
+// func fillWindowSSSE3(ws, ws2 *byte, p *byte, n int)
+//
+// ws gets the widths of p's first n bytes, as idWidths; ws2 each byte's
+// width plus the width of the byte that many bytes on: the distance to
+// the id after next. PSHUFB (SSSE3) picks that byte's width from this
+// block of sixteen widths or the next. p holds n+16 bytes; n is a
+// positive multiple of 16.
+TEXT ·fillWindowSSSE3(SB), NOSPLIT|NOFRAME, $0-32
+	MOVQ	ws+0(FP), DI
+	MOVQ	ws2+8(FP), DX
+	MOVQ	p+16(FP), SI
+	MOVQ	n+24(FP), CX
+	MOVQ	$0x0101010101010101, AX
+	MOVQ	AX, X8
+	PUNPCKLQDQ	X8, X8
+	MOVQ	$0x0303030303030303, AX
+	MOVQ	AX, X9
+	PUNPCKLQDQ	X9, X9
+	// X12: each lane's index; X13: 15 and X14: 16 in every byte.
+	MOVQ	$0x0706050403020100, AX
+	MOVQ	AX, X12
+	MOVQ	$0x0f0e0d0c0b0a0908, AX
+	MOVQ	AX, X6
+	PUNPCKLQDQ	X6, X12
+	MOVQ	$0x0f0f0f0f0f0f0f0f, AX
+	MOVQ	AX, X13
+	PUNPCKLQDQ	X13, X13
+	MOVQ	$0x1010101010101010, AX
+	MOVQ	AX, X14
+	PUNPCKLQDQ	X14, X14
+	WIDTHS((SI), X0, X4, X5)
+
+loop:
+	WIDTHS(16(SI), X1, X4, X5)
+	// X2 = lane + width, 1 to 21: the byte whose width is wanted, in
+	// this block (X0) below 16, in the next (X1) from 16. PSHUFB gives
+	// zero for an index with its top bit set: X3 is X2 with the lanes
+	// of 16 and above all ones, X2-16 is negative below 16.
+	MOVO	X0, X2
+	PADDB	X12, X2
+	MOVO	X2, X3
+	PCMPGTB	X13, X3
+	POR	X2, X3
+	MOVO	X0, X4
+	PSHUFB	X3, X4
+	PSUBB	X14, X2
+	MOVO	X1, X5
+	PSHUFB	X2, X5
+	POR	X5, X4
+	PADDB	X0, X4
+	MOVOU	X0, (DI)
+	MOVOU	X4, (DX)
+	MOVO	X1, X0
+	ADDQ	$16, SI
+	ADDQ	$16, DI
+	ADDQ	$16, DX
+	SUBQ	$16, CX
+	JNZ	loop
+	RET
