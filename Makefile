@@ -52,7 +52,7 @@ fmt-check:
 
 test: deps-test tokenizer-fixtures fmt-check vet
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
-	@# kvevent's portable widths, which architectures other than amd64 use
+	@# the decoder over kvevent's portable widths (other architectures, amd64 without SSSE3)
 	$(GO) test -count=1 -tags purego ./internal/kvevent/
 	@$(MAKE) --no-print-directory test-alloc
 
