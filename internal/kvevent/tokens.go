@@ -48,6 +48,14 @@ func idWidths(x uint64) uint64 {
 	return ones + extra&(hi<<8-hi)
 }
 
+// notIDType reports whether c is not the first byte of a positive
+// fixint, uint8, uint16 or uint32, without a branch: below 0x80, c>>7 is
+// 0 and so is the mask; from 0x80 on, only 0xcc to 0xce land below 3.
+func notIDType(c byte) bool {
+	x := uint(c)
+	return (x-0xcc)&-(x>>7) > 2
+}
+
 // readPlainID reads a token id encoded as a positive fixint, uint8,
 // uint16 or uint32 at the start of p and returns it with its size; size
 // is 0 for any other encoding, and when p holds fewer than 5 bytes.
@@ -115,11 +123,11 @@ func readIDs(p []byte, dst []uint32) (int, []byte) {
 			y := binary.BigEndian.Uint64(q[j&(idChunk-1):])
 			// The walk trusted the widths of the bytes at start and
 			// mid: they hold only if those bytes are type bytes.
-			if c := uint(q[start+8]); (c-0xcc)&-(c>>7) > 2 {
+			if notIDType(q[start+8]) {
 				return i, p[o+int(start):]
 			}
 			dst[i] = uint32(x) & masks[w&7]
-			if c := uint(q[(mid+8)&(idChunk-1)]); (c-0xcc)&-(c>>7) > 2 {
+			if notIDType(q[(mid+8)&(idChunk-1)]) {
 				return i + 1, p[o+int(mid):]
 			}
 			dst[i+1] = uint32(y) & masks[(j-mid)&7]

@@ -68,7 +68,7 @@ func appendOddToken(p []byte, rng *rand.Rand) []byte {
 }
 
 // TestReadTokensMatchesReference decodes token_ids arrays of every length
-// up to a few chunks of readIDs and of thousands of ids (many chunks),
+// up to a few windows of readIDs and of thousands of ids (many windows),
 // with ids of every width mixed and in runs of one width, with and
 // without an odd element (other encodings of valid ids, SGLang's pairs,
 // and elements that must fail) at a random place, followed by a few or
@@ -84,7 +84,7 @@ func TestReadTokensMatchesReference(t *testing.T) {
 		case 0, 4:
 			n = rng.IntN(20)
 		case 1:
-			n = 1500 + rng.IntN(6000) // many chunks
+			n = 1500 + rng.IntN(6000) // many windows
 		}
 		p := msgp.AppendArrayHeader(nil, uint32(n))
 		odd := -1
