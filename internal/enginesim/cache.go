@@ -128,7 +128,9 @@ func (c *cache) flush(b *kvevent.Batch, r *run, m kvevent.Medium) {
 		return
 	}
 	c.addStored(b, r.hashes, r.parent, r.hasParent, r.tokens, m)
-	*r = run{}
+	// The batch copied what it was given: the next run reuses the
+	// storage.
+	*r = run{hashes: r.hashes[:0], tokens: r.tokens[:0]}
 }
 
 // prefill serves one prompt the way a prefix-caching engine does: reuse

@@ -311,26 +311,21 @@ func (r *rank) sendLive(payload []byte) error {
 // cpu store for those that also have a Host copy, chains of Host-only
 // blocks as one cpu store with tokens. An orphan keeps its parent hash.
 func (r *rank) appendState(b *kvevent.Batch, blocks []*blockRec) {
-	// The batch copies what it is given, so one run's storage serves
-	// every run of every call: a snapshot's hundreds of batches would
-	// otherwise each grow their own.
-	cur, replicas := r.stateRun, r.stateReplicas
-	defer func() { r.stateRun, r.stateReplicas = cur, replicas }()
+	// One run's storage, which flush keeps, serves every run of every
+	// call: a snapshot's hundreds of batches would otherwise each grow
+	// their own.
+	cur, replicas := &r.stateRun, r.stateReplicas
 	curDevice := false
 	var prev *blockRec
 	flush := func() {
-		if len(cur.hashes) == 0 {
-			return
-		}
 		m := kvevent.Host
 		if curDevice {
 			m = kvevent.Device
 		}
-		r.cache.addStored(b, cur.hashes, cur.parent, cur.hasParent, cur.tokens, m)
+		r.cache.flush(b, cur, m)
 		if len(replicas) > 0 {
 			b.AddStored(replicas, kvevent.EngineHash{}, false, nil, 0, kvevent.Host)
 		}
-		cur = run{hashes: cur.hashes[:0], tokens: cur.tokens[:0]}
 		replicas = replicas[:0]
 	}
 	for _, blk := range blocks {
@@ -348,4 +343,5 @@ func (r *rank) appendState(b *kvevent.Batch, blocks []*blockRec) {
 		prev = blk
 	}
 	flush()
+	r.stateReplicas = replicas
 }
