@@ -10,8 +10,8 @@ import "testing"
 // handler (parse, decision, the encoded message written from reused
 // buffers, the Generation back): the prompt is copied once, from the
 // body's storage into the message's, both reused. A prompt 32 times
-// longer may cost at most 1 KiB and one allocation more, which is noise
-// from the process's other goroutines.
+// longer may cost at most 1 KiB more, which is noise from the process's
+// other goroutines, and no allocation more.
 func TestDispatchAllocationsDoNotGrowWithPrompt(t *testing.T) {
 	engine := frugalXLLMEngine(t)
 	router, reg := backendRouter(t, map[string]string{engine: ""})

@@ -23,8 +23,8 @@ import (
 // (parse, decision, relay to a real engine on loopback and back). The
 // body and ids live in reused storage and the engine connection copies
 // bodies through reused buffers, so a prompt 32 times longer may cost at
-// most 1 KiB and one allocation more, which is noise from the process's
-// other goroutines.
+// most 1 KiB more, which is noise from the process's other goroutines,
+// and no allocation more.
 func TestInferenceAllocationsDoNotGrowWithPrompt(t *testing.T) {
 	s := New(Options{Router: routerFor(t, answeringEngine(t))})
 	s.SetReady(true)
@@ -32,7 +32,7 @@ func TestInferenceAllocationsDoNotGrowWithPrompt(t *testing.T) {
 }
 
 // checkAllocsFlat fails t when a completion of 65536 prompt ids through h
-// costs more than 1 KiB or one allocation more per request than one of
+// costs more than 1 KiB or any allocation more per request than one of
 // 2048, once h's pooled storage is warm.
 func checkAllocsFlat(t *testing.T, h http.Handler) {
 	t.Helper()
@@ -46,7 +46,12 @@ func checkAllocsFlatLoop(t *testing.T, loop func(body []byte) func()) {
 	// The counts are the whole process's, so what its other goroutines
 	// allocate meanwhile (an engine's heartbeat, a timer) adds to a
 	// measurement now and then; only the least of three is the
-	// request's.
+	// request's. They run on one processor: on two, the runtime's
+	// per-processor caches (of goroutines, of channel waiters) allocate
+	// or not depending on which processor runs which goroutine, and a
+	// run's count moved between 148.4 and 150.3 a request with the same
+	// bytes, where one processor gives 150.0 in every run.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	least := func(ids int) (bytesPerOp, allocsPerOp float64) {
 		const runs = 200
 		serve := loop(idsCompletion(ids))
@@ -73,10 +78,7 @@ func checkAllocsFlatLoop(t *testing.T, loop func(body []byte) func()) {
 	smallB, smallN := least(2048)
 	largeB, largeN := least(65536)
 	t.Logf("per request: 2048 ids %.0f B in %.1f allocations, 65536 ids %.0f B in %.1f allocations", smallB, smallN, largeB, largeN)
-	// One allocation of the dispatch path comes and goes between runs
-	// (149.0 or 150.0 a request for either size, 8 runs), so one and the
-	// noise above it pass; a prompt-sized cost would be many more.
-	if largeB-smallB > 1024 || largeN-smallN >= 2 {
+	if largeB-smallB > 1024 || largeN-smallN > 0.5 {
 		t.Errorf("a prompt of 65536 ids allocates %.0f B per request in %.1f allocations, %.0f B more than one of 2048",
 			largeB, largeN, largeB-smallB)
 	}
