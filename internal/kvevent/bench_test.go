@@ -32,10 +32,10 @@ func benchBatch(seed uint64, events, blocksPerEvent, blockSize int) *Batch {
 // learn its token widths, which live traffic never allows.
 const benchVariants = 64
 
-func benchmarkDecode(b *testing.B, events, blocksPerEvent int, s Shape) {
+func benchmarkDecode(b *testing.B, events, blocksPerEvent, blockSize int, s Shape) {
 	var payloads [][]byte
 	for v := range benchVariants {
-		payloads = append(payloads, AppendBatch(nil, benchBatch(uint64(v), events, blocksPerEvent, 128), s))
+		payloads = append(payloads, AppendBatch(nil, benchBatch(uint64(v), events, blocksPerEvent, blockSize), s))
 	}
 	d := NewDecoder(0)
 	var dst Batch
@@ -64,9 +64,11 @@ func benchmarkDecode(b *testing.B, events, blocksPerEvent int, s Shape) {
 // each message with token ids of its own (uniform over the vocabulary;
 // BenchmarkDecodeTokens measures ids of real text).
 func BenchmarkDecodeBatch(b *testing.B) {
-	b.Run("64x1block/map", func(b *testing.B) { benchmarkDecode(b, 64, 1, Shape{}) })
-	b.Run("64x1block/array", func(b *testing.B) { benchmarkDecode(b, 64, 1, Shape{EventsAsArrays: true}) })
-	b.Run("1x64blocks/map", func(b *testing.B) { benchmarkDecode(b, 1, 64, Shape{}) })
+	b.Run("64x1block/map", func(b *testing.B) { benchmarkDecode(b, 64, 1, 128, Shape{}) })
+	b.Run("64x1block/array", func(b *testing.B) { benchmarkDecode(b, 64, 1, 128, Shape{EventsAsArrays: true}) })
+	b.Run("1x64blocks/map", func(b *testing.B) { benchmarkDecode(b, 1, 64, 128, Shape{}) })
+	// vLLM's default block of 16 tokens, one a decode step fills.
+	b.Run("64x1block/tokens=16/array", func(b *testing.B) { benchmarkDecode(b, 64, 1, 16, Shape{EventsAsArrays: true}) })
 }
 
 // BenchmarkAppendBatch measures the encoder the engine emulator uses.

@@ -28,10 +28,10 @@ import "encoding/binary"
 // low bytes.
 
 // idChunk is the size of readIDs' windows: big enough to amortise
-// starting one (128 bytes cost 6-7 % of decode + apply against 512),
-// small enough that an event of one 128-token block (~330 bytes) wastes
-// little on widths past its end (README, "Fresh token ids in every
-// message").
+// starting one (128 bytes cost 6-7 % of decode + apply against 512). A
+// window the array's last ids cannot fill is filled only as far as they
+// can reach, so that an event of one short block does not pay for a
+// whole one (README, "Fresh token ids in every message").
 const idChunk = 512
 
 // idWidths returns, for each byte of x (read little-endian, so byte k of
@@ -106,7 +106,12 @@ func readIDs(p []byte, dst []uint32) (int, []byte) {
 	var widths, widths2 [idChunk]byte
 	j := uint(0)
 	for i < len(dst) {
-		fillWindow(&widths, &widths2, p[o:])
+		// The walk reads widths only where a pair of ids starts, and an
+		// id takes at most 5 bytes: the last pair left starts before
+		// j+5*(ids left), so the widths stop there. An event of one
+		// block, whose ids end early in a window, is not charged a
+		// whole one.
+		fillWindow(&widths, &widths2, p[o:], min(idChunk, (int(j)+5*(len(dst)-i)+15)&^15))
 		// q[j : j+8] are the eight bytes that end at p[o+j]. A walk
 		// position stays below idChunk, so masking it with idChunk-1
 		// changes nothing and lets the compiler drop the bounds check,

@@ -181,7 +181,7 @@ func TestWindowWidths(t *testing.T) {
 			t.Fatalf("byteWidth(%#x) = %d, want %d", b, got, want)
 		}
 	}
-	fills := map[string]func(ws, ws2 *[idChunk]byte, p []byte){"fillWindow": fillWindow, "fillWindowGo": fillWindowGo}
+	fills := map[string]func(ws, ws2 *[idChunk]byte, p []byte, n int){"fillWindow": fillWindow, "fillWindowGo": fillWindowGo}
 	rng := rand.New(rand.NewPCG(3, 4))
 	for iter := range 2000 {
 		p := make([]byte, idChunk+16+int(rng.IntN(16)))
@@ -196,10 +196,24 @@ func TestWindowWidths(t *testing.T) {
 				p[k] = byte(rng.Uint32())
 			}
 		}
+		// A whole window, or its first n bytes as readIDs asks for the
+		// last ids of an array; the bytes past n must stay as they were.
+		n := idChunk
+		if iter%2 == 1 {
+			n = 16 * (1 + rng.IntN(idChunk/16))
+		}
 		for name, fill := range fills {
 			var ws, ws2 [idChunk]byte
-			fill(&ws, &ws2, p)
 			for k := range idChunk {
+				ws[k], ws2[k] = 0xee, 0xee
+			}
+			fill(&ws, &ws2, p, n)
+			for k := n; k < idChunk; k++ {
+				if ws[k] != 0xee || ws2[k] != 0xee {
+					t.Fatalf("iteration %d: %s: a fill of %d bytes wrote byte %d", iter, name, n, k)
+				}
+			}
+			for k := range n {
 				want := byteWidth(p[k])
 				if ws[k] != want {
 					t.Fatalf("iteration %d: %s: byte %d (%#x) width %d, want %d", iter, name, k, p[k], ws[k], want)

@@ -4,19 +4,19 @@ package kvevent
 
 import "golang.org/x/sys/cpu"
 
-// fillWindow writes into ws the widths of the first idChunk bytes of p,
-// as idWidths, and into ws2 the distance from each byte to the id after
+// fillWindow writes into ws the widths of the first n bytes of p, as
+// idWidths, and into ws2 the distance from each byte to the id after
 // next: its width plus the width of the byte that many bytes on. Sixteen
 // bytes at a time where the processor has SSSE3 (every x86-64 processor
-// of the last fifteen years), else as fillWindowGo. p holds idChunk+16
-// bytes.
-func fillWindow(ws, ws2 *[idChunk]byte, p []byte) {
-	_ = p[idChunk+15]
+// of the last fifteen years), else as fillWindowGo. n is a multiple of
+// 16 from 16 to idChunk; p holds n+16 bytes.
+func fillWindow(ws, ws2 *[idChunk]byte, p []byte, n int) {
+	_ = p[n+15]
 	if cpu.X86.HasSSSE3 {
-		fillWindowSSSE3(&ws[0], &ws2[0], &p[0], idChunk)
+		fillWindowSSSE3(&ws[0], &ws2[0], &p[0], n)
 		return
 	}
-	fillWindowGo(ws, ws2, p)
+	fillWindowGo(ws, ws2, p, n)
 }
 
 //go:noescape
