@@ -52,8 +52,10 @@ fmt-check:
 
 test: deps-test tokenizer-fixtures fmt-check vet
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
-	@# the decoder over kvevent's portable widths (other architectures, amd64 without SSSE3)
+	@# the portable code beside the assembly: kvevent's widths (other architectures, amd64
+	@# without SSSE3) and the request parser's block classification (other architectures)
 	$(GO) test -count=1 -tags purego ./internal/kvevent/
+	$(GO) test -count=1 -tags purego -run 'IDBlock|ClassifyIDs|Parse|Query' ./internal/server/
 	@$(MAKE) --no-print-directory test-alloc
 
 # Allocation tests (named *Alloc*) skip under -race, whose sync.Pool drops

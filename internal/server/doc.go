@@ -30,7 +30,10 @@
 //
 // The request path (/v1/completions, /v1/chat/completions) reads a body
 // once, as a stream, with the same scanner: prompt ids go into reused
-// storage, other members are checked for syntax only. After the routing
+// storage, other members are checked for syntax only. Runs of plain ids
+// are taken 64 bytes at a time from bitmaps of their bytes' classes,
+// which SSE2 assembly computes on amd64 (idclass_amd64.s) and portable Go
+// elsewhere and with -tags purego (idclass.go). After the routing
 // decision, a request for an instance the Dispatcher serves (an xLLM
 // engine) is handed to it with what the parse found (the prompt's span,
 // text or messages, the ids) and reused encoding buffers, which are given
