@@ -534,17 +534,20 @@ func (s *scanner) idRun(ids []uint32, limit int) (_ []uint32, closed bool) {
 		}
 		ends := sep & (digit << 1) & valid
 		starts &= valid
+		// Bit indexes stay below 64: masked with 63 they index blk, and
+		// shift, without a bounds check.
+		blk := p[pos : pos+idBlockNeeds]
 		last := -1
 		for ; ends != 0; ends &= ends - 1 {
 			end := bits.TrailingZeros64(ends)
 			start := bits.TrailingZeros64(starts)
-			n := end - start
+			n := uint(end - start)
 			if n > 8 || len(ids) >= limit {
 				s.pos = pos + start
 				return ids, false
 			}
-			a := binary.LittleEndian.Uint64(p[pos+start:]) ^ zeros
-			ids = append(ids, uint32(eightDigits(a<<(64-8*n))))
+			a := binary.LittleEndian.Uint64(blk[start&63:]) ^ zeros
+			ids = append(ids, uint32(eightDigits(a<<((64-8*n)&63))))
 			starts &= starts - 1
 			last = end
 		}
