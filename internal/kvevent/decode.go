@@ -48,7 +48,9 @@ func (d *Decoder) DecodeBatch(payload []byte, b *Batch) error {
 	if len(payload) > d.maxMessageBytes {
 		return fmt.Errorf("%w: %d bytes exceeds the limit of %d", ErrTooLarge, len(payload), d.maxMessageBytes)
 	}
+	b.payload = payload
 	rest, err := decodeBatch(payload, b)
+	b.payload = nil
 	if err == nil && len(rest) != 0 {
 		err = fmt.Errorf("%d trailing bytes after the batch", len(rest))
 	}
@@ -898,7 +900,15 @@ func readTokens(p []byte, b *Batch) (dst []uint32, ctx bool, rest []byte, err er
 	start := len(b.tokens)
 	b.tokens = slices.Grow(b.tokens, n)[:start+n]
 	dst = b.tokens[start : start+n : start+n]
-	i, p := readIDs(p, dst)
+	var i int
+	if at := len(b.payload) - len(p); at >= 8 && len(p) > 0 && &b.payload[at] == &p[0] {
+		// p is the end of the message being decoded, whose bytes before
+		// the array let the walk start at its first id.
+		i, at = readIDsAt(b.payload, at, dst)
+		p = b.payload[at:]
+	} else {
+		i, p = readIDs(p, dst)
+	}
 	if ctx, p, err = readEachToken(p, dst, i); err != nil {
 		return nil, false, p, err
 	}

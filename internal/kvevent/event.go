@@ -171,6 +171,9 @@ type Batch struct {
 	// allocate per message.
 	hashes []EngineHash
 	tokens []uint32
+	// payload is the message being decoded, while DecodeBatch decodes
+	// it: the bytes before a token array, for readIDsAt.
+	payload []byte
 }
 
 // Blocks returns the number of block hashes carried by the batch.

@@ -82,18 +82,27 @@ func readPlainID(p []byte) (id uint32, size int) {
 // them; the caller reads the others one by one, which also reports every
 // error.
 func readIDs(p []byte, dst []uint32) (int, []byte) {
+	i, o := readIDsAt(p, 0, dst)
+	return i, p[o:]
+}
+
+// readIDsAt is readIDs of the ids from p[o] on, which may read the bytes
+// before o: where eight lie behind the first id, as in a message, where
+// at least a header precedes an array, the walk starts at once. It
+// returns how many ids it read and the offset after them.
+func readIDsAt(p []byte, o int, dst []uint32) (int, int) {
 	// The eight bytes that end an id start up to seven bytes before it:
 	// read the first ids one by one until eight bytes lie behind.
-	i, o := 0, 0
+	i := 0
 	for ; o < 8 && i < len(dst); i++ {
 		id, size := readPlainID(p[o:])
 		if size == 0 {
-			return i, p[o:]
+			return i, o
 		}
 		dst[i], o = id, o+size
 	}
 	if o < 8 || o+idChunk+16 > len(p) {
-		return i, p[o:]
+		return i, o
 	}
 	// masks keeps the value bytes of an id of each width (a fixint is
 	// its own value).
@@ -129,11 +138,11 @@ func readIDs(p []byte, dst []uint32) (int, []byte) {
 			// The walk trusted the widths of the bytes at start and
 			// mid: they hold only if those bytes are type bytes.
 			if notIDType(q[start+8]) {
-				return i, p[o+int(start):]
+				return i, o + int(start)
 			}
 			dst[i] = uint32(x) & masks[w&7]
 			if notIDType(q[(mid+8)&(idChunk-1)]) {
-				return i + 1, p[o+int(mid):]
+				return i + 1, o + int(mid)
 			}
 			dst[i+1] = uint32(y) & masks[(j-mid)&7]
 		}
@@ -142,5 +151,5 @@ func readIDs(p []byte, dst []uint32) (int, []byte) {
 		}
 		o, j = o+stride, j-stride
 	}
-	return i, p[o+int(j):]
+	return i, o + int(j)
 }

@@ -72,7 +72,7 @@ func appendOddToken(p []byte, rng *rand.Rand) []byte {
 // with ids of every width mixed and in runs of one width, with and
 // without an odd element (other encodings of valid ids, SGLang's pairs,
 // and elements that must fail) at a random place, followed by a few or
-// many more bytes: readTokens
+// many more bytes, alone or after other bytes of a message: readTokens
 // must give what reading each element with msgp gives, the same ids, the
 // same rest, and an error exactly when that does (R-WIRE-2).
 func TestReadTokensMatchesReference(t *testing.T) {
@@ -108,7 +108,18 @@ func TestReadTokensMatchesReference(t *testing.T) {
 			p = append(p, byte(rng.Uint32()))
 		}
 		want, wantCtx, wantRest, ok := refTokens(p)
+		// Half the arrays lie inside a message, after up to 23 other
+		// bytes, as DecodeBatch hands them over: from 8 on, the walk
+		// starts at the first id, reading the bytes before it.
 		var b Batch
+		if iter%2 == 1 {
+			msg := make([]byte, rng.IntN(24), len(p)+24)
+			for k := range msg {
+				msg[k] = byte(rng.Uint32())
+			}
+			b.payload = append(msg, p...)
+			p = b.payload[len(msg):]
+		}
 		got, ctx, rest, err := readTokens(p, &b)
 		if (err == nil) != ok {
 			t.Fatalf("iteration %d (%d ids, odd at %d): error %v, reference ok %v\n% x", iter, n, odd, err, ok, p)
