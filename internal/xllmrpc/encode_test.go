@@ -3,9 +3,12 @@ package xllmrpc
 import (
 	"bytes"
 	"errors"
+	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvcar/kvcar/internal/baidustd"
@@ -155,6 +158,56 @@ func TestEncodeRefusals(t *testing.T) {
 		var bad *BadRequestError
 		if !errors.As(err, &bad) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want a bad request with %q", tc.body, err, tc.want)
+		}
+	}
+}
+
+// The packed token ids are the bytes protowire's own varints make, for
+// ids of every width (the edges of each and random ones), after other
+// bytes and into buffers of every spare capacity.
+func TestPackedIDsMatchProtowire(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 7))
+	edges := []uint32{0, 1, 1<<7 - 1, 1 << 7, 1<<14 - 1, 1 << 14, 1<<21 - 1, 1 << 21, 1<<28 - 1, 1 << 28, math.MaxInt32}
+	for iter := range 3000 {
+		// Arrays of ids below 2^21 (every vocabulary's, written three
+		// bytes at most in one pass), of ids below 2^7 (whose length
+		// takes fewer bytes than the room left for it), and of ids of
+		// every width.
+		ids := make([]uint32, rng.IntN(300))
+		for i := range ids {
+			switch kind := rng.IntN(3); iter % 3 {
+			case 0:
+				if kind == 0 {
+					ids[i] = edges[rng.IntN(8)]
+				} else {
+					ids[i] = uint32(rng.IntN(151_936))
+				}
+			case 1:
+				ids[i] = uint32(rng.IntN(128))
+			default:
+				switch kind {
+				case 0:
+					ids[i] = edges[rng.IntN(len(edges))]
+				case 1:
+					ids[i] = uint32(rng.IntN(151_936))
+				default:
+					ids[i] = uint32(rng.Int64N(math.MaxInt32 + 1))
+				}
+			}
+		}
+		head := bytes.Repeat([]byte{0xee}, rng.IntN(20))
+		want := head
+		if len(ids) > 0 {
+			var packed []byte
+			for _, id := range ids {
+				packed = protowire.AppendVarint(packed, uint64(id))
+			}
+			want = protowire.AppendTag(want, completionTokenIDsField, protowire.BytesType)
+			want = protowire.AppendBytes(want, packed)
+		}
+		dst := append(make([]byte, 0, len(head)+rng.IntN(2*len(want)+1)), head...)
+		if got := appendPackedIDs(dst, completionTokenIDsField, ids); !bytes.Equal(got, want) {
+			t.Fatalf("iteration %d, ids %v:\n got %x\nwant %x", iter, ids, got, want)
 		}
 	}
 }
