@@ -27,14 +27,17 @@ func benchBatch(seed uint64, events, blocksPerEvent, blockSize int) *Batch {
 	return b
 }
 
-// benchVariants is how many distinct messages a decode benchmark cycles
-// through: one message decoded again and again lets the branch predictor
-// learn its token widths, which live traffic never allows.
-const benchVariants = 64
+// benchIDs is how many token ids the distinct messages a decode
+// benchmark cycles through hold together, at least: one message decoded
+// again and again lets the branch predictor learn its token widths,
+// which live traffic never allows. 64 messages of 1,024 ids were not
+// enough: the widths of the last ids of each, read one at a time, were
+// learnt.
+const benchIDs = 1 << 19
 
 func benchmarkDecode(b *testing.B, events, blocksPerEvent, blockSize int, s Shape) {
 	var payloads [][]byte
-	for v := range benchVariants {
+	for v := range max(64, benchIDs/(events*blocksPerEvent*blockSize)) {
 		payloads = append(payloads, AppendBatch(nil, benchBatch(uint64(v), events, blocksPerEvent, blockSize), s))
 	}
 	d := NewDecoder(0)

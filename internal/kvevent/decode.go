@@ -83,6 +83,8 @@ func readArrayHeader(p []byte, field string, minElem int) (int, []byte, error) {
 	)
 	if len(p) > 0 && p[0]&0xf0 == 0x90 { // fixarray, the common case
 		sz, o = uint32(p[0]&0x0f), p[1:]
+	} else if len(p) > 2 && p[0] == 0xdc { // array 16: a block's token ids
+		sz, o = uint32(binary.BigEndian.Uint16(p[1:])), p[3:]
 	} else {
 		if msgp.NextType(p) != msgp.ArrayType {
 			return 0, p, wrongType(field, "array", p)
@@ -177,6 +179,9 @@ func readNumber(p []byte, field string) (float64, []byte, error) {
 func readSmallInt(p []byte, field string) (int, []byte, error) {
 	if len(p) > 0 && p[0] <= 0x7f {
 		return int(p[0]), p[1:], nil
+	}
+	if len(p) > 1 && p[0] == 0xcc { // uint8: a block size of 128 or more, in every event
+		return int(p[1]), p[2:], nil
 	}
 	switch msgp.NextType(p) {
 	case msgp.IntType, msgp.UintType:

@@ -101,7 +101,43 @@ func readIDsAt(p []byte, o int, dst []uint32) (int, int) {
 		}
 		dst[i], o = id, o+size
 	}
-	if o < 8 || o+idChunk+16 > len(p) {
+	if o < 8 {
+		return i, o
+	}
+	i, o = walkIDs(p, o, dst, i)
+	if i+1 >= len(dst) || o+idChunk+16 <= len(p) {
+		// Done (an odd last id is left to the caller), or stopped at a
+		// byte that is no id.
+		return i, o
+	}
+	return walkTail(p, o, dst, i)
+}
+
+// walkTail walks the ids in the last bytes of p, from o on, too few for
+// the window walkIDs needs: it walks a copy of them, so that the last ids
+// of a message are not read one at a time. The copy is followed by zero
+// bytes, which the walk takes for ids where an array claims more ids
+// than the message holds; a walk past the copy's end therefore reads
+// none, leaving them all to the caller's reading one by one, which
+// reports the error.
+func walkTail(p []byte, o int, dst []uint32, i int) (int, int) {
+	// The caller makes sure p holds fewer than idChunk+16 bytes from o
+	// on: the copy, with the eight bytes before o, fits t.
+	var t [8 + idChunk + 16]byte
+	n := copy(t[:], p[o-8:])
+	ti, to := walkIDs(t[:], 8, dst, i)
+	if to > n {
+		return i, o
+	}
+	return ti, o + to - 8
+}
+
+// walkIDs walks the ids of dst from dst[i], at p[o] with at least eight
+// bytes of p before o, a window at a time while p holds a whole one,
+// idChunk+16 bytes from the window's start. It returns how many ids of
+// dst it has read and the offset after them.
+func walkIDs(p []byte, o int, dst []uint32, i int) (int, int) {
+	if o+idChunk+16 > len(p) {
 		return i, o
 	}
 	// masks keeps the value bytes of an id of each width (a fixint is
