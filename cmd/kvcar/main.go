@@ -27,6 +27,7 @@ import (
 
 	"github.com/kvcar/kvcar/internal/baidustd"
 	"github.com/kvcar/kvcar/internal/buildinfo"
+	"github.com/kvcar/kvcar/internal/cmalloc"
 	"github.com/kvcar/kvcar/internal/config"
 	"github.com/kvcar/kvcar/internal/cpuidle"
 	"github.com/kvcar/kvcar/internal/etcdembed"
@@ -279,6 +280,11 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 			"sysmon", monitor, "GODEBUG", godebug, "kvcar_sets", sysmon.Setting)
 	}
 	idleNotice(log, cpuidle.Read("/"))
+	// Before any socket: libzmq's messages come from malloc.
+	cmem := cmalloc.Keep(os.Getenv("GLIBC_TUNABLES"))
+	if cmem == cmalloc.Unsupported {
+		log.Info("the C library takes no malloc thresholds: it may give each received KV message's memory back to the kernel and fault it in again for the next")
+	}
 	if f.portAlias {
 		log.Warn("--port is deprecated: use --http_server_port, as xllm_master_serving names it")
 	}
@@ -484,7 +490,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	}()
 	log.Info("kvcar listening", "addr", ln.Addr().String(), "internal", iln.Addr().String(), "rpc", rpcLn.Addr().String(),
 		"advertise_rpc", self, "query", fmt.Sprintf("http://%s%s", iln.Addr(), server.QueryPath),
-		"revision", buildinfo.Revision(), "go", buildinfo.GoVersion(), "sysmon", monitor)
+		"revision", buildinfo.Revision(), "go", buildinfo.GoVersion(), "sysmon", monitor, "c_malloc", cmem)
 	if ready != nil {
 		ready <- listening{public: ln.Addr().String(), internal: iln.Addr().String()}
 	}

@@ -101,6 +101,8 @@ var layout = map[string]place{
 	// The Go runtime's monitor pace: environments in, environments out,
 	// and the program's restart; it opens nothing.
 	"internal/sysmon": {layer: 0, forbid: slices.Concat(sockets, routing)},
+	// The C allocator's thresholds: mallopt, nothing opened.
+	"internal/cmalloc": {layer: 0, forbid: slices.Concat(sockets, routing)},
 	// How idle CPUs wait: sysfs files read, nothing changed.
 	"internal/cpuidle": {layer: 0, forbid: slices.Concat(sockets, routing)},
 	// A busy thread's interruptions and their arithmetic, for the

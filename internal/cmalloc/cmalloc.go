@@ -1,0 +1,54 @@
+package cmalloc
+
+import "strings"
+
+const (
+	// MmapThreshold is the size from which malloc maps a request alone:
+	// above replay frames (256 KB) and the live messages of prompts of a
+	// few hundred thousand tokens, below kvcar's largest accepted message
+	// (max_message_bytes, 8 MiB by default), whose rare copies may pay
+	// for a mapping.
+	MmapThreshold = 4 << 20
+	// TrimThreshold is the free space at the top of a heap that glibc
+	// keeps before it gives any back: room for the messages a burst
+	// leaves queued, at most this much memory per heap left idle.
+	TrimThreshold = 32 << 20
+)
+
+// State says what Keep did.
+type State string
+
+const (
+	// Kept: the settings are in force.
+	Kept State = "kept"
+	// OperatorSet: GLIBC_TUNABLES names a malloc threshold; Keep left it.
+	OperatorSet State = "operator"
+	// Unsupported: the C library takes no such setting (not glibc, or
+	// a build without cgo); freed memory goes back as it decides.
+	Unsupported State = "unsupported"
+)
+
+// operatorSet reports whether the GLIBC_TUNABLES value tunables names
+// either threshold Keep sets.
+func operatorSet(tunables string) bool {
+	for _, t := range strings.Split(tunables, ":") {
+		name, _, _ := strings.Cut(t, "=")
+		if name == "glibc.malloc.mmap_threshold" || name == "glibc.malloc.trim_threshold" {
+			return true
+		}
+	}
+	return false
+}
+
+// Keep applies MmapThreshold and TrimThreshold unless tunables (the
+// process's GLIBC_TUNABLES) names either. Call it once, at start, before
+// any socket is opened; it is safe to call again.
+func Keep(tunables string) State {
+	if operatorSet(tunables) {
+		return OperatorSet
+	}
+	if !keep(MmapThreshold, TrimThreshold) {
+		return Unsupported
+	}
+	return Kept
+}
