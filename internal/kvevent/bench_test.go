@@ -1,7 +1,11 @@
 package kvevent
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"testing"
+
+	"github.com/tinylib/msgp/msgp"
 )
 
 // benchBatch builds events*blocksPerEvent blocks of blockSize tokens with
@@ -84,4 +88,41 @@ func BenchmarkAppendBatch(b *testing.B) {
 		buf = AppendBatch(buf[:0], src, Shape{})
 	}
 	b.ReportMetric(64*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
+}
+
+// BenchmarkReadTokensAtEnd reads one block's token array at the end of a
+// message, where fewer bytes than a window follow its first id (walkTail
+// walks a copy of them), against the same array with a window's bytes
+// after it. The ids are drawn uniformly from a 151,936-token vocabulary,
+// 4,096 arrays in turn, so that the predictor cannot learn their widths.
+func BenchmarkReadTokensAtEnd(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{16, 128} {
+		for _, place := range []string{"end", "middle"} {
+			const variants = 4096
+			var msgs [][]byte
+			for range variants {
+				p := make([]byte, 24) // the message's bytes before the array
+				p = msgp.AppendArrayHeader(p, uint32(n))
+				for range n {
+					p = msgp.AppendUint32(p, uint32(rng.IntN(151_936)))
+				}
+				if place == "middle" {
+					p = append(p, make([]byte, idChunk+16)...)
+				}
+				msgs = append(msgs, p)
+			}
+			b.Run(fmt.Sprintf("ids=%d/place=%s", n, place), func(b *testing.B) {
+				var bt Batch
+				i := 0
+				for b.Loop() {
+					bt.payload, bt.tokens = msgs[i%variants], bt.tokens[:0]
+					if _, _, _, err := readTokens(bt.payload[24:], &bt); err != nil {
+						b.Fatal(err)
+					}
+					i++
+				}
+			})
+		}
+	}
 }
