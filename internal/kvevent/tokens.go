@@ -77,10 +77,10 @@ func readPlainID(p []byte) (id uint32, size int) {
 }
 
 // readIDs reads token ids of dst from p as long as they are positive
-// fixint, uint8, uint16 or uint32 integers and p holds the whole window
-// being walked. It returns how many it read and the rest of p after
-// them; the caller reads the others one by one, which also reports every
-// error.
+// fixint, uint8, uint16 or uint32 integers, all of them but at most the
+// last one and those in p's last 32 bytes. It returns how many it read
+// and the rest of p after them; the caller reads the others one by one,
+// which also reports every error.
 func readIDs(p []byte, dst []uint32) (int, []byte) {
 	i, o := readIDsAt(p, 0, dst)
 	return i, p[o:]
@@ -107,7 +107,7 @@ func readIDsAt(p []byte, o int, dst []uint32) (int, int) {
 	i, o = walkIDs(p, o, dst, i)
 	if i+1 >= len(dst) || o+idChunk+16 <= len(p) {
 		// Done (an odd last id is left to the caller), or stopped at a
-		// byte that is no id.
+		// byte that is no id with a window's bytes still ahead.
 		return i, o
 	}
 	return walkTail(p, o, dst, i)
