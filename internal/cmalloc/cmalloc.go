@@ -24,7 +24,8 @@ const (
 	// OperatorSet: GLIBC_TUNABLES names a malloc threshold; Keep left it.
 	OperatorSet State = "operator"
 	// Unsupported: the C library takes no such setting (not glibc, or
-	// a build without cgo); freed memory goes back as it decides.
+	// not Linux, or a build without cgo); freed memory goes back as it
+	// decides.
 	Unsupported State = "unsupported"
 )
 
