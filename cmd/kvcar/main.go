@@ -281,7 +281,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	}
 	idleNotice(log, cpuidle.Read("/"))
 	// Before any socket: libzmq's messages come from malloc.
-	cmem := cmalloc.Keep(os.Getenv("GLIBC_TUNABLES"))
+	cmem := cmalloc.Keep(os.LookupEnv)
 	if cmem == cmalloc.Unsupported {
 		log.Info("the C library takes no malloc thresholds: it may give each received KV message's memory back to the kernel and fault it in again for the next")
 	}

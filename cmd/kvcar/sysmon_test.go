@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvcar/kvcar/internal/cmalloc"
 	"github.com/kvcar/kvcar/internal/cpuidle"
 	"github.com/kvcar/kvcar/internal/devcluster"
 	"github.com/kvcar/kvcar/internal/sysmon"
@@ -17,7 +18,8 @@ import (
 // kvcar restarts itself, same process, under sysmon.Setting unless the
 // operator's GODEBUG names schedtrace, and its start-up line says which
 // pace the runtime's monitor keeps. The process keeps its name, so that
-// ps and pgrep still find kvcar.
+// ps and pgrep still find kvcar. The line also says whether kvcar set
+// the C allocator's thresholds or left the operator's.
 func TestRestartsUnderSysmonSetting(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds kvcar and runs it as a process")
@@ -32,10 +34,12 @@ func TestRestartsUnderSysmonSetting(t *testing.T) {
 		godebug string // kvcar's GODEBUG when started
 		want    string // its GODEBUG once running
 		state   sysmon.State
+		malloc  string // an operator's malloc setting, if any
+		cmem    cmalloc.State
 	}{
-		{"unset", "", "GODEBUG=" + sysmon.Setting, sysmon.Polling},
-		{"other settings", "GODEBUG=gctrace=0", "GODEBUG=gctrace=0," + sysmon.Setting, sysmon.Polling},
-		{"opted out", "GODEBUG=schedtrace=0", "GODEBUG=schedtrace=0", sysmon.OptedOut},
+		{"unset", "", "GODEBUG=" + sysmon.Setting, sysmon.Polling, "", cmalloc.Kept},
+		{"other settings", "GODEBUG=gctrace=0", "GODEBUG=gctrace=0," + sysmon.Setting, sysmon.Polling, "", cmalloc.Kept},
+		{"opted out", "GODEBUG=schedtrace=0", "GODEBUG=schedtrace=0", sysmon.OptedOut, "MALLOC_TRIM_THRESHOLD_=131072", cmalloc.OperatorSet},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			o := devcluster.KVCarOptions{Binary: bin, Etcd: etcd.Endpoints(), Args: []string{"--host=127.0.0.1"}}
@@ -44,10 +48,15 @@ func TestRestartsUnderSysmonSetting(t *testing.T) {
 			if c.godebug != "" {
 				o.Env = []string{c.godebug}
 			}
+			if c.malloc != "" {
+				o.Env = append(o.Env, c.malloc)
+			}
 			kv, logPath := startLoggedKVCar(t, o)
 			listening := listeningLine(t, kv, logPath)
-			if want := fmt.Sprintf(" sysmon=%s ", c.state); !strings.Contains(strings.TrimSpace(listening)+" ", want) {
-				t.Errorf("start-up line %q lacks%s", listening, want)
+			for _, want := range []string{fmt.Sprintf(" sysmon=%s ", c.state), fmt.Sprintf(" c_malloc=%s ", c.cmem)} {
+				if !strings.Contains(strings.TrimSpace(listening)+" ", want) {
+					t.Errorf("start-up line %q lacks%s", listening, want)
+				}
 			}
 			// The same process, now running with the setting.
 			environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", kv.Pid()))

@@ -29,23 +29,35 @@ const (
 	Unsupported State = "unsupported"
 )
 
-// operatorSet reports whether the GLIBC_TUNABLES value tunables names
-// either threshold Keep sets.
-func operatorSet(tunables string) bool {
+// operatorEnv names the environment variables through which glibc takes
+// the thresholds Keep sets: GLIBC_TUNABLES, parsed by operatorSet, and
+// the older variables glibc still reads.
+var operatorEnv = []string{"GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"}
+
+// operatorSet reports whether an environment, read through lookup, sets
+// either threshold Keep sets. An older variable counts when present,
+// even empty: glibc then reads it as 0.
+func operatorSet(lookup func(string) (string, bool)) bool {
+	tunables, _ := lookup(operatorEnv[0])
 	for _, t := range strings.Split(tunables, ":") {
 		name, _, _ := strings.Cut(t, "=")
 		if name == "glibc.malloc.mmap_threshold" || name == "glibc.malloc.trim_threshold" {
 			return true
 		}
 	}
+	for _, v := range operatorEnv[1:] {
+		if _, ok := lookup(v); ok {
+			return true
+		}
+	}
 	return false
 }
 
-// Keep applies MmapThreshold and TrimThreshold unless tunables (the
-// process's GLIBC_TUNABLES) names either. Call it once, at start, before
-// any socket is opened; it is safe to call again.
-func Keep(tunables string) State {
-	if operatorSet(tunables) {
+// Keep applies MmapThreshold and TrimThreshold unless the process's
+// environment, read through lookup (os.LookupEnv), sets either. Call it
+// once, at start, before any socket is opened; it is safe to call again.
+func Keep(lookup func(string) (string, bool)) State {
+	if operatorSet(lookup) {
 		return OperatorSet
 	}
 	if !keep(MmapThreshold, TrimThreshold) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -32,7 +33,7 @@ func TestMain(m *testing.M) {
 
 func child(mode string) int {
 	if mode == "keep" {
-		if s := Keep(""); s != Kept {
+		if s := Keep(func(string) (string, bool) { return "", false }); s != Kept {
 			fmt.Println("keep:", s)
 			return 1
 		}
@@ -64,13 +65,20 @@ func minorFaults() int64 {
 // Keep's settings a round reuses the last one's memory. Each way runs in
 // a child process of its own, since settings cannot be taken back.
 func TestKeptMemoryIsNotFaultedAgain(t *testing.T) {
-	if Keep(os.Getenv("GLIBC_TUNABLES")) == Unsupported {
+	if Keep(os.LookupEnv) == Unsupported {
 		t.Skip("the C library takes no malloc thresholds")
 	}
 	faults := map[string]int64{}
 	for _, mode := range []string{"default", "keep"} {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), childEnv+"="+mode, "GLIBC_TUNABLES=")
+		// glibc's defaults, whatever this process runs under: an
+		// operator's variable, even empty, sets a threshold.
+		cmd.Env = []string{childEnv + "=" + mode}
+		for _, kv := range os.Environ() {
+			if name, _, _ := strings.Cut(kv, "="); !slices.Contains(operatorEnv, name) && name != childEnv {
+				cmd.Env = append(cmd.Env, kv)
+			}
+		}
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("%s: %v\n%s", mode, err, out)
@@ -92,21 +100,29 @@ func TestKeptMemoryIsNotFaultedAgain(t *testing.T) {
 	}
 }
 
-// An operator's own thresholds in GLIBC_TUNABLES are left to rule;
-// other tunables are not.
+// An operator's own thresholds, in GLIBC_TUNABLES or glibc's older
+// variables, are left to rule; other tunables are not.
 func TestOperatorSettingsWin(t *testing.T) {
-	for tunables, want := range map[string]bool{
-		"":                                  false,
-		"glibc.malloc.arena_max=2":          false,
-		"glibc.malloc.trim_threshold=65536": true,
-		"glibc.malloc.tcache_count=0:glibc.malloc.mmap_threshold=1048576": true,
-		"glibc.malloc.trim_threshold_x=1":                                 false,
+	for _, c := range []struct {
+		env  map[string]string
+		want bool
+	}{
+		{nil, false},
+		{map[string]string{"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}, false},
+		{map[string]string{"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=65536"}, true},
+		{map[string]string{"GLIBC_TUNABLES": "glibc.malloc.tcache_count=0:glibc.malloc.mmap_threshold=1048576"}, true},
+		{map[string]string{"GLIBC_TUNABLES": "glibc.malloc.trim_threshold_x=1"}, false},
+		{map[string]string{"MALLOC_TRIM_THRESHOLD_": "131072"}, true},
+		{map[string]string{"MALLOC_MMAP_THRESHOLD_": "131072"}, true},
+		{map[string]string{"MALLOC_TRIM_THRESHOLD_": ""}, true},
+		{map[string]string{"MALLOC_ARENA_MAX": "2"}, false},
 	} {
-		if got := operatorSet(tunables); got != want {
-			t.Errorf("operatorSet(%q) = %v, want %v", tunables, got, want)
+		lookup := func(k string) (string, bool) { v, ok := c.env[k]; return v, ok }
+		if got := operatorSet(lookup); got != c.want {
+			t.Errorf("operatorSet(%v) = %v, want %v", c.env, got, c.want)
 		}
-		if want && Keep(tunables) != OperatorSet {
-			t.Errorf("Keep(%q) = %v, want %v", tunables, Keep(tunables), OperatorSet)
+		if c.want && Keep(lookup) != OperatorSet {
+			t.Errorf("Keep(%v) = %v, want %v", c.env, Keep(lookup), OperatorSet)
 		}
 	}
 }

@@ -15,6 +15,7 @@
 // heaps rather than mapping it alone, and the free space a heap keeps,
 // so that the memory of one message is reused by the next. It owns the
 // process's mallopt settings and nothing else, and it never changes a
-// setting the operator chose: GLIBC_TUNABLES naming either is left to
-// rule.
+// setting the operator chose: GLIBC_TUNABLES naming either threshold, or
+// glibc's older MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_, is
+// left to rule.
 package cmalloc
