@@ -3,7 +3,6 @@ package xllmrpc
 import (
 	"encoding/binary"
 	"math"
-	"math/bits"
 	"slices"
 	"sync"
 
@@ -223,32 +222,14 @@ func appendPackedIDs(dst []byte, num protowire.Number, ids []uint32) []byte {
 		return dst[:n]
 	}
 	// An id of 2^21 or more, which no vocabulary has: sized first, then
-	// written again, up to five bytes each.
+	// written again with protowire, up to five bytes each.
 	size := 0
 	for _, t := range ids {
-		size += varintLen(t)
+		size += protowire.SizeVarint(uint64(t))
 	}
 	dst = protowire.AppendVarint(dst[:start], uint64(size))
-	n = len(dst)
-	dst = slices.Grow(dst, size+8)[:n+size+8]
 	for _, t := range ids {
-		binary.LittleEndian.PutUint64(dst[n:], varint(t))
-		n += varintLen(t)
+		dst = protowire.AppendVarint(dst, uint64(t))
 	}
-	return dst[:n]
-}
-
-// varintLen is the size of t's varint: one byte per seven bits, at
-// least one.
-func varintLen(t uint32) int {
-	return int(9*uint32(bits.Len32(t))+64) / 64
-}
-
-// varint returns t's varint in the low bytes of a little-endian word:
-// seven bits in each byte, the high bit set in every byte but the last.
-// t is at most math.MaxInt32, which takes five.
-func varint(t uint32) uint64 {
-	x := uint64(t)
-	v := x&0x7f | x<<1&0x7f00 | x<<2&0x7f_0000 | x<<3&0x7f00_0000 | x<<4&0x7f_0000_0000
-	return v | 0x8080_8080&(1<<(8*(varintLen(t)-1))-1)
+	return dst
 }
