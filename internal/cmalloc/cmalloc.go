@@ -29,23 +29,27 @@ const (
 	Unsupported State = "unsupported"
 )
 
-// operatorEnv names the environment variables through which glibc takes
-// the thresholds Keep sets: GLIBC_TUNABLES, parsed by operatorSet, and
-// the older variables glibc still reads.
-var operatorEnv = []string{"GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"}
+// The environment variables through which glibc takes the thresholds
+// Keep sets: GLIBC_TUNABLES, parsed by operatorSet, and the older
+// variables glibc still reads.
+const (
+	tunablesEnv = "GLIBC_TUNABLES"
+	mmapEnv     = "MALLOC_MMAP_THRESHOLD_"
+	trimEnv     = "MALLOC_TRIM_THRESHOLD_"
+)
 
 // operatorSet reports whether an environment, read through lookup, sets
 // either threshold Keep sets. An older variable counts when present,
 // even empty: glibc then reads it as 0.
 func operatorSet(lookup func(string) (string, bool)) bool {
-	tunables, _ := lookup(operatorEnv[0])
+	tunables, _ := lookup(tunablesEnv)
 	for _, t := range strings.Split(tunables, ":") {
 		name, _, _ := strings.Cut(t, "=")
 		if name == "glibc.malloc.mmap_threshold" || name == "glibc.malloc.trim_threshold" {
 			return true
 		}
 	}
-	for _, v := range operatorEnv[1:] {
+	for _, v := range [...]string{mmapEnv, trimEnv} {
 		if _, ok := lookup(v); ok {
 			return true
 		}
