@@ -38,8 +38,9 @@ const idChunk = 512
 // the input is lane k), the width of an id whose type byte it is: 1 below
 // 0x80, 2 for 0xcc, 3 for 0xcd, 5 for 0xce. Other bytes of 0x80 and above
 // get a width of 2 to 6, which keeps the walk within the window's slack
-// until readIDs checks the type byte and stops there. fillWindow computes
-// the same for a whole window, in assembly where there is some.
+// until it sees their notID flag (notIDFlags) and stops there.
+// fillWindow computes the same for a whole window, in assembly where
+// there is some.
 func idWidths(x uint64) uint64 {
 	const ones = 0x0101010101010101
 	hi := x >> 7 & ones                 // 1 in lanes of 0x80 and above
@@ -48,13 +49,22 @@ func idWidths(x uint64) uint64 {
 	return ones + extra&(hi<<8-hi)
 }
 
-// notIDType reports whether c is not the first byte of a positive
-// fixint, uint8, uint16 or uint32, without a branch: below 0x80, c>>7 is
-// 0 and so is the mask; from 0x80 on, only 0xcc to 0xce land below 3.
-func notIDType(c byte) bool {
-	x := uint(c)
-	return (x-0xcc)&-(x>>7) > 2
+// notIDFlags returns, for each byte of x (read as idWidths reads it),
+// notID in the lanes of bytes that are not the first byte of a positive
+// fixint, uint8, uint16 or uint32 and 0 in the others, without a branch.
+// fillWindow adds them to the widths it writes, so that the walk checks
+// two type bytes with one test of bytes it loads anyway: a lane of v is
+// below 3 only for 0xcc to 0xce, and only lanes of 0x80 and above count.
+func notIDFlags(x uint64) uint64 {
+	const ones = 0x0101010101010101
+	v := x ^ 0xcc*ones
+	ge3 := (v&(0x7f*ones) + 0x7d*ones) | v // bit 7: lane of v at least 3
+	return ge3 & x & (notID * ones)
 }
+
+// notID marks a width whose byte is no id's type byte; the width itself
+// is in the low three bits.
+const notID = 0x80
 
 // readPlainID reads a token id encoded as a positive fixint, uint8,
 // uint16 or uint32 at the start of p and returns it with its size; size
@@ -165,22 +175,25 @@ func walkIDs(p []byte, o int, dst []uint32, i int) (int, int) {
 		// Two ids a step: the chain is the load of widths2 and an add,
 		// and the id in between hangs off it.
 		for ; j < stride && i+1 < len(dst); i += 2 {
-			start := j
 			w := uint(widths[j])
-			mid := j + w
-			j += uint(widths2[j])
+			mid := j + w&7
+			next := j + uint(widths2[j])
+			wm := uint(widths[mid&(idChunk-1)])
 			x := binary.BigEndian.Uint64(q[mid&(idChunk-1):])
-			y := binary.BigEndian.Uint64(q[j&(idChunk-1):])
-			// The walk trusted the widths of the bytes at start and
-			// mid: they hold only if those bytes are type bytes.
-			if notIDType(q[start+8]) {
-				return i, o + int(start)
-			}
-			dst[i] = uint32(x) & masks[w&7]
-			if notIDType(q[(mid+8)&(idChunk-1)]) {
+			y := binary.BigEndian.Uint64(q[next&(idChunk-1):])
+			// The walk trusted the widths of the bytes at j and mid:
+			// they hold only if those bytes are type bytes, which the
+			// flags of both tell with one test.
+			if (w|wm)&notID != 0 {
+				if w&notID != 0 {
+					return i, o + int(j)
+				}
+				dst[i] = uint32(x) & masks[w&7]
 				return i + 1, o + int(mid)
 			}
-			dst[i+1] = uint32(y) & masks[(j-mid)&7]
+			dst[i] = uint32(x) & masks[w&7]
+			dst[i+1] = uint32(y) & masks[wm&7]
+			j = next
 		}
 		if j < stride || o+stride+idChunk+16 > len(p) {
 			break

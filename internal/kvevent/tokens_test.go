@@ -188,6 +188,12 @@ func byteWidth(b byte) byte {
 	return 2 + t + t>>1
 }
 
+// notIDType reports whether c is not the first byte of a positive
+// fixint, uint8, uint16 or uint32.
+func notIDType(c byte) bool {
+	return c >= 0x80 && (c < 0xcc || c > 0xce)
+}
+
 // TestWindowWidths checks the widths of every byte value, at every
 // position of a window, and of random windows, from idWidths (eight
 // bytes at a time), fillWindow (sixteen at a time where assembly does
@@ -232,7 +238,10 @@ func TestWindowWidths(t *testing.T) {
 			}
 			for k := range n {
 				want := byteWidth(p[k])
-				if ws[k] != want {
+				if flag := ws[k] & notID; (flag != 0) != notIDType(p[k]) {
+					t.Fatalf("iteration %d: %s: byte %d (%#x) flagged %t, want %t", iter, name, k, p[k], flag != 0, notIDType(p[k]))
+				}
+				if ws[k]&^notID != want {
 					t.Fatalf("iteration %d: %s: byte %d (%#x) width %d, want %d", iter, name, k, p[k], ws[k], want)
 				}
 				if want2 := want + byteWidth(p[k+int(want)]); ws2[k] != want2 {

@@ -5,7 +5,7 @@ package kvevent
 import "golang.org/x/sys/cpu"
 
 // fillWindow writes into ws the widths of the first n bytes of p, as
-// idWidths, and into ws2 the distance from each byte to the id after
+// idWidths, each with its notIDFlags flag, and into ws2 the distance from each byte to the id after
 // next: its width plus the width of the byte that many bytes on. Sixteen
 // bytes at a time where the processor has SSSE3 (every x86-64 processor
 // of the last fifteen years), else as fillWindowGo. n is a multiple of

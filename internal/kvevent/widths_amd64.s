@@ -20,9 +20,9 @@
 
 // func fillWindowSSSE3(ws, ws2 *byte, p *byte, n int)
 //
-// ws gets the widths of p's first n bytes, as idWidths; ws2 each byte's
-// width plus the width of the byte that many bytes on: the distance to
-// the id after next. PSHUFB (SSSE3) picks that byte's width from this
+// ws gets the widths of p's first n bytes, as idWidths, with
+// notIDFlags' flags; ws2 each byte's width plus the width of the byte
+// that many bytes on: the distance to the id after next. PSHUFB (SSSE3) picks that byte's width from this
 // block of sixteen widths or the next. p holds n+16 bytes; n is a
 // positive multiple of 16.
 TEXT ·fillWindowSSSE3(SB), NOSPLIT|NOFRAME, $0-32
@@ -48,6 +48,20 @@ TEXT ·fillWindowSSSE3(SB), NOSPLIT|NOFRAME, $0-32
 	MOVQ	$0x1010101010101010, AX
 	MOVQ	AX, X14
 	PUNPCKLQDQ	X14, X14
+	// X10: 0xcc, X11: 0x7f, X6: 0x7d, X7: 0x80 in every byte, for the
+	// flags of bytes that are no id's type byte (notIDFlags).
+	MOVQ	$0xcccccccccccccccc, AX
+	MOVQ	AX, X10
+	PUNPCKLQDQ	X10, X10
+	MOVQ	$0x7f7f7f7f7f7f7f7f, AX
+	MOVQ	AX, X11
+	PUNPCKLQDQ	X11, X11
+	MOVQ	$0x7d7d7d7d7d7d7d7d, AX
+	MOVQ	AX, X6
+	PUNPCKLQDQ	X6, X6
+	MOVQ	$0x8080808080808080, AX
+	MOVQ	AX, X7
+	PUNPCKLQDQ	X7, X7
 	WIDTHS((SI), X0, X4, X5)
 
 loop:
@@ -68,8 +82,20 @@ loop:
 	PSHUFB	X2, X5
 	POR	X5, X4
 	PADDB	X0, X4
-	MOVOU	X0, (DI)
 	MOVOU	X4, (DX)
+	// ws gets the widths with notID set in the lanes of bytes that are
+	// no id's type byte: v = byte^0xcc is below 3 only for 0xcc to 0xce.
+	MOVOU	(SI), X3
+	MOVO	X3, X5
+	PXOR	X10, X5
+	MOVO	X5, X4
+	PAND	X11, X4
+	PADDB	X6, X4
+	POR	X5, X4
+	PAND	X3, X4
+	PAND	X7, X4
+	POR	X0, X4
+	MOVOU	X4, (DI)
 	MOVO	X1, X0
 	ADDQ	$16, SI
 	ADDQ	$16, DI
@@ -77,3 +103,4 @@ loop:
 	SUBQ	$16, CX
 	JNZ	loop
 	RET
+

@@ -9,9 +9,13 @@ func fillWindowGo(ws, ws2 *[idChunk]byte, p []byte, n int) {
 	_ = p[n+15]
 	var w [idChunk + 16]byte
 	for k := 0; k < n+16; k += 8 {
-		binary.LittleEndian.PutUint64(w[k:], idWidths(binary.LittleEndian.Uint64(p[k:])))
+		x := binary.LittleEndian.Uint64(p[k:])
+		wx := idWidths(x)
+		binary.LittleEndian.PutUint64(w[k:], wx)
+		if k < n {
+			binary.LittleEndian.PutUint64(ws[k:], wx|notIDFlags(x))
+		}
 	}
-	copy(ws[:n], w[:])
 	for k := range n {
 		ws2[k] = w[k] + w[k+int(w[k])]
 	}
