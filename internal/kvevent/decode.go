@@ -909,7 +909,10 @@ func readTokens(p []byte, b *Batch) (dst []uint32, ctx bool, rest []byte, err er
 	if at := len(b.payload) - len(p); at >= 8 && len(p) > 0 && &b.payload[at] == &p[0] {
 		// p is the end of the message being decoded, whose bytes before
 		// the array let the walk start at its first id.
-		i, at = readIDsAt(b.payload, at, dst)
+		if b.walk == nil {
+			b.walk = new(walkScratch)
+		}
+		i, at = readIDsAt(b.payload, at, dst, b.walk)
 		p = b.payload[at:]
 	} else {
 		i, p = readIDs(p, dst)
