@@ -196,8 +196,9 @@ func notIDType(c byte) bool {
 
 // TestWindowWidths checks the widths of every byte value, at every
 // position of a window, and of random windows, from idWidths (eight
-// bytes at a time), fillWindow (sixteen at a time where assembly does
-// it) and fillWindowGo, and both fills' distances to the id after next.
+// bytes at a time), fillWindow, fillWindowGo and each assembly fill of
+// the architecture (archFills), and the fills' distances to the id
+// after next.
 func TestWindowWidths(t *testing.T) {
 	for b, want := range map[byte]byte{0x00: 1, 0x7f: 1, 0xcc: 2, 0xcd: 3, 0xce: 5} {
 		if got := byteWidth(b); got != want {
@@ -205,6 +206,10 @@ func TestWindowWidths(t *testing.T) {
 		}
 	}
 	fills := map[string]func(ws, ws2 *[idChunk]byte, p []byte, n int){"fillWindow": fillWindow, "fillWindowGo": fillWindowGo}
+	for name, fill := range archFills() {
+		fills[name] = fill
+	}
+	t.Logf("fills checked: %d", len(fills))
 	rng := rand.New(rand.NewPCG(3, 4))
 	for iter := range 2000 {
 		p := make([]byte, idChunk+16+int(rng.IntN(16)))

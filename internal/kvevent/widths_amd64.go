@@ -11,13 +11,35 @@ import "golang.org/x/sys/cpu"
 // of the last fifteen years), else as fillWindowGo. n is a multiple of
 // 16 from 16 to idChunk; p holds n+16 bytes.
 func fillWindow(ws, ws2 *[idChunk]byte, p []byte, n int) {
-	_ = p[n+15]
-	if cpu.X86.HasSSSE3 {
-		fillWindowSSSE3(&ws[0], &ws2[0], &p[0], n)
-		return
+	switch {
+	case cpu.X86.HasAVX2:
+		fillWindowWide(ws, ws2, p, n)
+	case cpu.X86.HasSSSE3:
+		fillWindowNarrow(ws, ws2, p, n)
+	default:
+		fillWindowGo(ws, ws2, p, n)
 	}
-	fillWindowGo(ws, ws2, p, n)
 }
+
+// fillWindowNarrow is fillWindow sixteen bytes at a time (SSSE3).
+func fillWindowNarrow(ws, ws2 *[idChunk]byte, p []byte, n int) {
+	_ = p[n+15]
+	fillWindowSSSE3(&ws[0], &ws2[0], &p[0], n)
+}
+
+// fillWindowWide is fillWindow thirty-two bytes at a time (AVX2) as far
+// as thirty-two bytes follow, then sixteen at a time.
+func fillWindowWide(ws, ws2 *[idChunk]byte, p []byte, n int) {
+	_ = p[n+15]
+	k := (n - 16) &^ 31
+	if k > 0 {
+		fillWindowAVX2(&ws[0], &ws2[0], &p[0], k)
+	}
+	fillWindowSSSE3(&ws[k], &ws2[k], &p[k], n-k)
+}
+
+//go:noescape
+func fillWindowAVX2(ws, ws2 *byte, p *byte, n int)
 
 //go:noescape
 func fillWindowSSSE3(ws, ws2 *byte, p *byte, n int)

@@ -104,3 +104,93 @@ loop:
 	JNZ	loop
 	RET
 
+
+// WIDTHS32 is WIDTHS for the thirty-two bytes at (R), in Y, with Y8 and
+// Y9 holding 0x01 and 0x03 in every byte.
+#define WIDTHS32(R, Y, T1, T2) \
+	VMOVDQU	R, Y \
+	VPXOR	T1, T1, T1 \
+	VPCMPGTB	Y, T1, T1 \
+	VPAND	Y9, Y, Y \
+	VPSRLW	$1, Y, T2 \
+	VPAND	Y8, T2, T2 \
+	VPADDB	Y8, Y, Y \
+	VPADDB	T2, Y, Y \
+	VPAND	T1, Y, Y \
+	VPADDB	Y8, Y, Y
+
+// func fillWindowAVX2(ws, ws2 *byte, p *byte, n int)
+//
+// fillWindowSSSE3 thirty-two bytes at a time: each 16-byte half does
+// what fillWindowSSSE3 does with sixteen, the half after it taken from
+// this block and the next (VPERM2I128). p holds n+32 bytes; n is a
+// positive multiple of 32.
+TEXT ·fillWindowAVX2(SB), NOSPLIT|NOFRAME, $0-32
+	MOVQ	ws+0(FP), DI
+	MOVQ	ws2+8(FP), DX
+	MOVQ	p+16(FP), SI
+	MOVQ	n+24(FP), CX
+	MOVQ	$0x0101010101010101, AX
+	MOVQ	AX, X8
+	VPBROADCASTQ	X8, Y8
+	MOVQ	$0x0303030303030303, AX
+	MOVQ	AX, X9
+	VPBROADCASTQ	X9, Y9
+	MOVQ	$0xcccccccccccccccc, AX
+	MOVQ	AX, X10
+	VPBROADCASTQ	X10, Y10
+	MOVQ	$0x7f7f7f7f7f7f7f7f, AX
+	MOVQ	AX, X11
+	VPBROADCASTQ	X11, Y11
+	MOVQ	$0x7d7d7d7d7d7d7d7d, AX
+	MOVQ	AX, X6
+	VPBROADCASTQ	X6, Y6
+	MOVQ	$0x8080808080808080, AX
+	MOVQ	AX, X7
+	VPBROADCASTQ	X7, Y7
+	// Y12: each byte's index in its half; Y13: 15 and Y14: 16 in every
+	// byte.
+	MOVQ	$0x0706050403020100, AX
+	MOVQ	AX, X12
+	MOVQ	$0x0f0e0d0c0b0a0908, AX
+	MOVQ	AX, X13
+	PUNPCKLQDQ	X13, X12
+	VINSERTI128	$1, X12, Y12, Y12
+	MOVQ	$0x0f0f0f0f0f0f0f0f, AX
+	MOVQ	AX, X13
+	VPBROADCASTQ	X13, Y13
+	MOVQ	$0x1010101010101010, AX
+	MOVQ	AX, X14
+	VPBROADCASTQ	X14, Y14
+	WIDTHS32((SI), Y0, Y3, Y4)
+
+loop32:
+	WIDTHS32(32(SI), Y1, Y3, Y4)
+	// Y2: the widths of the sixteen bytes after each half.
+	VPERM2I128	$0x21, Y1, Y0, Y2
+	VPADDB	Y12, Y0, Y3
+	VPCMPGTB	Y13, Y3, Y4
+	VPOR	Y3, Y4, Y4
+	VPSHUFB	Y4, Y0, Y5
+	VPSUBB	Y14, Y3, Y3
+	VPSHUFB	Y3, Y2, Y2
+	VPOR	Y2, Y5, Y5
+	VPADDB	Y0, Y5, Y5
+	VMOVDQU	Y5, (DX)
+	VMOVDQU	(SI), Y3
+	VPXOR	Y10, Y3, Y4
+	VPAND	Y11, Y4, Y5
+	VPADDB	Y6, Y5, Y5
+	VPOR	Y4, Y5, Y5
+	VPAND	Y3, Y5, Y5
+	VPAND	Y7, Y5, Y5
+	VPOR	Y0, Y5, Y5
+	VMOVDQU	Y5, (DI)
+	VMOVDQA	Y1, Y0
+	ADDQ	$32, SI
+	ADDQ	$32, DI
+	ADDQ	$32, DX
+	SUBQ	$32, CX
+	JNZ	loop32
+	VZEROUPPER
+	RET
