@@ -116,7 +116,7 @@ func readIDsAt(p []byte, o int, dst []uint32, sc *walkScratch) (int, int) {
 		return i, o
 	}
 	i, o = walkIDs(p, o, dst, i, sc)
-	if i+1 >= len(dst) || o+idChunk+16 <= len(p) {
+	if i+1 >= len(dst) || o+idChunk+32 <= len(p) {
 		// Done (an odd last id is left to the caller), or stopped at a
 		// byte that is no id with a window's bytes still ahead.
 		return i, o
@@ -126,17 +126,20 @@ func readIDsAt(p []byte, o int, dst []uint32, sc *walkScratch) (int, int) {
 
 // walkTail walks the ids in the last bytes of p, from o on, too few for
 // the window walkIDs needs: it walks a copy of them, so that the last ids
-// of a message are not read one at a time. The copy is followed by zero
-// bytes, which the walk takes for ids where an array claims more ids
-// than the message holds; a walk past the copy's end therefore reads
-// none, leaving them all to the caller's reading one by one, which
-// reports the error.
+// of a message are not read one at a time. The bytes after the copy are
+// whatever an earlier one left there. Only a walk past the copy's end
+// reads them, where an array claims more ids than the message holds: an
+// id's position comes from the widths of the ids before it alone, so a
+// walk ends at or before the copy's end only if every id it read lies
+// inside. A walk past the end therefore reads none, leaving them all to
+// the caller's reading one by one, which reports the error.
 func walkTail(p []byte, o int, dst []uint32, i int, sc *walkScratch) (int, int) {
-	// The caller makes sure p holds fewer than idChunk+16 bytes from o
-	// on: the copy, with the eight bytes before o, fits t.
+	// The caller makes sure p holds fewer than idChunk+32 bytes from o
+	// on: the copy, with the eight bytes before o, fits t, and so does a
+	// second window, which the walk needs for the bytes past the first
+	// one's stride.
 	t := &sc.tail
 	n := copy(t[:], p[o-8:])
-	clear(t[n:])
 	ti, to := walkIDs(t[:], 8, dst, i, sc)
 	if to > n {
 		return i, o
@@ -146,46 +149,51 @@ func walkTail(p []byte, o int, dst []uint32, i int, sc *walkScratch) (int, int) 
 
 // walkIDs walks the ids of dst from dst[i], at p[o] with at least eight
 // bytes of p before o, a window at a time while p holds a whole one,
-// idChunk+16 bytes from the window's start. It returns how many ids of
+// idChunk+32 bytes from the window's start. It returns how many ids of
 // dst it has read and the offset after them.
 func walkIDs(p []byte, o int, dst []uint32, i int, sc *walkScratch) (int, int) {
-	if o+idChunk+16 > len(p) {
+	if o+idChunk+32 > len(p) {
 		return i, o
 	}
 	// masks keeps the value bytes of an id of each width (a fixint is
 	// its own value).
 	masks := [8]uint32{1: 0xff, 2: 0xff, 3: 0xffff, 5: 0xffffffff}
-	// Windows of idChunk bytes follow each other every stride bytes.
-	// Two steps of the walk go at most 12 bytes on, so it enters the
-	// next window within the last 16 bytes of this one, which both
-	// share.
-	const stride = idChunk - 16
-	widths, widths2 := &sc.widths, &sc.widths2
+	const stride = walkStride
+	win := &sc.win
 	j := uint(0)
 	for i < len(dst) {
-		// The walk reads widths only where a pair of ids starts, and an
-		// id takes at most 5 bytes: the last pair left starts before
+		// The walk reads widths only where an id starts, and an id
+		// takes at most 5 bytes: the last one left starts before
 		// j+5*(ids left), so the widths stop there. An event of one
 		// block, whose ids end early in a window, is not charged a
 		// whole one.
-		fillWindow(widths, widths2, p[o:], min(idChunk, (int(j)+5*(len(dst)-i)+15)&^15))
+		n := min(idChunk, (int(j)+5*(len(dst)-i)+15)&^15)
+		// The steps of four pay for their distances past a few dozen
+		// ids; an array of one 16-token block goes two at a time.
+		quads := len(dst)-i >= quadsFrom
+		if quads {
+			fillWindow(win, p[o:], n)
+		} else {
+			fillPairs(win.w[:], win.w2[:], p[o:], n)
+		}
 		// q[j : j+8] are the eight bytes that end at p[o+j]. A walk
 		// position stays below idChunk, so masking it with idChunk-1
 		// changes nothing and lets the compiler drop the bounds check,
 		// outside the chain of dependent steps.
 		q := (*[idChunk + 8]byte)(p[o-8 : o+idChunk])
-		// Two ids a step: the chain is the load of widths2 and an add,
-		// and the id in between hangs off it.
+		if quads {
+			k, at := walkQuads(win, q, dst[i:], j)
+			i, j = i+k, at
+		}
+		// Two ids a step for the last two or three ids of the array, and
+		// to stop at the first byte that is no id's type byte.
 		for ; j < stride && i+1 < len(dst); i += 2 {
-			w := uint(widths[j])
+			w := uint(win.w[j])
 			mid := j + w&7
-			next := j + uint(widths2[j])
-			wm := uint(widths[mid&(idChunk-1)])
+			next := j + uint(win.w2[j])
+			wm := uint(win.w[mid&(idChunk-1)])
 			x := binary.BigEndian.Uint64(q[mid&(idChunk-1):])
 			y := binary.BigEndian.Uint64(q[next&(idChunk-1):])
-			// The walk trusted the widths of the bytes at j and mid:
-			// they hold only if those bytes are type bytes, which the
-			// flags of both tell with one test.
 			if (w|wm)&notID != 0 {
 				if w&notID != 0 {
 					return i, o + int(j)
@@ -197,7 +205,7 @@ func walkIDs(p []byte, o int, dst []uint32, i int, sc *walkScratch) (int, int) {
 			dst[i+1] = uint32(y) & masks[wm&7]
 			j = next
 		}
-		if j < stride || o+stride+idChunk+16 > len(p) {
+		if j < stride || o+stride+idChunk+32 > len(p) {
 			break
 		}
 		o, j = o+stride, j-stride
@@ -205,12 +213,70 @@ func walkIDs(p []byte, o int, dst []uint32, i int, sc *walkScratch) (int, int) {
 	return i, o + int(j)
 }
 
+// walkQuadsGo is walkQuads in portable Go.
+func walkQuadsGo(win *window, q *[idChunk + 8]byte, dst []uint32, j uint) (int, uint) {
+	masks := [8]uint32{1: 0xff, 2: 0xff, 3: 0xffff, 5: 0xffffffff}
+	i := 0
+	// Four ids a step: the chain is the load of w4 and an add, and the
+	// ids in between hang off it, found through w and w2. A walk
+	// position stays below idChunk, so masking it with idChunk-1 changes
+	// nothing and lets the compiler drop the bounds check.
+	for ; j < walkStride && i+3 < len(dst); i += 4 {
+		w0 := uint(win.w[j])
+		m1 := j + w0&7
+		m2 := j + uint(win.w2[j])
+		next := j + uint(win.w4[j])
+		w1 := uint(win.w[m1&(idChunk-1)])
+		w2 := uint(win.w[m2&(idChunk-1)])
+		m3 := m2 + w2&7
+		w3 := uint(win.w[m3&(idChunk-1)])
+		// The walk trusted the widths of the bytes at j, m1, m2 and m3:
+		// they hold only if those bytes are type bytes, which their
+		// flags tell with one test.
+		if (w0|w1|w2|w3)&notID != 0 {
+			break
+		}
+		dst[i] = uint32(binary.BigEndian.Uint64(q[m1&(idChunk-1):])) & masks[w0&7]
+		dst[i+1] = uint32(binary.BigEndian.Uint64(q[m2&(idChunk-1):])) & masks[w1&7]
+		dst[i+2] = uint32(binary.BigEndian.Uint64(q[m3&(idChunk-1):])) & masks[w2&7]
+		dst[i+3] = uint32(binary.BigEndian.Uint64(q[next&(idChunk-1):])) & masks[w3&7]
+		j = next
+	}
+	return i, j
+}
+
+// quadsFrom is the fewest ids left for which a window is walked four ids
+// a step.
+const quadsFrom = 32
+
+// Windows of idChunk bytes follow each other every walkStride bytes.
+// Four steps of the walk go at most 24 bytes on, so it enters the next
+// window within the last 32 bytes of this one, which both share.
+const walkStride = idChunk - 32
+
+// window is what fillWindow computes for a window: for each byte, the
+// width of an id starting there with its notIDFlags flag (w), the
+// distance to the id after next (w2), and to the fourth id on (w4). w
+// and w2 go 16 bytes further than w4, which is computed from w2.
+type window struct {
+	w, w2 [idChunk + 16]byte
+	w4    [idChunk]byte
+}
+
+// fillWindow fills win for the first n bytes of p, n a multiple of 16
+// from 16 to idChunk; p holds n+32 bytes.
+func fillWindow(win *window, p []byte, n int) {
+	fillPairs(win.w[:], win.w2[:], p, n+16)
+	fillQuads(win.w2[:], win.w4[:], n)
+}
+
 // walkScratch is the memory a walk works in. A decoder keeps one across
-// arrays (Batch.walk): a walk's own 1.5 KB would be cleared for every
+// arrays (Batch.walk): a walk's own 2 KB would be cleared for every
 // array, a tenth of the time to read an event's 16 ids. Nothing in it
-// carries over from one walk to the next: the walk reads only the widths
-// it filled, and walkTail clears what its copy does not cover.
+// carries over from one walk to the next that a walk's result depends
+// on: the walk reads only the widths it filled, and walkTail's bytes past
+// its copy only when it reads none of them (see walkTail).
 type walkScratch struct {
-	widths, widths2 [idChunk]byte
-	tail            [8 + idChunk + 16]byte
+	win  window
+	tail [8 + 2*idChunk]byte
 }

@@ -77,6 +77,10 @@ func appendOddToken(p []byte, rng *rand.Rand) []byte {
 // same rest, and an error exactly when that does (R-WIRE-2).
 func TestReadTokensMatchesReference(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 5))
+	stale := new(walkScratch)
+	for k := range stale.tail {
+		stale.tail[k] = byte(rng.Uint32())
+	}
 	widths := []uint32{100, 200, 60000, 150000, 0x7f, 0xff, 0xffff, math.MaxUint32}
 	for iter := range 20000 {
 		n := rng.IntN(700)
@@ -116,7 +120,9 @@ func TestReadTokensMatchesReference(t *testing.T) {
 		// Half the arrays lie inside a message, after up to 23 other
 		// bytes, as DecodeBatch hands them over: from 8 on, the walk
 		// starts at the first id, reading the bytes before it.
-		var b Batch
+		// One walk's memory for every array, full of what the arrays
+		// before left there, as a decoder's is.
+		b := Batch{walk: stale}
 		if iter%2 == 1 {
 			msg := make([]byte, rng.IntN(24), len(p)+24)
 			for k := range msg {
@@ -196,23 +202,29 @@ func notIDType(c byte) bool {
 
 // TestWindowWidths checks the widths of every byte value, at every
 // position of a window, and of random windows, from idWidths (eight
-// bytes at a time), fillWindow, fillWindowGo and each assembly fill of
-// the architecture (archFills), and the fills' distances to the id
-// after next.
+// bytes at a time), fillPairs, fillPairsGo and each assembly fill of the
+// architecture (archPairs), and the fills' distances to the id after
+// next; then the distances to the fourth id on from fillQuads,
+// fillQuadsGo, each of archQuads, and fillWindow, which puts both
+// together.
 func TestWindowWidths(t *testing.T) {
 	for b, want := range map[byte]byte{0x00: 1, 0x7f: 1, 0xcc: 2, 0xcd: 3, 0xce: 5} {
 		if got := byteWidth(b); got != want {
 			t.Fatalf("byteWidth(%#x) = %d, want %d", b, got, want)
 		}
 	}
-	fills := map[string]func(ws, ws2 *[idChunk]byte, p []byte, n int){"fillWindow": fillWindow, "fillWindowGo": fillWindowGo}
-	for name, fill := range archFills() {
-		fills[name] = fill
+	pairs := map[string]func(ws, ws2, p []byte, n int){"fillPairs": fillPairs, "fillPairsGo": fillPairsGo}
+	for name, fill := range archPairs() {
+		pairs[name] = fill
 	}
-	t.Logf("fills checked: %d", len(fills))
+	quads := map[string]func(w2, w4 []byte, n int){"fillQuads": fillQuads, "fillQuadsGo": fillQuadsGo}
+	for name, fill := range archQuads() {
+		quads[name] = fill
+	}
+	t.Logf("fills checked: %d of pairs, %d of quads", len(pairs), len(quads))
 	rng := rand.New(rand.NewPCG(3, 4))
 	for iter := range 2000 {
-		p := make([]byte, idChunk+16+int(rng.IntN(16)))
+		p := make([]byte, idChunk+32+int(rng.IntN(16)))
 		for k := range p {
 			switch {
 			case iter < 256:
@@ -230,18 +242,23 @@ func TestWindowWidths(t *testing.T) {
 		if iter%2 == 1 {
 			n = 16 * (1 + rng.IntN(idChunk/16))
 		}
-		for name, fill := range fills {
-			var ws, ws2 [idChunk]byte
-			for k := range idChunk {
+		want2 := make([]byte, n+16)
+		for k := range want2 {
+			w := byteWidth(p[k])
+			want2[k] = w + byteWidth(p[k+int(w)])
+		}
+		for name, fill := range pairs {
+			var ws, ws2 [idChunk + 16]byte
+			for k := range ws {
 				ws[k], ws2[k] = 0xee, 0xee
 			}
-			fill(&ws, &ws2, p, n)
-			for k := n; k < idChunk; k++ {
+			fill(ws[:], ws2[:], p, n+16)
+			for k := n + 16; k < len(ws); k++ {
 				if ws[k] != 0xee || ws2[k] != 0xee {
-					t.Fatalf("iteration %d: %s: a fill of %d bytes wrote byte %d", iter, name, n, k)
+					t.Fatalf("iteration %d: %s: a fill of %d bytes wrote byte %d", iter, name, n+16, k)
 				}
 			}
-			for k := range n {
+			for k := range n + 16 {
 				want := byteWidth(p[k])
 				if flag := ws[k] & notID; (flag != 0) != notIDType(p[k]) {
 					t.Fatalf("iteration %d: %s: byte %d (%#x) flagged %t, want %t", iter, name, k, p[k], flag != 0, notIDType(p[k]))
@@ -249,11 +266,25 @@ func TestWindowWidths(t *testing.T) {
 				if ws[k]&^notID != want {
 					t.Fatalf("iteration %d: %s: byte %d (%#x) width %d, want %d", iter, name, k, p[k], ws[k], want)
 				}
-				if want2 := want + byteWidth(p[k+int(want)]); ws2[k] != want2 {
-					t.Fatalf("iteration %d: %s: byte %d (%#x) to the id after next %d, want %d", iter, name, k, p[k], ws2[k], want2)
+				if ws2[k] != want2[k] {
+					t.Fatalf("iteration %d: %s: byte %d (%#x) to the id after next %d, want %d", iter, name, k, p[k], ws2[k], want2[k])
 				}
 			}
 		}
+		for name, fill := range quads {
+			var w4 [idChunk]byte
+			for k := range w4 {
+				w4[k] = 0xee
+			}
+			fill(want2, w4[:], n)
+			checkQuads(t, iter, name, p, want2, w4[:], n)
+		}
+		var win window
+		for k := range win.w4 {
+			win.w4[k] = 0xee
+		}
+		fillWindow(&win, p, n)
+		checkQuads(t, iter, "fillWindow", p, want2, win.w4[:], n)
 		for k := 0; k < idChunk; k += 8 {
 			var word [8]byte
 			binary.LittleEndian.PutUint64(word[:], idWidths(binary.LittleEndian.Uint64(p[k:])))
@@ -262,6 +293,59 @@ func TestWindowWidths(t *testing.T) {
 					t.Fatalf("iteration %d: idWidths: byte %d (%#x) width %d, want %d", iter, k+l, p[k+l], w, want)
 				}
 			}
+		}
+	}
+}
+
+// checkQuads checks w4, the distances to the fourth id on that a fill of
+// n bytes wrote, against want2, the distances to the id after next.
+func checkQuads(t *testing.T, iter int, name string, p, want2, w4 []byte, n int) {
+	t.Helper()
+	for k := range w4 {
+		want := byte(0xee)
+		if k < n {
+			want = want2[k] + want2[k+int(want2[k])]
+		}
+		if w4[k] != want {
+			t.Fatalf("iteration %d: %s: fill of %d bytes: byte %d (%#x) to the fourth id on %d, want %d", iter, name, n, k, p[k], w4[k], want)
+		}
+	}
+}
+
+// TestWalkQuadsMatchesGo compares walkQuads, in assembly where there is
+// some, with walkQuadsGo on random windows of ids and odd bytes, from
+// every kind of start: both must read the same ids and stop at the same
+// position.
+func TestWalkQuadsMatchesGo(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for iter := range 3000 {
+		p := make([]byte, 8, idChunk+64)
+		for len(p) < idChunk+40 {
+			switch r := rng.IntN(50); {
+			case r == 0 && iter%3 != 0:
+				p = append(p, byte(0x80+rng.IntN(0x80))) // no id's type byte, mostly
+			case r < 15:
+				p = msgp.AppendUint32(p, uint32(rng.IntN(128)))
+			case r < 25:
+				p = msgp.AppendUint32(p, uint32(128+rng.IntN(128)))
+			case r < 40:
+				p = msgp.AppendUint32(p, uint32(256+rng.IntN(65000)))
+			default:
+				p = msgp.AppendUint32(p, uint32(65536+rng.IntN(1<<20)))
+			}
+		}
+		var win window
+		n := 16 * (1 + rng.IntN(idChunk/16))
+		fillWindow(&win, p[8:], n)
+		q := (*[idChunk + 8]byte)(p[:idChunk+8])
+		j := uint(rng.IntN(walkStride + 8))
+		ids := rng.IntN(200)
+		got, want := make([]uint32, ids), make([]uint32, ids)
+		gn, gj := walkQuads(&win, q, got, j)
+		wn, wj := walkQuadsGo(&win, q, want, j)
+		if gn != wn || gj != wj || !slices.Equal(got, want) {
+			t.Fatalf("iteration %d (fill %d, from %d, %d ids): read %d to %d, want %d to %d; ids equal %v",
+				iter, n, j, ids, gn, gj, wn, wj, slices.Equal(got, want))
 		}
 	}
 }

@@ -18,14 +18,14 @@
 	PAND	T1, X \
 	PADDB	X8, X
 
-// func fillWindowSSSE3(ws, ws2 *byte, p *byte, n int)
+// func fillPairsSSSE3(ws, ws2 *byte, p *byte, n int)
 //
 // ws gets the widths of p's first n bytes, as idWidths, with
 // notIDFlags' flags; ws2 each byte's width plus the width of the byte
 // that many bytes on: the distance to the id after next. PSHUFB (SSSE3) picks that byte's width from this
 // block of sixteen widths or the next. p holds n+16 bytes; n is a
 // positive multiple of 16.
-TEXT ·fillWindowSSSE3(SB), NOSPLIT|NOFRAME, $0-32
+TEXT ·fillPairsSSSE3(SB), NOSPLIT|NOFRAME, $0-32
 	MOVQ	ws+0(FP), DI
 	MOVQ	ws2+8(FP), DX
 	MOVQ	p+16(FP), SI
@@ -119,13 +119,13 @@ loop:
 	VPAND	T1, Y, Y \
 	VPADDB	Y8, Y, Y
 
-// func fillWindowAVX2(ws, ws2 *byte, p *byte, n int)
+// func fillPairsAVX2(ws, ws2 *byte, p *byte, n int)
 //
-// fillWindowSSSE3 thirty-two bytes at a time: each 16-byte half does
-// what fillWindowSSSE3 does with sixteen, the half after it taken from
+// fillPairsSSSE3 thirty-two bytes at a time: each 16-byte half does
+// what fillPairsSSSE3 does with sixteen, the half after it taken from
 // this block and the next (VPERM2I128). p holds n+32 bytes; n is a
 // positive multiple of 32.
-TEXT ·fillWindowAVX2(SB), NOSPLIT|NOFRAME, $0-32
+TEXT ·fillPairsAVX2(SB), NOSPLIT|NOFRAME, $0-32
 	MOVQ	ws+0(FP), DI
 	MOVQ	ws2+8(FP), DX
 	MOVQ	p+16(FP), SI
@@ -193,4 +193,170 @@ loop32:
 	SUBQ	$32, CX
 	JNZ	loop32
 	VZEROUPPER
+	RET
+
+// func fillQuadsSSSE3(w2, w4 *byte, n int)
+//
+// w4 gets each byte's w2 plus the w2 of the byte that many bytes on, for
+// n bytes, n a positive multiple of 16, sixteen at a time: PSHUFB picks
+// it from this block of sixteen or the next, as fillPairsSSSE3 picks a
+// width. A w2 is at most 12, so the byte picked lies at most 27 bytes
+// on; w2 holds n+16 bytes.
+TEXT ·fillQuadsSSSE3(SB), NOSPLIT|NOFRAME, $0-24
+	MOVQ	w2+0(FP), SI
+	MOVQ	w4+8(FP), DI
+	MOVQ	n+16(FP), CX
+	// X12: each lane's index; X13: 15 and X14: 16 in every byte.
+	MOVQ	$0x0706050403020100, AX
+	MOVQ	AX, X12
+	MOVQ	$0x0f0e0d0c0b0a0908, AX
+	MOVQ	AX, X6
+	PUNPCKLQDQ	X6, X12
+	MOVQ	$0x0f0f0f0f0f0f0f0f, AX
+	MOVQ	AX, X13
+	PUNPCKLQDQ	X13, X13
+	MOVQ	$0x1010101010101010, AX
+	MOVQ	AX, X14
+	PUNPCKLQDQ	X14, X14
+
+quads16:
+	MOVOU	(SI), X0
+	MOVOU	16(SI), X1
+	MOVO	X0, X2
+	PADDB	X12, X2
+	MOVO	X2, X3
+	PCMPGTB	X13, X3
+	POR	X2, X3
+	MOVO	X0, X4
+	PSHUFB	X3, X4
+	PSUBB	X14, X2
+	PSHUFB	X2, X1
+	POR	X1, X4
+	PADDB	X0, X4
+	MOVOU	X4, (DI)
+	ADDQ	$16, SI
+	ADDQ	$16, DI
+	SUBQ	$16, CX
+	JNZ	quads16
+	RET
+
+// func fillQuadsAVX2(w2, w4 *byte, n int)
+//
+// fillQuadsSSSE3 thirty-two bytes at a time, n a positive multiple of
+// 32: each 16-byte half takes the sixteen bytes after it from one load
+// sixteen bytes on.
+TEXT ·fillQuadsAVX2(SB), NOSPLIT|NOFRAME, $0-24
+	MOVQ	w2+0(FP), SI
+	MOVQ	w4+8(FP), DI
+	MOVQ	n+16(FP), CX
+	MOVQ	$0x0706050403020100, AX
+	MOVQ	AX, X12
+	MOVQ	$0x0f0e0d0c0b0a0908, AX
+	MOVQ	AX, X13
+	PUNPCKLQDQ	X13, X12
+	VINSERTI128	$1, X12, Y12, Y12
+	MOVQ	$0x0f0f0f0f0f0f0f0f, AX
+	MOVQ	AX, X13
+	VPBROADCASTQ	X13, Y13
+	MOVQ	$0x1010101010101010, AX
+	MOVQ	AX, X14
+	VPBROADCASTQ	X14, Y14
+
+quads32:
+	VMOVDQU	(SI), Y0
+	VMOVDQU	16(SI), Y1
+	VPADDB	Y12, Y0, Y2
+	VPCMPGTB	Y13, Y2, Y3
+	VPOR	Y2, Y3, Y3
+	VPSHUFB	Y3, Y0, Y4
+	VPSUBB	Y14, Y2, Y2
+	VPSHUFB	Y2, Y1, Y1
+	VPOR	Y1, Y4, Y4
+	VPADDB	Y0, Y4, Y4
+	VMOVDQU	Y4, (DI)
+	ADDQ	$32, SI
+	ADDQ	$32, DI
+	SUBQ	$32, CX
+	JNZ	quads32
+	VZEROUPPER
+	RET
+
+// walkMasks keeps the value bytes of an id of each width, as walkQuadsGo's
+// masks.
+DATA walkMasks<>+0(SB)/4, $0
+DATA walkMasks<>+4(SB)/4, $0xff
+DATA walkMasks<>+8(SB)/4, $0xff
+DATA walkMasks<>+12(SB)/4, $0xffff
+DATA walkMasks<>+16(SB)/4, $0
+DATA walkMasks<>+20(SB)/4, $0xffffffff
+DATA walkMasks<>+24(SB)/4, $0
+DATA walkMasks<>+28(SB)/4, $0
+GLOBL walkMasks<>(SB), RODATA|NOPTR, $32
+
+// func walkQuadsAMD64(w, q *byte, dst *uint32, quads int, j uint) (n int, pos uint)
+//
+// walkQuadsGo's walk of at most quads steps from j < 480 (walkStride),
+// quads > 0. w is a window's w; its w2 follows 528 bytes on and its w4
+// 1056 bytes on (idChunk+16 each).
+TEXT ·walkQuadsAMD64(SB), NOSPLIT|NOFRAME, $0-56
+	MOVQ	w+0(FP), DI
+	MOVQ	q+8(FP), SI
+	MOVQ	dst+16(FP), R8
+	MOVQ	j+32(FP), BX
+	LEAQ	walkMasks<>(SB), DX
+
+quad:
+	// AX, R12, R13, R15: the widths of the four ids; R11, R9, R14: where
+	// the second, third and fourth start; R10: where the step ends.
+	// Only R10 is on the chain from one step to the next.
+	MOVBQZX	(DI)(BX*1), AX
+	MOVBQZX	528(DI)(BX*1), R9
+	MOVBQZX	1056(DI)(BX*1), R10
+	MOVL	AX, R11
+	ANDL	$7, R11
+	ADDQ	BX, R11
+	ADDQ	BX, R9
+	ADDQ	BX, R10
+	MOVBQZX	(DI)(R11*1), R12
+	MOVBQZX	(DI)(R9*1), R13
+	MOVL	R13, R14
+	ANDL	$7, R14
+	ADDQ	R9, R14
+	MOVBQZX	(DI)(R14*1), R15
+	MOVL	AX, CX
+	ORL	R12, CX
+	ORL	R13, CX
+	ORL	R15, CX
+	TESTL	$0x80, CX
+	JNZ	quadsDone
+	// No flag: every width is 1, 2, 3 or 5.
+	MOVQ	(SI)(R11*1), CX
+	BSWAPQ	CX
+	ANDL	(DX)(AX*4), CX
+	MOVL	CX, (R8)
+	MOVQ	(SI)(R9*1), CX
+	BSWAPQ	CX
+	ANDL	(DX)(R12*4), CX
+	MOVL	CX, 4(R8)
+	MOVQ	(SI)(R14*1), CX
+	BSWAPQ	CX
+	ANDL	(DX)(R13*4), CX
+	MOVL	CX, 8(R8)
+	MOVQ	(SI)(R10*1), CX
+	BSWAPQ	CX
+	ANDL	(DX)(R15*4), CX
+	MOVL	CX, 12(R8)
+	ADDQ	$16, R8
+	MOVQ	R10, BX
+	DECQ	quads+24(FP)
+	JZ	quadsDone
+	CMPQ	BX, $480
+	JB	quad
+
+quadsDone:
+	MOVQ	R8, AX
+	SUBQ	dst+16(FP), AX
+	SHRQ	$2, AX
+	MOVQ	AX, n+40(FP)
+	MOVQ	BX, pos+48(FP)
 	RET

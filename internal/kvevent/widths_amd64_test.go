@@ -4,15 +4,27 @@ package kvevent
 
 import "golang.org/x/sys/cpu"
 
-// archFills are the fills of this architecture that fillWindow chooses
-// between, each checked whatever the processor fillWindow runs on picks.
-func archFills() map[string]func(ws, ws2 *[idChunk]byte, p []byte, n int) {
-	fills := map[string]func(ws, ws2 *[idChunk]byte, p []byte, n int){}
+// archPairs and archQuads are the fills of this architecture that
+// fillPairs and fillQuads choose between, each checked whatever the
+// processor the tests run on makes them pick.
+func archPairs() map[string]func(ws, ws2, p []byte, n int) {
+	fills := map[string]func(ws, ws2, p []byte, n int){}
 	if cpu.X86.HasSSSE3 {
-		fills["fillWindowNarrow"] = fillWindowNarrow
+		fills["fillPairsNarrow"] = fillPairsNarrow
 	}
 	if cpu.X86.HasAVX2 {
-		fills["fillWindowWide"] = fillWindowWide
+		fills["fillPairsWide"] = fillPairsWide
+	}
+	return fills
+}
+
+func archQuads() map[string]func(w2, w4 []byte, n int) {
+	fills := map[string]func(w2, w4 []byte, n int){}
+	if cpu.X86.HasSSSE3 {
+		fills["fillQuadsNarrow"] = fillQuadsNarrow
+	}
+	if cpu.X86.HasAVX2 {
+		fills["fillQuadsWide"] = fillQuadsWide
 	}
 	return fills
 }

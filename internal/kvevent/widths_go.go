@@ -2,12 +2,11 @@ package kvevent
 
 import "encoding/binary"
 
-// fillWindowGo is fillWindow in portable Go: the widths eight bytes at a
-// time, the distances one byte at a time. n is a multiple of 16 from 16
-// to idChunk; p holds n+16 bytes.
-func fillWindowGo(ws, ws2 *[idChunk]byte, p []byte, n int) {
-	_ = p[n+15]
-	var w [idChunk + 16]byte
+// fillPairsGo is fillPairs in portable Go: the widths eight bytes at a
+// time, the distances one byte at a time.
+func fillPairsGo(ws, ws2, p []byte, n int) {
+	_, _, _ = ws[n-1], ws2[n-1], p[n+15]
+	var w [idChunk + 32]byte
 	for k := 0; k < n+16; k += 8 {
 		x := binary.LittleEndian.Uint64(p[k:])
 		wx := idWidths(x)
@@ -18,5 +17,13 @@ func fillWindowGo(ws, ws2 *[idChunk]byte, p []byte, n int) {
 	}
 	for k := range n {
 		ws2[k] = w[k] + w[k+int(w[k])]
+	}
+}
+
+// fillQuadsGo is fillQuads in portable Go.
+func fillQuadsGo(w2, w4 []byte, n int) {
+	_, _ = w2[n+15], w4[n-1]
+	for k := range n {
+		w4[k] = w2[k] + w2[k+int(w2[k])]
 	}
 }

@@ -2,5 +2,8 @@
 
 package kvevent
 
-// archFills is empty: fillWindow is fillWindowGo here.
-func archFills() map[string]func(ws, ws2 *[idChunk]byte, p []byte, n int) { return nil }
+// archPairs and archQuads are empty: the fills are the portable ones
+// here.
+func archPairs() map[string]func(ws, ws2, p []byte, n int) { return nil }
+
+func archQuads() map[string]func(w2, w4 []byte, n int) { return nil }
