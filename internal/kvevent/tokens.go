@@ -17,12 +17,13 @@ import "encoding/binary"
 // README, "Fresh token ids in every message".
 //
 // readIDs takes the chain apart, so that its cost does not depend on the
-// text (1.4–1.8 ns an id in all those cases). For a window of bytes it
-// first computes, for every byte, the width an id would have if it
-// started there, and the distance to the id after that one: sixteen
-// bytes at a time and without a branch (SSSE3, fillWindow), most results
-// belonging to bytes inside ids and never used. The walk then
-// goes two ids at a time with one load and one add; the id in between,
+// text (1.4–1.8 ns an id in all those cases when it went two ids a step;
+// see README for today's). For a window of bytes it first computes, for
+// every byte, the width an id would have if it started there, and the
+// distances to the id after that one and to the fourth id on: 32 or 16
+// bytes at a time and without a branch (AVX2 or SSSE3, fillWindow), most
+// results belonging to bytes inside ids and never used. The walk then
+// goes four ids at a time with one load and one add; the ids in between,
 // and reading each id's value, hang off the walk instead of lengthening
 // it: the eight bytes that end where an id ends hold its value in their
 // low bytes.
