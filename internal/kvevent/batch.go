@@ -103,11 +103,13 @@ func (b *Batch) Clone() *Batch {
 	return c
 }
 
-// eventSize and hashSize are the in-memory sizes of one decoded event
-// record and one engine hash.
+// eventSize, hashSize and walkSize are the in-memory sizes of one
+// decoded event record, one engine hash and the memory token arrays are
+// walked in.
 const (
 	eventSize = int(unsafe.Sizeof(Event{}))
 	hashSize  = int(unsafe.Sizeof(EngineHash{}))
+	walkSize  = int(unsafe.Sizeof(walkScratch{}))
 )
 
 // StorageBytes is the memory the batch's reusable storage holds, by
@@ -115,15 +117,20 @@ const (
 // that decoded an unusually large payload can drop the batch rather than
 // keep that much per stream.
 func (b *Batch) StorageBytes() int {
-	return cap(b.Events)*eventSize + cap(b.hashes)*hashSize + cap(b.tokens)*4
+	n := cap(b.Events)*eventSize + cap(b.hashes)*hashSize + cap(b.tokens)*4
+	if b.walk != nil {
+		n += walkSize
+	}
+	return n
 }
 
 // MaxStorageBytes bounds StorageBytes of a fresh batch decoded from an
 // n-byte payload, so a size limit on payloads is a size limit on decoded
 // memory too. Each wire byte becomes at most 16 bytes of records (a
 // 14-byte event is a record of under 112 bytes, a 1-byte hash 16 bytes,
-// a 1-byte token 4) and appending may double the hash and token storage.
-func MaxStorageBytes(n int) int { return 32*n + 256 }
+// a 1-byte token 4) and appending may double the hash and token storage;
+// the memory token arrays are walked in is a fixed 2.6 KB.
+func MaxStorageBytes(n int) int { return 32*n + 256 + walkSize }
 
 // DecodedBytes estimates the memory the decoded records occupy (event
 // records, hashes and tokens), for budgets such as max_buffered_bytes that

@@ -174,8 +174,7 @@ type Batch struct {
 	// payload is the message being decoded, while DecodeBatch decodes
 	// it: the bytes before a token array, for readIDsAt.
 	payload []byte
-	// walk is where token arrays are walked, kept from the first one on:
-	// a fixed 1.5 KB, which StorageBytes leaves out.
+	// walk is where token arrays are walked, kept from the first one on.
 	walk *walkScratch
 }
 
