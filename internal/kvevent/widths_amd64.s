@@ -281,8 +281,7 @@ quads32:
 	VZEROUPPER
 	RET
 
-// walkMasks keeps the value bytes of an id of each width, as walkQuadsGo's
-// masks.
+// walkMasks keeps the value bytes of an id of each width (idMasks).
 DATA walkMasks<>+0(SB)/4, $0
 DATA walkMasks<>+4(SB)/4, $0xff
 DATA walkMasks<>+8(SB)/4, $0xff
