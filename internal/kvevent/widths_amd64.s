@@ -18,92 +18,97 @@
 	PAND	T1, X \
 	PADDB	X8, X
 
-// func fillPairsSSSE3(ws, ws2 *byte, p *byte, n int)
-//
-// ws gets the widths of p's first n bytes, as idWidths, with
-// notIDFlags' flags; ws2 each byte's width plus the width of the byte
-// that many bytes on: the distance to the id after next. PSHUFB (SSSE3) picks that byte's width from this
-// block of sixteen widths or the next. p holds n+16 bytes; n is a
-// positive multiple of 16.
-TEXT ·fillPairsSSSE3(SB), NOSPLIT|NOFRAME, $0-32
-	MOVQ	ws+0(FP), DI
-	MOVQ	ws2+8(FP), DX
-	MOVQ	p+16(FP), SI
-	MOVQ	n+24(FP), CX
-	MOVQ	$0x0101010101010101, AX
-	MOVQ	AX, X8
-	PUNPCKLQDQ	X8, X8
-	MOVQ	$0x0303030303030303, AX
-	MOVQ	AX, X9
-	PUNPCKLQDQ	X9, X9
-	// X12: each lane's index; X13: 15 and X14: 16 in every byte.
-	MOVQ	$0x0706050403020100, AX
-	MOVQ	AX, X12
-	MOVQ	$0x0f0e0d0c0b0a0908, AX
-	MOVQ	AX, X6
-	PUNPCKLQDQ	X6, X12
-	MOVQ	$0x0f0f0f0f0f0f0f0f, AX
-	MOVQ	AX, X13
-	PUNPCKLQDQ	X13, X13
-	MOVQ	$0x1010101010101010, AX
-	MOVQ	AX, X14
-	PUNPCKLQDQ	X14, X14
-	// X10: 0xcc, X11: 0x7f, X6: 0x7d, X7: 0x80 in every byte, for the
-	// flags of bytes that are no id's type byte (notIDFlags).
-	MOVQ	$0xcccccccccccccccc, AX
-	MOVQ	AX, X10
-	PUNPCKLQDQ	X10, X10
-	MOVQ	$0x7f7f7f7f7f7f7f7f, AX
-	MOVQ	AX, X11
-	PUNPCKLQDQ	X11, X11
-	MOVQ	$0x7d7d7d7d7d7d7d7d, AX
-	MOVQ	AX, X6
-	PUNPCKLQDQ	X6, X6
-	MOVQ	$0x8080808080808080, AX
-	MOVQ	AX, X7
-	PUNPCKLQDQ	X7, X7
-	WIDTHS((SI), X0, X4, X5)
+// BCAST16 and BCAST32 set X (Y) to the byte b in every lane. They
+// clobber AX.
+#define BCAST16(b, X) \
+	MOVQ	$b, AX \
+	MOVQ	AX, X \
+	PUNPCKLQDQ	X, X
 
-loop:
-	WIDTHS(16(SI), X1, X4, X5)
-	// X2 = lane + width, 1 to 21: the byte whose width is wanted, in
-	// this block (X0) below 16, in the next (X1) from 16. PSHUFB gives
-	// zero for an index with its top bit set: X3 is X2 with the lanes
-	// of 16 and above all ones, X2-16 is negative below 16.
-	MOVO	X0, X2
-	PADDB	X12, X2
-	MOVO	X2, X3
-	PCMPGTB	X13, X3
-	POR	X2, X3
-	MOVO	X0, X4
-	PSHUFB	X3, X4
-	PSUBB	X14, X2
-	MOVO	X1, X5
-	PSHUFB	X2, X5
-	POR	X5, X4
-	PADDB	X0, X4
-	MOVOU	X4, (DX)
-	// ws gets the widths with notID set in the lanes of bytes that are
-	// no id's type byte: v = byte^0xcc is below 3 only for 0xcc to 0xce.
-	MOVOU	(SI), X3
-	MOVO	X3, X5
-	PXOR	X10, X5
-	MOVO	X5, X4
-	PAND	X11, X4
-	PADDB	X6, X4
-	POR	X5, X4
-	PAND	X3, X4
-	PAND	X7, X4
-	POR	X0, X4
-	MOVOU	X4, (DI)
-	MOVO	X1, X0
-	ADDQ	$16, SI
-	ADDQ	$16, DI
-	ADDQ	$16, DX
-	SUBQ	$16, CX
-	JNZ	loop
-	RET
+#define BCAST32(b, X, Y) \
+	MOVQ	$b, AX \
+	MOVQ	AX, X \
+	VPBROADCASTQ	X, Y
 
+// LANES16 sets X12 to each lane's index, X13 to 15 and X14 to 16 in
+// every byte, for PICK16. It clobbers AX and X6.
+#define LANES16 \
+	MOVQ	$0x0706050403020100, AX \
+	MOVQ	AX, X12 \
+	MOVQ	$0x0f0e0d0c0b0a0908, AX \
+	MOVQ	AX, X6 \
+	PUNPCKLQDQ	X6, X12 \
+	BCAST16(0x0f0f0f0f0f0f0f0f, X13) \
+	BCAST16(0x1010101010101010, X14)
+
+// LANES32 is LANES16 for PICK32: Y12 holds each byte's index in its
+// 16-byte half. It clobbers AX and X13.
+#define LANES32 \
+	MOVQ	$0x0706050403020100, AX \
+	MOVQ	AX, X12 \
+	MOVQ	$0x0f0e0d0c0b0a0908, AX \
+	MOVQ	AX, X13 \
+	PUNPCKLQDQ	X13, X12 \
+	VINSERTI128	$1, X12, Y12, Y12 \
+	BCAST32(0x0f0f0f0f0f0f0f0f, X13, Y13) \
+	BCAST32(0x1010101010101010, X14, Y14)
+
+// PICK16 sets D to each lane of S plus the byte that many lanes on in
+// S followed by N: I = lane + S is that byte's place, in S below 16, in
+// N from 16 (S's values are at most 12, so I is at most 27). PSHUFB
+// gives zero for an index with its top bit set: J is I with the lanes
+// of 16 and above all ones, I-16 is negative below 16. It needs
+// LANES16 and clobbers I, J and T.
+#define PICK16(S, N, D, I, J, T) \
+	MOVO	S, I \
+	PADDB	X12, I \
+	MOVO	I, J \
+	PCMPGTB	X13, J \
+	POR	I, J \
+	MOVO	S, D \
+	PSHUFB	J, D \
+	PSUBB	X14, I \
+	MOVO	N, T \
+	PSHUFB	I, T \
+	POR	T, D \
+	PADDB	S, D
+
+// PICK32 is PICK16 for both 16-byte halves of S, N holding the sixteen
+// bytes after each half. It needs LANES32 and clobbers I, J and N.
+#define PICK32(S, N, D, I, J) \
+	VPADDB	Y12, S, I \
+	VPCMPGTB	Y13, I, J \
+	VPOR	I, J, J \
+	VPSHUFB	J, S, D \
+	VPSUBB	Y14, I, I \
+	VPSHUFB	I, N, N \
+	VPOR	N, D, D \
+	VPADDB	S, D, D
+
+// FLAGS16 sets D to W, the widths of the bytes B, with notID set in the
+// lanes of bytes that are no id's type byte (notIDFlags): v = byte^0xcc
+// is below 3 only for 0xcc to 0xce. X10, X11, X6 and X7 hold 0xcc,
+// 0x7f, 0x7d and 0x80 in every byte; it clobbers T.
+#define FLAGS16(B, W, D, T) \
+	MOVO	B, T \
+	PXOR	X10, T \
+	MOVO	T, D \
+	PAND	X11, D \
+	PADDB	X6, D \
+	POR	T, D \
+	PAND	B, D \
+	PAND	X7, D \
+	POR	W, D
+
+// FLAGS32 is FLAGS16 in Y registers.
+#define FLAGS32(B, W, D, T) \
+	VPXOR	Y10, B, T \
+	VPAND	Y11, T, D \
+	VPADDB	Y6, D, D \
+	VPOR	T, D, D \
+	VPAND	B, D, D \
+	VPAND	Y7, D, D \
+	VPOR	W, D, D
 
 // WIDTHS32 is WIDTHS for the thirty-two bytes at (R), in Y, with Y8 and
 // Y9 holding 0x01 and 0x03 in every byte.
@@ -119,6 +124,42 @@ loop:
 	VPAND	T1, Y, Y \
 	VPADDB	Y8, Y, Y
 
+// func fillPairsSSSE3(ws, ws2 *byte, p *byte, n int)
+//
+// ws gets the widths of p's first n bytes, as idWidths, with
+// notIDFlags' flags; ws2 each byte's width plus the width of the byte
+// that many bytes on: the distance to the id after next, which PSHUFB
+// (SSSE3) picks from this block of sixteen widths or the next. p holds
+// n+16 bytes; n is a positive multiple of 16.
+TEXT ·fillPairsSSSE3(SB), NOSPLIT|NOFRAME, $0-32
+	MOVQ	ws+0(FP), DI
+	MOVQ	ws2+8(FP), DX
+	MOVQ	p+16(FP), SI
+	MOVQ	n+24(FP), CX
+	BCAST16(0x0101010101010101, X8)
+	BCAST16(0x0303030303030303, X9)
+	LANES16
+	BCAST16(0xcccccccccccccccc, X10)
+	BCAST16(0x7f7f7f7f7f7f7f7f, X11)
+	BCAST16(0x7d7d7d7d7d7d7d7d, X6)
+	BCAST16(0x8080808080808080, X7)
+	WIDTHS((SI), X0, X4, X5)
+
+loop:
+	WIDTHS(16(SI), X1, X4, X5)
+	PICK16(X0, X1, X4, X2, X3, X5)
+	MOVOU	X4, (DX)
+	MOVOU	(SI), X3
+	FLAGS16(X3, X0, X4, X5)
+	MOVOU	X4, (DI)
+	MOVO	X1, X0
+	ADDQ	$16, SI
+	ADDQ	$16, DI
+	ADDQ	$16, DX
+	SUBQ	$16, CX
+	JNZ	loop
+	RET
+
 // func fillPairsAVX2(ws, ws2 *byte, p *byte, n int)
 //
 // fillPairsSSSE3 thirty-two bytes at a time: each 16-byte half does
@@ -130,61 +171,23 @@ TEXT ·fillPairsAVX2(SB), NOSPLIT|NOFRAME, $0-32
 	MOVQ	ws2+8(FP), DX
 	MOVQ	p+16(FP), SI
 	MOVQ	n+24(FP), CX
-	MOVQ	$0x0101010101010101, AX
-	MOVQ	AX, X8
-	VPBROADCASTQ	X8, Y8
-	MOVQ	$0x0303030303030303, AX
-	MOVQ	AX, X9
-	VPBROADCASTQ	X9, Y9
-	MOVQ	$0xcccccccccccccccc, AX
-	MOVQ	AX, X10
-	VPBROADCASTQ	X10, Y10
-	MOVQ	$0x7f7f7f7f7f7f7f7f, AX
-	MOVQ	AX, X11
-	VPBROADCASTQ	X11, Y11
-	MOVQ	$0x7d7d7d7d7d7d7d7d, AX
-	MOVQ	AX, X6
-	VPBROADCASTQ	X6, Y6
-	MOVQ	$0x8080808080808080, AX
-	MOVQ	AX, X7
-	VPBROADCASTQ	X7, Y7
-	// Y12: each byte's index in its half; Y13: 15 and Y14: 16 in every
-	// byte.
-	MOVQ	$0x0706050403020100, AX
-	MOVQ	AX, X12
-	MOVQ	$0x0f0e0d0c0b0a0908, AX
-	MOVQ	AX, X13
-	PUNPCKLQDQ	X13, X12
-	VINSERTI128	$1, X12, Y12, Y12
-	MOVQ	$0x0f0f0f0f0f0f0f0f, AX
-	MOVQ	AX, X13
-	VPBROADCASTQ	X13, Y13
-	MOVQ	$0x1010101010101010, AX
-	MOVQ	AX, X14
-	VPBROADCASTQ	X14, Y14
+	BCAST32(0x0101010101010101, X8, Y8)
+	BCAST32(0x0303030303030303, X9, Y9)
+	BCAST32(0xcccccccccccccccc, X10, Y10)
+	BCAST32(0x7f7f7f7f7f7f7f7f, X11, Y11)
+	BCAST32(0x7d7d7d7d7d7d7d7d, X6, Y6)
+	BCAST32(0x8080808080808080, X7, Y7)
+	LANES32
 	WIDTHS32((SI), Y0, Y3, Y4)
 
 loop32:
 	WIDTHS32(32(SI), Y1, Y3, Y4)
 	// Y2: the widths of the sixteen bytes after each half.
 	VPERM2I128	$0x21, Y1, Y0, Y2
-	VPADDB	Y12, Y0, Y3
-	VPCMPGTB	Y13, Y3, Y4
-	VPOR	Y3, Y4, Y4
-	VPSHUFB	Y4, Y0, Y5
-	VPSUBB	Y14, Y3, Y3
-	VPSHUFB	Y3, Y2, Y2
-	VPOR	Y2, Y5, Y5
-	VPADDB	Y0, Y5, Y5
+	PICK32(Y0, Y2, Y5, Y3, Y4)
 	VMOVDQU	Y5, (DX)
 	VMOVDQU	(SI), Y3
-	VPXOR	Y10, Y3, Y4
-	VPAND	Y11, Y4, Y5
-	VPADDB	Y6, Y5, Y5
-	VPOR	Y4, Y5, Y5
-	VPAND	Y3, Y5, Y5
-	VPAND	Y7, Y5, Y5
-	VPOR	Y0, Y5, Y5
+	FLAGS32(Y3, Y0, Y5, Y4)
 	VMOVDQU	Y5, (DI)
 	VMOVDQA	Y1, Y0
 	ADDQ	$32, SI
@@ -206,33 +209,12 @@ TEXT ·fillQuadsSSSE3(SB), NOSPLIT|NOFRAME, $0-24
 	MOVQ	w2+0(FP), SI
 	MOVQ	w4+8(FP), DI
 	MOVQ	n+16(FP), CX
-	// X12: each lane's index; X13: 15 and X14: 16 in every byte.
-	MOVQ	$0x0706050403020100, AX
-	MOVQ	AX, X12
-	MOVQ	$0x0f0e0d0c0b0a0908, AX
-	MOVQ	AX, X6
-	PUNPCKLQDQ	X6, X12
-	MOVQ	$0x0f0f0f0f0f0f0f0f, AX
-	MOVQ	AX, X13
-	PUNPCKLQDQ	X13, X13
-	MOVQ	$0x1010101010101010, AX
-	MOVQ	AX, X14
-	PUNPCKLQDQ	X14, X14
+	LANES16
 
 quads16:
 	MOVOU	(SI), X0
 	MOVOU	16(SI), X1
-	MOVO	X0, X2
-	PADDB	X12, X2
-	MOVO	X2, X3
-	PCMPGTB	X13, X3
-	POR	X2, X3
-	MOVO	X0, X4
-	PSHUFB	X3, X4
-	PSUBB	X14, X2
-	PSHUFB	X2, X1
-	POR	X1, X4
-	PADDB	X0, X4
+	PICK16(X0, X1, X4, X2, X3, X5)
 	MOVOU	X4, (DI)
 	ADDQ	$16, SI
 	ADDQ	$16, DI
@@ -249,30 +231,12 @@ TEXT ·fillQuadsAVX2(SB), NOSPLIT|NOFRAME, $0-24
 	MOVQ	w2+0(FP), SI
 	MOVQ	w4+8(FP), DI
 	MOVQ	n+16(FP), CX
-	MOVQ	$0x0706050403020100, AX
-	MOVQ	AX, X12
-	MOVQ	$0x0f0e0d0c0b0a0908, AX
-	MOVQ	AX, X13
-	PUNPCKLQDQ	X13, X12
-	VINSERTI128	$1, X12, Y12, Y12
-	MOVQ	$0x0f0f0f0f0f0f0f0f, AX
-	MOVQ	AX, X13
-	VPBROADCASTQ	X13, Y13
-	MOVQ	$0x1010101010101010, AX
-	MOVQ	AX, X14
-	VPBROADCASTQ	X14, Y14
+	LANES32
 
 quads32:
 	VMOVDQU	(SI), Y0
 	VMOVDQU	16(SI), Y1
-	VPADDB	Y12, Y0, Y2
-	VPCMPGTB	Y13, Y2, Y3
-	VPOR	Y2, Y3, Y3
-	VPSHUFB	Y3, Y0, Y4
-	VPSUBB	Y14, Y2, Y2
-	VPSHUFB	Y2, Y1, Y1
-	VPOR	Y1, Y4, Y4
-	VPADDB	Y0, Y4, Y4
+	PICK32(Y0, Y1, Y4, Y2, Y3)
 	VMOVDQU	Y4, (DI)
 	ADDQ	$32, SI
 	ADDQ	$32, DI
