@@ -3,6 +3,8 @@ package kvevent
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"math/bits"
+	"slices"
 
 	"github.com/tinylib/msgp/msgp"
 )
@@ -273,12 +275,38 @@ func appendParent(dst []byte, ev *Event, f HashForm, zeroRoot bool) []byte {
 	return msgp.AppendNil(dst)
 }
 
+// appendTokens writes ts as an array of the shortest MessagePack
+// unsigned integers (positive fixint, uint8, uint16 or uint32), as
+// msgp.AppendUint32 writes each. Real text's ids change width at random,
+// so the width is chosen without a branch and every id is one 8-byte
+// store into room made once: c is the width's class, which picks the
+// type byte and how far the byte-reversed id moves (a fixint is written
+// as a uint8 whose type byte shifts out).
 func appendTokens(dst []byte, ts []uint32) []byte {
 	dst = msgp.AppendArrayHeader(dst, uint32(len(ts)))
-	for _, t := range ts {
-		dst = msgp.AppendUint32(dst, t)
+	n := len(dst)
+	room := n + 5*len(ts) + 8
+	dst = slices.Grow(dst, room-n)[:room]
+	for _, v := range ts {
+		x := uint64(v)
+		over7, over16 := b2u(x > 0x7f), b2u(x > 0xffff)
+		c := over7 + b2u(x > 0xff) + over16
+		// Shift counts masked to 63 (none is larger) spare the compiler's
+		// check for counts of 64 and more.
+		typ := uint64(0xcecdcc00) >> (8 * c & 63) & 0xff
+		value := uint64(bits.ReverseBytes32(v)) >> (uint64(0x00101818) >> (8 * c & 63) & 63)
+		binary.LittleEndian.PutUint64(dst[n:], (typ|value<<8)>>((8-8*over7)&63))
+		n += int(1 + c + over16)
 	}
-	return dst
+	return dst[:n]
+}
+
+// b2u is 1 for true and 0 for false; the compiler makes it a SETcc.
+func b2u(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func appendLoraID(dst []byte, ev *Event) []byte {
