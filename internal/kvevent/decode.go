@@ -905,17 +905,17 @@ func readTokens(p []byte, b *Batch) (dst []uint32, ctx bool, rest []byte, err er
 	start := len(b.tokens)
 	b.tokens = slices.Grow(b.tokens, n)[:start+n]
 	dst = b.tokens[start : start+n : start+n]
+	if b.walk == nil {
+		b.walk = new(walkScratch)
+	}
 	var i int
 	if at := len(b.payload) - len(p); at >= 8 && len(p) > 0 && &b.payload[at] == &p[0] {
 		// p is the end of the message being decoded, whose bytes before
 		// the array let the walk start at its first id.
-		if b.walk == nil {
-			b.walk = new(walkScratch)
-		}
 		i, at = readIDsAt(b.payload, at, dst, b.walk)
 		p = b.payload[at:]
 	} else {
-		i, p = readIDs(p, dst)
+		i, p = readIDs(p, dst, b.walk)
 	}
 	if ctx, p, err = readEachToken(p, dst, i); err != nil {
 		return nil, false, p, err

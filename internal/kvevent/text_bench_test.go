@@ -64,6 +64,7 @@ func BenchmarkDecodeText(b *testing.B) {
 		b.Fatalf("%d ids, fewer than one array of %d", len(ids), perArray)
 	}
 	dst := make([]uint32, perArray)
+	sc := new(walkScratch)
 	for _, walk := range []bool{false, true} {
 		name := "each"
 		if walk {
@@ -79,7 +80,7 @@ func BenchmarkDecodeText(b *testing.B) {
 				i++
 				read := 0
 				if walk {
-					read, p = readIDs(p, dst)
+					read, p = readIDs(p, dst, sc)
 				}
 				if _, _, err := readEachToken(p, dst, read); err != nil {
 					b.Fatal(err)

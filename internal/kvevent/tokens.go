@@ -91,10 +91,9 @@ func readPlainID(p []byte) (id uint32, size int) {
 // fixint, uint8, uint16 or uint32 integers, all of them but at most the
 // last one and those in p's last 32 bytes. It returns how many it read
 // and the rest of p after them; the caller reads the others one by one,
-// which also reports every error.
-func readIDs(p []byte, dst []uint32) (int, []byte) {
-	var sc walkScratch
-	i, o := readIDsAt(p, 0, dst, &sc)
+// which also reports every error. It walks in sc.
+func readIDs(p []byte, dst []uint32, sc *walkScratch) (int, []byte) {
+	i, o := readIDsAt(p, 0, dst, sc)
 	return i, p[o:]
 }
 

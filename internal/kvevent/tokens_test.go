@@ -162,7 +162,7 @@ func TestReadIDsStopsAtOddElements(t *testing.T) {
 				p = msgp.AppendUint32(p, 70000+uint32(i))
 			}
 			dst := make([]uint32, 300)
-			n, rest := readIDs(p, dst)
+			n, rest := readIDs(p, dst, new(walkScratch))
 			if n > at || (5*at+32 < len(p) && n != at) {
 				t.Fatalf("odd % x at %d: read %d ids", odd, at, n)
 			}
