@@ -59,9 +59,7 @@ func BenchmarkDecisionRealSize(b *testing.B) {
 				}
 				lat = append(lat, time.Since(t0))
 			}
-			slices.Sort(lat)
-			b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
-			b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
+			kvdir.ReportLatency(b, lat)
 		})
 	}
 }

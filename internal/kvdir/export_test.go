@@ -1,6 +1,9 @@
 package kvdir
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // RealSizeDirectory is the directory of BenchmarkQueryRealSize for the
 // benchmarks of the external test package, which route over it with lb
@@ -18,3 +21,7 @@ func RealSizeDirectory(tb testing.TB, perStream int) (d *Directory, prompts func
 
 // ColdBytes is what the cold benchmarks write over before each step.
 const ColdBytes = coldBytes
+
+// ReportLatency reports a run's p50, p99 and the machine's bound on the
+// p99 (see reportLatency).
+func ReportLatency(b *testing.B, lat []time.Duration) { reportLatency(b, lat) }

@@ -106,7 +106,8 @@ var layout = map[string]place{
 	// How idle CPUs wait: sysfs files read, nothing changed.
 	"internal/cpuidle": {layer: 0, forbid: slices.Concat(sockets, routing)},
 	// A busy thread's interruptions and their arithmetic, for the
-	// drivers' reports: it reads the clock and imports nothing of kvcar.
+	// drivers' reports and the latency benchmarks' bounds (tests import
+	// it freely): it reads the clock and imports nothing of kvcar.
 	"internal/cpunoise": {layer: 0, forbid: slices.Concat(sockets, routing), onlyFor: []string{"cmd/..."}},
 	// Raw socket reads and writes and accept retries: a leaf the HTTP
 	// and baidu_std servers and the load driver share, knowing nothing
