@@ -9,7 +9,8 @@
 // (madvise, a TLB shootdown across the cores), and the next message then
 // faults every page in again while the kernel copies the socket's bytes
 // into it. With prompts of 16,384 ids through emulated xLLM engines that
-// cost about a sixth of kvcar's CPU (README, "The C allocator").
+// cost about a sixth of kvcar's CPU (docs/performance-log.md,
+// "The xLLM path at 16,384 ids").
 //
 // Keep raises the size below which malloc serves a request from its
 // heaps rather than mapping it alone, and the free space a heap keeps,

@@ -7,8 +7,8 @@
 // From one recorded trace it derives the bound that no code running
 // there could beat: how long a unit of CPU work of a given length takes
 // when started at any moment of the trace. A latency goal of tens of
-// microseconds is only meaningful against that bound (README, "The
-// machine's share of the tail").
+// microseconds is only meaningful against that bound
+// (docs/performance-log.md, "The machine's share of the tail").
 //
 // It owns the recording and its arithmetic. It pins nothing (the caller
 // chooses the CPU, see devcluster.RunOnCPUs) and must not import any

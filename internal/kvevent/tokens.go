@@ -14,7 +14,7 @@ import "encoding/binary"
 // English text and code it predicts well enough (2.6–2.7 ns); Chinese
 // text, whose ids change between two and four value bytes at random, it
 // does not (4.5–4.7 ns), nor widths drawn at random (4.5–5.0 ns). See
-// README, "Fresh token ids in every message".
+// docs/performance-log.md, "Fresh token ids in every message".
 //
 // readIDs takes the chain apart, so that its cost does not depend on the
 // text (1.4–1.8 ns an id in all those cases when it went two ids a step;
@@ -32,7 +32,7 @@ import "encoding/binary"
 // starting one (128 bytes cost 6-7 % of decode + apply against 512). A
 // window the array's last ids cannot fill is filled only as far as they
 // can reach, so that an event of one short block does not pay for a
-// whole one (README, "Fresh token ids in every message").
+// whole one (docs/performance-log.md, "Fresh token ids in every message").
 const idChunk = 512
 
 // idWidths returns, for each byte of x (read little-endian, so byte k of

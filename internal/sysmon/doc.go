@@ -11,7 +11,8 @@
 // included. Following 128 streams, sysmon's thread switched about 1,900
 // times a second, and kvcar's other threads were preempted some 560
 // times a second; with the setting below, about 100 and under 30, and
-// the decision's p99 fell with them (README, "Decision latency").
+// the decision's p99 fell with them (docs/performance-log.md,
+// "Decision latency and the runtime's monitor").
 //
 // The runtime skips the deep sleep only while GODEBUG's schedtrace is
 // positive; sysmon then settles at its slowest pace, every 10 ms, when

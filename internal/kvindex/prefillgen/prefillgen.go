@@ -27,8 +27,8 @@ import (
 // ids of its own: a decoder fed the same ids message after message runs
 // faster than on live traffic, because the processor's branch predictor
 // learns the sequence of encoded widths (several times faster on this
-// project's reference machine; see README, "Fresh token ids in every
-// message"). Live prompts never repeat that way.
+// project's reference machine; see docs/performance-log.md, "Fresh
+// token ids in every message"). Live prompts never repeat that way.
 type Message struct {
 	// Payload is the encoded message of the last Rewrite (of the first
 	// variant before any).

@@ -81,8 +81,8 @@ func writeRealWidths(t *testing.T, dir string) {
 
 // TestRealWidths checks the embedded real widths: enough ids for 64
 // messages of Blocks*BlockSize, the mix of widths they were written with
-// (README, "Fresh token ids in every message"), and that Real ids follow
-// them in order.
+// (docs/performance-log.md, "Fresh token ids in every message"), and
+// that Real ids follow them in order.
 func TestRealWidths(t *testing.T) {
 	if *realWidthsFrom != "" {
 		writeRealWidths(t, *realWidthsFrom)
