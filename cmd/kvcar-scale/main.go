@@ -58,7 +58,8 @@ type options struct {
 	maxMessage   int
 	resync       time.Duration
 	// noise is how long a busy thread records the interruptions of
-	// kvcar's CPUs before kvcar starts (0: not at all).
+	// kvcar's CPUs, before kvcar starts and after it stops (0: not at
+	// all).
 	noise time.Duration
 	// kvcarCPUs and driverCPUs, when set, keep kvcar and this driver
 	// (its etcd, engines and clients) on CPUs of their own.
@@ -104,7 +105,7 @@ func parse(args []string) (options, error) {
 	fs.IntVar(&o.maxBlocks, "max_blocks_per_stream", 262144, "kvcar's max_blocks_per_stream")
 	fs.IntVar(&o.maxMessage, "max_message_bytes", 8<<20, "kvcar's max_message_bytes")
 	fs.DurationVar(&o.resync, "resync_interval", config.Default().ResyncInterval, "kvcar's resync_interval_ms: the period of each stream's calibration snapshot (0: none; else at least 1s)")
-	fs.DurationVar(&o.noise, "noise", 2*time.Second, "how long a busy thread records this machine's interruptions on kvcar's CPUs before kvcar starts, the bound of the decision's latency (0: not at all)")
+	fs.DurationVar(&o.noise, "noise", 2*time.Second, "how long a busy thread records this machine's interruptions on kvcar's CPUs, before kvcar starts and again after it stops, the bound of the decision's latency (0: not at all)")
 	fs.Var(&o.kvcarCPUs, "kvcar_cpus", "CPUs kvcar runs on, as taskset lists them (\"1\", \"2-3\"); empty: any")
 	fs.Var(&o.driverCPUs, "driver_cpus", "CPUs this driver (etcd, the emulated engines, the clients) runs on; empty: any")
 	if err := fs.Parse(args); err != nil {
@@ -158,8 +159,10 @@ type result struct {
 	// idle is how the machine's idle CPUs waited, read at the start.
 	idle cpuidle.Setting
 	// noise is what a busy thread on kvcar's CPUs lost to interruptions
-	// before kvcar started; empty without --noise.
-	noise cpunoise.Trace
+	// before kvcar started, and noiseAfter the same once it had stopped,
+	// the engines still running both times: the two bracket the window.
+	// Both are empty without --noise.
+	noise, noiseAfter cpunoise.Trace
 }
 
 func (r *result) print(w io.Writer, o options) {
@@ -224,27 +227,33 @@ const (
 	noiseThreshold = 2 * time.Microsecond
 )
 
-// printNoise reports the interruptions of kvcar's CPUs and, when CAR
-// decided in the window, the bound of its decision: work as long as the
-// decision's median, delayed only by those interruptions.
+// printNoise reports the interruptions of kvcar's CPUs before kvcar
+// started and after it stopped and, when CAR decided in the window, the
+// bound each sets on its decision: work as long as the decision's median,
+// delayed only by those interruptions.
 func (r *result) printNoise(w io.Writer, o options) {
-	n := &r.noise
-	if n.Span == 0 {
-		return
-	}
 	where := "kvcar's CPUs (" + o.kvcarCPUs.String() + ")"
 	if len(o.kvcarCPUs) == 0 {
 		where = "any CPU"
 	}
-	fmt.Fprintf(w, "| interruptions of a busy thread on %s over %v before kvcar started (gaps > %v): per second / each p50 / p99 / share of the CPU lost | %.0f / %v / %v / %.1f%% |\n",
-		where, n.Span.Round(time.Millisecond), n.Threshold, n.PerSecond(), n.GapQuantile(0.5).Round(100*time.Nanosecond), n.GapQuantile(0.99).Round(100*time.Nanosecond), 100*n.Lost())
-	if len(r.routes.decision) == 0 {
-		return
-	}
-	unit := r.routes.decision.at(0.5)
-	if q, err := n.Elapsed(unit, noiseStarts, 0.5, 0.99); err == nil {
-		fmt.Fprintf(w, "| bound: %v of CPU work (the decision's p50) started anywhere in that trace: p50 / p99 | %v / %v |\n",
-			unit, q[0].Round(100*time.Nanosecond), q[1].Round(100*time.Nanosecond))
+	for _, t := range []struct {
+		when string
+		n    *cpunoise.Trace
+	}{{"before kvcar started", &r.noise}, {"after kvcar stopped", &r.noiseAfter}} {
+		n := t.n
+		if n.Span == 0 {
+			continue
+		}
+		fmt.Fprintf(w, "| interruptions of a busy thread on %s over %v %s (gaps > %v): per second / each p50 / p99 / share of the CPU lost | %.0f / %v / %v / %.1f%% |\n",
+			where, n.Span.Round(time.Millisecond), t.when, n.Threshold, n.PerSecond(), n.GapQuantile(0.5).Round(100*time.Nanosecond), n.GapQuantile(0.99).Round(100*time.Nanosecond), 100*n.Lost())
+		if len(r.routes.decision) == 0 {
+			continue
+		}
+		unit := r.routes.decision.at(0.5)
+		if q, err := n.Elapsed(unit, noiseStarts, 0.5, 0.99); err == nil {
+			fmt.Fprintf(w, "| bound: %v of CPU work (the decision's p50) started anywhere in the trace %s: p50 / p99 | %v / %v |\n",
+				unit, t.when, q[0].Round(100*time.Nanosecond), q[1].Round(100*time.Nanosecond))
+		}
 	}
 }
 
@@ -276,12 +285,8 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 	// kvcar runs there, so that its work is not counted among them.
 	var noise cpunoise.Trace
 	if o.noise > 0 {
-		var nerr error
-		if err := devcluster.RunOnCPUs(o.kvcarCPUs, func() { noise, nerr = cpunoise.Record(o.noise, noiseThreshold) }); err != nil {
+		if noise, err = recordNoise(o); err != nil {
 			return nil, err
-		}
-		if nerr != nil {
-			return nil, nerr
 		}
 	}
 	cfg := devcluster.DiscoveryConfig(o.blockSize, 200*time.Millisecond)
@@ -300,7 +305,14 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 	if err != nil {
 		return nil, fmt.Errorf("%w (run make build first)", err)
 	}
-	defer func() { err = errors.Join(err, kv.Stop()) }()
+	// The window ends by stopping kvcar when the machine's interruptions
+	// are to be recorded again.
+	stopped := false
+	defer func() {
+		if !stopped {
+			err = errors.Join(err, kv.Stop())
+		}
+	}()
 	// Queries and profiles are on the internal listener.
 	base := kv.InternalURL()
 	if err := kv.WaitSynced(ctx, o.streams, 60*time.Second); err != nil {
@@ -388,7 +400,27 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 		}
 		r.resident += m.DeviceBlocks
 	}
+	if o.noise > 0 {
+		stopped = true
+		if err := kv.Stop(); err != nil {
+			return nil, err
+		}
+		if r.noiseAfter, err = recordNoise(o); err != nil {
+			return nil, err
+		}
+	}
 	return r, nil
+}
+
+// recordNoise records the machine's interruptions of kvcar's CPUs for
+// --noise, on those CPUs.
+func recordNoise(o options) (cpunoise.Trace, error) {
+	var noise cpunoise.Trace
+	var nerr error
+	if err := devcluster.RunOnCPUs(o.kvcarCPUs, func() { noise, nerr = cpunoise.Record(o.noise, noiseThreshold) }); err != nil {
+		return cpunoise.Trace{}, err
+	}
+	return noise, nerr
 }
 
 // attack makes every engine publish what costs a subscriber the most:
