@@ -62,13 +62,15 @@ func runRelay(engines string) error {
 	}
 }
 
-// relayEnd is one side of a relayed exchange: a connection, its reader
-// and the message read last (head, then body).
+// relayEnd is one side of a relayed exchange: a connection, its reader,
+// the message read last (head, then body) and the vector a request is
+// sent from.
 type relayEnd struct {
 	conn net.Conn
 	io   *sockio.Conn
 	br   *bufio.Reader
 	msg  []byte
+	out  [1][]byte
 }
 
 func newRelayEnd(c net.Conn) *relayEnd {
@@ -129,7 +131,9 @@ func relayConn(c net.Conn, addrs []string) {
 			engines[i] = newRelayEnd(ec)
 		}
 		e := engines[i]
-		if _, err := e.io.Write(client.msg); err != nil {
+		// As kvcar does: the wait for the answer starts with the write.
+		e.out[0] = client.msg
+		if _, err := e.io.Send(e.out[:]); err != nil && !errors.Is(err, sockio.ErrWaiting) {
 			return
 		}
 		if e.readMessage() != nil {

@@ -79,6 +79,17 @@ func newKeptConn(addr string, conn net.Conn) *keptConn {
 	return kc
 }
 
+// headDeadline puts the answer's head under engineResponseHeaderTimeout
+// from now. The deadline is moved only when it would move by more than a
+// second: a timer change per request costs more than the precision is
+// worth.
+func (kc *keptConn) headDeadline() {
+	if want := time.Now().Add(engineResponseHeaderTimeout); kc.deadline.IsZero() || want.Sub(kc.deadline) > time.Second {
+		_ = kc.conn.SetReadDeadline(want)
+		kc.deadline = want
+	}
+}
+
 // watch makes every read and write on kc fail once ctx ends, so that a
 // client going away frees its handler whatever the engine does.
 func (kc *keptConn) watch(ctx context.Context) {
@@ -114,10 +125,13 @@ func (c *engineClient) roundTrip(ctx context.Context, addr string, method string
 			return nil, tries, err
 		}
 		kc.watch(ctx)
+		kc.headDeadline()
 		kc.iov = append(kc.iov[:0], head, body)
-		_, err = kc.io.Writev(kc.iov)
+		// The wait for the answer is the read's: readHead reports why it
+		// ended, if it did not end with the answer.
+		_, err = kc.io.Send(kc.iov)
 		clear(kc.iov[:cap(kc.iov)])
-		if err != nil {
+		if err != nil && !errors.Is(err, sockio.ErrWaiting) {
 			kc.unwatch()
 			kc.conn.Close()
 			if kc.reused && ctx.Err() == nil {
@@ -136,15 +150,8 @@ func (c *engineClient) roundTrip(ctx context.Context, addr string, method string
 }
 
 // readHead reads the answer's head into kc.ans, giving up when ctx ends
-// (kc is watched) or after engineResponseHeaderTimeout.
+// (kc is watched) or at the deadline headDeadline set.
 func (c *engineClient) readHead(ctx context.Context, kc *keptConn, method string) error {
-	// The deadline is moved only when it would move by more than a
-	// second: a timer change per request costs more than the precision
-	// is worth.
-	if want := time.Now().Add(engineResponseHeaderTimeout); kc.deadline.IsZero() || want.Sub(kc.deadline) > time.Second {
-		_ = kc.conn.SetReadDeadline(want)
-		kc.deadline = want
-	}
 	err := kc.ans.read(kc.br, method)
 	if ctx.Err() != nil {
 		return ctx.Err()

@@ -1,6 +1,8 @@
 package sockio
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -23,13 +25,14 @@ type Conn struct {
 	raw syscall.RawConn
 	// The callbacks are made once; these carry their arguments and
 	// results.
-	readFn, writeFn func(fd uintptr) bool
-	p               []byte
-	bufs            [][]byte
-	one             [1][]byte
-	iov             []syscall.Iovec
-	n               int
-	errno           syscall.Errno
+	readFn, writeFn, sendFn func(fd uintptr) bool
+	sent                    bool
+	p                       []byte
+	bufs                    [][]byte
+	one                     [1][]byte
+	iov                     []syscall.Iovec
+	n                       int
+	errno                   syscall.Errno
 }
 
 // New returns conn's raw I/O. conn is still the one to close and to set
@@ -41,7 +44,7 @@ func New(conn net.Conn) *Conn {
 			s.raw = raw
 		}
 	}
-	s.readFn, s.writeFn = s.read, s.write
+	s.readFn, s.writeFn, s.sendFn = s.read, s.write, s.send
 	return s
 }
 
@@ -119,6 +122,59 @@ func (s *Conn) writeBuffers() (int, error) {
 		err = os.NewSyscallError("writev", s.errno)
 	}
 	return s.n, err
+}
+
+// ErrWaiting wraps what ended Send's wait for the answer after the
+// request was written whole: a deadline, or the connection closed.
+var ErrWaiting = errors.New("waiting for the answer")
+
+// Send writes bufs whole and then waits until the socket has something
+// to read, for a request whose answer the peer sends only once it has
+// read all of it. Where a Write and then a Read would try the read at
+// once, and find nothing so soon after the request, Send starts waiting
+// without that system call: the wait is armed before the write, so no
+// answer can come before it. An error from the write is returned as it
+// is; one from the wait wraps ErrWaiting. bufs is consumed.
+func (s *Conn) Send(bufs [][]byte) (int, error) {
+	if s.raw == nil {
+		return s.Writev(bufs)
+	}
+	s.bufs, s.sent = bufs, false
+	s.n, s.errno = 0, 0
+	err := s.raw.Read(s.sendFn)
+	written, errno := s.n, s.errno
+	full := len(s.bufs) == 0
+	if err == nil && errno == 0 && !full {
+		// The socket had no room for all of it: the rest waits for room
+		// as a Write's does.
+		var n int
+		n, err = s.writeBuffers()
+		return written + n, err
+	}
+	clear(s.bufs)
+	s.bufs = nil
+	clear(s.iov)
+	switch {
+	case errno != 0:
+		return written, os.NewSyscallError("writev", errno)
+	case err != nil && s.sent:
+		return written, fmt.Errorf("%w: %w", ErrWaiting, err)
+	}
+	return written, err
+}
+
+// send is Send's raw callback: the RawConn's Read calls it once the
+// wait for input is armed, and again each time the socket may have
+// some. The first call writes; true ends the Read.
+func (s *Conn) send(fd uintptr) bool {
+	if s.sent {
+		return true
+	}
+	s.sent = true
+	if !s.write(fd) {
+		return true // short of room: Send writes the rest
+	}
+	return s.errno != 0 || len(s.bufs) != 0
 }
 
 // maxIovecs bounds one writev's vector, under the kernel's IOV_MAX.

@@ -3,6 +3,7 @@ package sockio
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -111,5 +112,120 @@ func TestNotASocket(t *testing.T) {
 	buf := make([]byte, 4)
 	if _, err := io.ReadFull(New(b), buf); err != nil || string(buf) != "abcd" {
 		t.Fatalf("%q %v", buf, err)
+	}
+}
+
+// TestSendWaitsForTheAnswer: Send returns only once the peer has
+// answered the request it wrote, and the answer is then read whole; the
+// peer saw the request whole before answering.
+func TestSendWaitsForTheAnswer(t *testing.T) {
+	client, server := pair(t)
+	const delay = 50 * time.Millisecond
+	req := bytes.Repeat([]byte("request "), 1000)
+	errc := make(chan error, 1)
+	go func() {
+		got := make([]byte, len(req))
+		if _, err := io.ReadFull(server, got); err != nil || !bytes.Equal(got, req) {
+			errc <- fmt.Errorf("peer read %d bytes, %v", len(got), err)
+			return
+		}
+		time.Sleep(delay)
+		_, err := server.Write([]byte("answer"))
+		errc <- err
+	}()
+	cs := New(client)
+	start := time.Now()
+	n, err := cs.Send([][]byte{req[:100], nil, req[100:]})
+	if took := time.Since(start); err != nil || n != len(req) || took < delay {
+		t.Fatalf("Send: %d of %d bytes, %v, after %v (the answer came after %v)", n, len(req), err, took, delay)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 6)
+	if _, err := io.ReadFull(cs, buf); err != nil || string(buf) != "answer" {
+		t.Fatalf("read %q, %v", buf, err)
+	}
+}
+
+// TestSendPastTheSocketsRoom: a request larger than the socket's
+// buffers, read slowly, arrives whole and in order; Send then returns
+// without waiting for an answer, which a read waits for as usual.
+func TestSendPastTheSocketsRoom(t *testing.T) {
+	client, server := pair(t)
+	// Fixed buffers hold a small part of the request, whatever the
+	// kernel's autotuning would allow.
+	if err := client.(*net.TCPConn).SetWriteBuffer(64 << 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := server.(*net.TCPConn).SetReadBuffer(64 << 10); err != nil {
+		t.Fatal(err)
+	}
+	var bufs [][]byte
+	var want []byte
+	for i := range 3000 {
+		b := bytes.Repeat([]byte{byte(i)}, 1+i*7%4093)
+		bufs = append(bufs, b)
+		want = append(want, b...)
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		// The socket fills before the peer starts reading.
+		time.Sleep(100 * time.Millisecond)
+		all := make([]byte, 0, len(want))
+		buf := make([]byte, 64<<10)
+		for len(all) < len(want) {
+			n, err := server.Read(buf)
+			all = append(all, buf[:n]...)
+			if err != nil {
+				break
+			}
+		}
+		got <- all
+	}()
+	cs := New(client)
+	n, err := cs.Send(bufs)
+	if err != nil || n != len(want) {
+		t.Fatalf("Send: %d of %d bytes, %v", n, len(want), err)
+	}
+	if b := <-got; !bytes.Equal(b, want) {
+		t.Fatalf("peer read %d bytes, want %d equal ones", len(b), len(want))
+	}
+	if _, err := server.Write([]byte("ok")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 2)
+	if _, err := io.ReadFull(cs, buf); err != nil || string(buf) != "ok" {
+		t.Fatalf("read %q, %v", buf, err)
+	}
+}
+
+// TestSendWaitEnds: a wait that no answer ends is ended by the read
+// deadline or by the peer closing, each wrapped in ErrWaiting or seen by
+// the read after; a write that fails is not.
+func TestSendWaitEnds(t *testing.T) {
+	client, server := pair(t)
+	cs := New(client)
+	_ = client.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if _, err := cs.Send([][]byte{[]byte("ping")}); !errors.Is(err, ErrWaiting) || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("Send with no answer by the deadline: %v", err)
+	}
+	_ = client.SetReadDeadline(time.Time{})
+	go func() {
+		// Both pings, then the peer closes without an answer.
+		buf := make([]byte, 8)
+		_, _ = io.ReadFull(server, buf)
+		server.Close()
+	}()
+	if _, err := cs.Send([][]byte{[]byte("ping")}); err != nil {
+		t.Fatalf("Send to a peer that closes: %v", err)
+	}
+	buf := make([]byte, 4)
+	if n, err := cs.Read(buf); n != 0 || err != io.EOF {
+		t.Fatalf("after the peer closed: %d, %v", n, err)
+	}
+	client.Close()
+	if _, err := cs.Send([][]byte{[]byte("ping")}); err == nil || errors.Is(err, ErrWaiting) {
+		t.Fatalf("Send on a closed connection: %v", err)
 	}
 }
