@@ -28,10 +28,13 @@ import (
 // Readers hold mu shared for a whole walk, so a walk sees one state of the
 // table; writers hold it exclusively for at most keyChunk changes at a
 // time, so a query waits for little. The cell array, rebuilt larger when
-// its live keys would pass maxLoadNum/maxLoadDen, and the dense entries,
-// rebuilt when the bitsets widen, are rebuilt beside the served ones and
-// swapped in (see wmu), so no query waits for a rebuild; dense entries
-// live in fixed pages that never move, so adding one copies nothing.
+// its live keys would pass maxLoadNum/maxLoadDen, the dense entries,
+// rebuilt when the bitsets widen, and both, compacted when less than a
+// fifth of either is in use (streams left, engines dropped most of their
+// blocks), are rebuilt beside the served ones and swapped in (see wmu),
+// so no query waits for a rebuild and memory follows what the streams
+// hold; dense entries live in fixed pages that never move, so adding one
+// copies nothing.
 //
 // Size: a stream's index holds at most max_blocks_per_stream keys on a
 // tier, and a stream has bits on at most the keys of its published view
@@ -141,6 +144,11 @@ const (
 	cellsPerLine                   = 64 / int(unsafe.Sizeof(cell{}))
 	maxLoadNum, maxLoadDen         = 4, 5
 	rebuildLoadNum, rebuildLoadDen = 7, 10
+	// The cells, or the dense entries' pages, are compacted when less
+	// than a fifth of them is in use: far from the loads between which
+	// they stay as a table grows or churns, so that a compaction follows
+	// only the loss of most of what a table held.
+	shrinkNum, shrinkDen = 1, 5
 )
 
 // keyChange is one content key's tiers on one stream after a change.
@@ -302,6 +310,78 @@ func (t *keyTable) apply(slot int, changes []keyChange) {
 		}
 		t.mu.Unlock()
 	}
+	if t.sparse() {
+		t.compact()
+	}
+}
+
+// sparse reports whether the cells, or the dense entries' pages, hold
+// less than a fifth of what they have room for: what is left of a peak
+// once streams have left or engines dropped most of their blocks.
+func (t *keyTable) sparse() bool {
+	if len(t.cells) > minCells && shrinkDen*t.live < shrinkNum*len(t.cells) {
+		return true
+	}
+	dense := int(t.pool.used) - len(t.pool.free)
+	return len(t.pool.pages) > 1 && shrinkDen*dense < shrinkNum*len(t.pool.pages)*pageRecords
+}
+
+// compact rebuilds the cells for the live keys at rebuildLoad, and the
+// dense entries into as few pages as they need. An entry left with at
+// most two holders (slot and tiers) goes back inline into its cell, as a
+// key first held by them would be. As rebuildCells, it builds beside the
+// served table, the caller holding wmu, and only the swap takes mu.
+func (t *keyTable) compact() {
+	n := max(minCells, (t.live*rebuildLoadDen+rebuildLoadNum-1)/rebuildLoadNum)
+	cells := make([]cell, n)
+	var pool slab
+	size := 2 * t.words
+	for i := range t.cells {
+		c := t.cells[i]
+		if !c.used() {
+			continue
+		}
+		if h := c.holders(); h&holdDense != 0 {
+			src := t.dense(h &^ holdDense)
+			if in, ok := inlineOf(src, t.words); ok {
+				c.setHolders(in)
+			} else {
+				d := pool.alloc(size)
+				copy(pool.at(d, size), src)
+				c.setHolders(holdDense | d)
+			}
+		}
+		placeAt(cells, homeOfTag(c.tag(), n), c)
+	}
+	t.mu.Lock()
+	t.cells, t.pool = cells, pool
+	t.mu.Unlock()
+}
+
+// inlineOf returns the inline holders of dense entry d (Device words,
+// then Host words, w each) when at most two slots hold it.
+func inlineOf(d []uint64, w int) (uint32, bool) {
+	var e [2]uint32
+	n := 0
+	for x := range w {
+		for held := d[x] | d[w+x]; held != 0; held &= held - 1 {
+			if n == len(e) {
+				return 0, false
+			}
+			b := held & -held
+			slot := uint32(x<<6 | bits.TrailingZeros64(held))
+			var tiers uint32
+			if d[x]&b != 0 {
+				tiers |= tierDev
+			}
+			if d[w+x]&b != 0 {
+				tiers |= tierHost
+			}
+			e[n] = entryPresent | tiers<<tierShift | slot
+			n++
+		}
+	}
+	return e[0] | e[1]<<entryBits, n > 0
 }
 
 // set makes slot's bits of k say dev and host, adding k's cell when k

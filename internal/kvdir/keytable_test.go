@@ -427,6 +427,83 @@ func TestSharedTableGrowsUnderQueries(t *testing.T) {
 	t.Logf("%d queries while the table grew to %d words and %d cells", queries, words, cells)
 }
 
+// TestSharedTableCompactsUnderQueries queries a stream whose view never
+// changes while, again and again, 40 other streams publish views of
+// thousands of keys and then withdraw them and leave, so that the cells
+// grow and are compacted under the queries. The unchanged stream must
+// keep its exact answer throughout (R-DIR-4), and the table must end no
+// larger than the views left need. Run it under -race.
+func TestSharedTableCompactsUnderQueries(t *testing.T) {
+	prompt := make([]uint32, 8*modelBlock)
+	for i := range prompt {
+		prompt[i] = uint32(i + 1000)
+	}
+	all := []bool{true, true, true, true, true, true, true, true}
+	d, ms := modelDirectory(t, 1)
+	ms[0].s.publish(chainIndex(t, prompt, all), 1, true, true)
+	tab := ms[0].s.keys
+	const rounds = 3
+	peak := make(chan int, rounds)
+	errc := make(chan error, 1)
+	go func() {
+		rng := rand.New(rand.NewPCG(9, 10))
+		for range rounds {
+			var extra []*stream
+			for n := range 40 {
+				s := newStream(StreamSpec{InstanceName: fmt.Sprintf("extra-%d", n), BlockSize: modelBlock, HashSeed: 1024})
+				s.attach(tab)
+				ix := kvindex.New(kvindex.Config{BlockSize: modelBlock, HashSeed: 1024, MaxBlocks: 4096})
+				for c := range 1000 {
+					ev := &kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Medium(c % 2), BlockSize: modelBlock, PlainText: true,
+						BlockHashes: []kvevent.EngineHash{kvevent.IntHash(uint64(c))}, TokenIDs: []uint32{rng.Uint32(), rng.Uint32()}}
+					if err := ix.Apply(ev, kvindex.Delta); err != nil {
+						errc <- err
+						return
+					}
+				}
+				s.publish(ix, 1, true, true)
+				extra = append(extra, s)
+			}
+			tab.mu.RLock()
+			peak <- len(tab.cells)
+			tab.mu.RUnlock()
+			for _, s := range extra {
+				s.invalidate("gone")
+				tab.freeSlot(s.slot)
+			}
+		}
+		close(peak)
+		errc <- nil
+	}()
+	var dst []Match
+	queries := 0
+	for done := false; !done; queries++ {
+		select {
+		case err := <-errc:
+			if err != nil {
+				t.Fatal(err)
+			}
+			done = true
+		default:
+		}
+		dst = d.Query(prompt, dst[:0])
+		if got := dst[0].DeviceHitTokens; got != 8*modelBlock {
+			t.Fatalf("query %d: the unchanged stream hit %d tokens, want %d", queries, got, 8*modelBlock)
+		}
+	}
+	var peaks []int
+	for p := range peak {
+		peaks = append(peaks, p)
+	}
+	tab.mu.RLock()
+	cells, live := len(tab.cells), tab.live
+	tab.mu.RUnlock()
+	if len(peaks) != rounds || slices.Min(peaks) < 40000 || cells != minCells || live != 8 {
+		t.Fatalf("the table did not grow and shrink as meant: %d cells at the peaks %v, %d cells for %d keys at the end", cells, peaks, cells, live)
+	}
+	t.Logf("%d queries while the table grew to %v cells and shrank to %d", queries, peaks, cells)
+}
+
 // slotTiers reads slot's tiers from cell i.
 func (t *keyTable) slotTiers(i int, slot int) (dev, host bool) {
 	h := t.cells[i].holders()
@@ -452,7 +529,6 @@ func (t *keyTable) slotTiers(i int, slot int) (dev, host bool) {
 // may lie between a key's home and its cell, and the cells must stay
 // within their load and size bounds.
 func TestKeyTableCellsUnderChurn(t *testing.T) {
-	type held struct{ dev, host bool }
 	tab := newKeyTable(modelBlock, 1024)
 	slots := []int{tab.allocSlot(), tab.allocSlot(), tab.allocSlot()}
 	model := map[kvindex.Key]map[int]held{}
@@ -495,52 +571,183 @@ func TestKeyTableCellsUnderChurn(t *testing.T) {
 		if round%50 != 0 && round != 3999 {
 			continue
 		}
-		for _, k := range keys {
-			r, ok := tab.lookup(k)
-			want := model[k]
-			if ok != (want != nil) {
-				t.Fatalf("round %d: key %x found %v, held by %d slots", round, k, ok, len(want))
-			}
-			for _, s := range slots {
-				dev, host := false, false
-				if ok {
-					dev, host = tab.slotTiers(r, s)
-				}
-				if h := want[s]; dev != h.dev || host != h.host {
-					t.Fatalf("round %d: key %x slot %d has %v/%v, want %v/%v", round, k, s, dev, host, h.dev, h.host)
-				}
-			}
-		}
-		inUse, keysOf := 0, map[[2]uint64]int{}
-		n := len(tab.cells)
-		for i := range tab.cells {
-			c := &tab.cells[i]
-			if !c.used() {
-				continue
-			}
-			inUse++
-			keysOf[[2]uint64{c.hi, uint64(c.tag())}]++
-			// Every cell from the key's home to its own is in use, or
-			// lookups stop short of it.
-			for h := homeOfTag(c.tag(), n); h != i; h = (h + 1) % n {
-				if !tab.cells[h].used() {
-					t.Fatalf("round %d: an empty cell %d lies between cell %d and its home", round, h, i)
-				}
-			}
-		}
-		if inUse != tab.live || tab.live != len(model) {
-			t.Fatalf("round %d: %d cells in use, %d live, %d held", round, inUse, tab.live, len(model))
-		}
-		for k, n := range keysOf {
-			if n != 1 {
-				t.Fatalf("round %d: key %x has %d cells", round, k, n)
-			}
-		}
+		checkKeyTable(t, tab, keys, slots, model, fmt.Sprintf("round %d", round))
 		if maxLoadDen*tab.live > maxLoadNum*len(tab.cells) || len(tab.cells) > max(minCells, (peak+keyChunk)*rebuildLoadDen/rebuildLoadNum+1) {
 			t.Fatalf("round %d: %d cells for %d live keys", round, len(tab.cells), tab.live)
 		}
 	}
 	t.Logf("%d keys used, %d live, %d cells", len(keys), tab.live, len(tab.cells))
+}
+
+// TestKeyTableCompactsWhenSparse fills a table from 70 slots (bitsets
+// of two words) with keys held by one slot, by two and by many (dense
+// entries), then drops nearly all of it: the cells and the dense pages
+// must shrink with what is left, every remaining key keep its tiers on
+// every slot and no dropped key be found (R-REC-1); an entry left with
+// two holders goes back inline. The table then grows again.
+func TestKeyTableCompactsWhenSparse(t *testing.T) {
+	tab := newKeyTable(modelBlock, 1024)
+	slots := make([]int, 70)
+	for i := range slots {
+		slots[i] = tab.allocSlot()
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	model := map[kvindex.Key]map[int]held{}
+	var keys []kvindex.Key
+	perSlot := map[int][]keyChange{}
+	hold := func(k kvindex.Key, slot int) {
+		h := held{rng.IntN(3) != 0, rng.IntN(2) == 0}
+		if !h.dev && !h.host {
+			h.dev = true
+		}
+		if model[k] == nil {
+			model[k] = map[int]held{}
+		}
+		model[k][slot] = h
+		perSlot[slot] = append(perSlot[slot], keyChange{k, h.dev, h.host})
+	}
+	newKey := func() kvindex.Key {
+		k := kvindex.Key{Hi: rng.Uint64(), Lo: rng.Uint64()}
+		keys = append(keys, k)
+		return k
+	}
+	for range 30000 {
+		hold(newKey(), slots[0])
+	}
+	for range 5000 {
+		k := newKey()
+		hold(k, slots[1])
+		hold(k, slots[2])
+	}
+	for range 20000 {
+		k := newKey()
+		for _, i := range rng.Perm(len(slots))[:3+rng.IntN(8)] {
+			hold(k, slots[i])
+		}
+	}
+	write := func() {
+		for _, slot := range slots {
+			for c := perSlot[slot]; len(c) > 0; c = c[min(keyBatch, len(c)):] {
+				tab.apply(slot, c[:min(keyBatch, len(c))])
+				if tab.sparse() {
+					t.Fatalf("sparse after an apply: %d cells for %d live keys, %d pages", len(tab.cells), tab.live, len(tab.pool.pages))
+				}
+			}
+			perSlot[slot] = perSlot[slot][:0]
+		}
+	}
+	write()
+	checkKeyTable(t, tab, keys, slots, model, "filled")
+	peakCells, peakPages, peakBytes := len(tab.cells), len(tab.pool.pages), tab.storageBytes()
+
+	// Every slot but the first three leaves, and the first drops all
+	// but a twentieth of its keys.
+	for _, k := range keys {
+		for slot := range model[k] {
+			if slot >= slots[3] || slot == slots[0] && rng.IntN(20) != 0 {
+				delete(model[k], slot)
+				perSlot[slot] = append(perSlot[slot], keyChange{k: k})
+			}
+		}
+		if len(model[k]) == 0 {
+			delete(model, k)
+		}
+	}
+	write()
+	checkKeyTable(t, tab, keys, slots, model, "after the drop")
+	dense := 0
+	for _, m := range model {
+		if len(m) > 2 {
+			dense++
+		}
+	}
+	cells, pages, bytes := len(tab.cells), len(tab.pool.pages), tab.storageBytes()
+	if cells >= peakCells || cells > max(minCells, shrinkDen*len(model)/shrinkNum) || pages >= peakPages || bytes >= peakBytes/3 {
+		t.Fatalf("after the drop: %d cells (peak %d), %d pages (peak %d), %d bytes (peak %d) for %d keys",
+			cells, peakCells, pages, peakPages, bytes, peakBytes, len(model))
+	}
+	// A compaction now leaves dense entries only to keys of three or
+	// more holders.
+	tab.compact()
+	checkKeyTable(t, tab, keys, slots, model, "compacted")
+	if got := denseRecords(tab); got != dense || len(tab.pool.pages) != (dense+pageRecords-1)/pageRecords {
+		t.Fatalf("compacted: %d dense entries in %d pages, want %d", got, len(tab.pool.pages), dense)
+	}
+	t.Logf("%d cells, %d pages, %d bytes at the peak; %d, %d, %d for %d keys after the drop",
+		peakCells, peakPages, peakBytes, cells, pages, bytes, len(model))
+
+	// The table grows again from its compacted state.
+	for range 20000 {
+		k := newKey()
+		hold(k, slots[rng.IntN(len(slots))])
+		hold(k, slots[69])
+	}
+	write()
+	checkKeyTable(t, tab, keys, slots, model, "grown again")
+}
+
+// denseRecords counts the keys of tab whose holders are a dense entry.
+func denseRecords(tab *keyTable) int {
+	n := 0
+	for i := range tab.cells {
+		if c := &tab.cells[i]; c.used() && c.holders()&holdDense != 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// held is one slot's tiers of a key in the key table tests' model.
+type held struct{ dev, host bool }
+
+// checkKeyTable checks tab against model, the slots' tiers of each key
+// of keys that some slot holds: each held key must be found with its
+// tiers, each dropped one not at all (no stale hit, R-REC-1), every live
+// record must have exactly one cell, and no empty cell may lie between
+// a key's home and its cell.
+func checkKeyTable(t *testing.T, tab *keyTable, keys []kvindex.Key, slots []int, model map[kvindex.Key]map[int]held, when string) {
+	t.Helper()
+	for _, k := range keys {
+		r, ok := tab.lookup(k)
+		want := model[k]
+		if ok != (want != nil) {
+			t.Fatalf("%s: key %x found %v, held by %d slots", when, k, ok, len(want))
+		}
+		for _, s := range slots {
+			dev, host := false, false
+			if ok {
+				dev, host = tab.slotTiers(r, s)
+			}
+			if h := want[s]; dev != h.dev || host != h.host {
+				t.Fatalf("%s: key %x slot %d has %v/%v, want %v/%v", when, k, s, dev, host, h.dev, h.host)
+			}
+		}
+	}
+	inUse, keysOf := 0, map[[2]uint64]int{}
+	n := len(tab.cells)
+	for i := range tab.cells {
+		c := &tab.cells[i]
+		if !c.used() {
+			continue
+		}
+		inUse++
+		keysOf[[2]uint64{c.hi, uint64(c.tag())}]++
+		// Every cell from the key's home to its own is in use, or
+		// lookups stop short of it.
+		for h := homeOfTag(c.tag(), n); h != i; h = (h + 1) % n {
+			if !tab.cells[h].used() {
+				t.Fatalf("%s: an empty cell %d lies between cell %d and its home", when, h, i)
+			}
+		}
+	}
+	if inUse != tab.live || tab.live != len(model) {
+		t.Fatalf("%s: %d cells in use, %d live, %d held", when, inUse, tab.live, len(model))
+	}
+	for k, n := range keysOf {
+		if n != 1 {
+			t.Fatalf("%s: key %x has %d cells", when, k, n)
+		}
+	}
 }
 
 // TestKeyTableRemoveAcrossTheEnd drops keys from probe runs that wrap
