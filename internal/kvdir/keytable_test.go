@@ -359,6 +359,37 @@ func TestKeyTableBound(t *testing.T) {
 	}
 }
 
+// steadyStream returns a directory of streams streams in one key table,
+// the first of which has published the 8-block prompt it returns.
+func steadyStream(t *testing.T, streams int) (*Directory, *keyTable, []uint32) {
+	t.Helper()
+	prompt := make([]uint32, 8*modelBlock)
+	for i := range prompt {
+		prompt[i] = uint32(i + 1000)
+	}
+	all := []bool{true, true, true, true, true, true, true, true}
+	d, ms := modelDirectory(t, streams)
+	ms[0].s.publish(chainIndex(t, prompt, all), 1, true, true)
+	return d, ms[0].s.keys, prompt
+}
+
+// randomStream attaches a new stream to tab and publishes a view of
+// blocks random blocks on either tier.
+func randomStream(tab *keyTable, rng *rand.Rand, name string, blocks int) (*stream, error) {
+	s := newStream(StreamSpec{InstanceName: name, BlockSize: modelBlock, HashSeed: 1024})
+	s.attach(tab)
+	ix := kvindex.New(kvindex.Config{BlockSize: modelBlock, HashSeed: 1024, MaxBlocks: 4096})
+	for c := range blocks {
+		ev := &kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Medium(c % 2), BlockSize: modelBlock, PlainText: true,
+			BlockHashes: []kvevent.EngineHash{kvevent.IntHash(uint64(c))}, TokenIDs: []uint32{rng.Uint32(), rng.Uint32()}}
+		if err := ix.Apply(ev, kvindex.Delta); err != nil {
+			return nil, err
+		}
+	}
+	s.publish(ix, 1, true, true)
+	return s, nil
+}
+
 // TestSharedTableGrowsUnderQueries queries a stream whose view never
 // changes while other streams publish views of thousands of new keys and
 // new streams join, so that the table's cells are rebuilt and its
@@ -366,14 +397,7 @@ func TestKeyTableBound(t *testing.T) {
 // must keep its exact answer throughout (R-DIR-4: growth is invisible to
 // queries). Run it under -race.
 func TestSharedTableGrowsUnderQueries(t *testing.T) {
-	prompt := make([]uint32, 8*modelBlock)
-	for i := range prompt {
-		prompt[i] = uint32(i + 1000)
-	}
-	all := []bool{true, true, true, true, true, true, true, true}
-	d, ms := modelDirectory(t, 4)
-	ms[0].s.publish(chainIndex(t, prompt, all), 1, true, true)
-	tab := ms[0].s.keys
+	d, tab, prompt := steadyStream(t, 4)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -386,18 +410,10 @@ func TestSharedTableGrowsUnderQueries(t *testing.T) {
 				return
 			default:
 			}
-			s := newStream(StreamSpec{InstanceName: fmt.Sprintf("extra-%d", n), BlockSize: modelBlock, HashSeed: 1024})
-			s.attach(tab)
-			ix := kvindex.New(kvindex.Config{BlockSize: modelBlock, HashSeed: 1024, MaxBlocks: 4096})
-			for c := range 200 {
-				ev := &kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Medium(c % 2), BlockSize: modelBlock, PlainText: true,
-					BlockHashes: []kvevent.EngineHash{kvevent.IntHash(uint64(c))}, TokenIDs: []uint32{rng.Uint32(), rng.Uint32()}}
-				if err := ix.Apply(ev, kvindex.Delta); err != nil {
-					t.Error(err)
-					return
-				}
+			if _, err := randomStream(tab, rng, fmt.Sprintf("extra-%d", n), 200); err != nil {
+				t.Error(err)
+				return
 			}
-			s.publish(ix, 1, true, true)
 			if n >= 150 {
 				return // 150 streams of 200 keys: past 64 and 128 slots, cells rebuilt several times
 			}
@@ -434,14 +450,7 @@ func TestSharedTableGrowsUnderQueries(t *testing.T) {
 // keep its exact answer throughout (R-DIR-4), and the table must end no
 // larger than the views left need. Run it under -race.
 func TestSharedTableCompactsUnderQueries(t *testing.T) {
-	prompt := make([]uint32, 8*modelBlock)
-	for i := range prompt {
-		prompt[i] = uint32(i + 1000)
-	}
-	all := []bool{true, true, true, true, true, true, true, true}
-	d, ms := modelDirectory(t, 1)
-	ms[0].s.publish(chainIndex(t, prompt, all), 1, true, true)
-	tab := ms[0].s.keys
+	d, tab, prompt := steadyStream(t, 1)
 	const rounds = 3
 	peak := make(chan int, rounds)
 	errc := make(chan error, 1)
@@ -450,18 +459,11 @@ func TestSharedTableCompactsUnderQueries(t *testing.T) {
 		for range rounds {
 			var extra []*stream
 			for n := range 40 {
-				s := newStream(StreamSpec{InstanceName: fmt.Sprintf("extra-%d", n), BlockSize: modelBlock, HashSeed: 1024})
-				s.attach(tab)
-				ix := kvindex.New(kvindex.Config{BlockSize: modelBlock, HashSeed: 1024, MaxBlocks: 4096})
-				for c := range 1000 {
-					ev := &kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Medium(c % 2), BlockSize: modelBlock, PlainText: true,
-						BlockHashes: []kvevent.EngineHash{kvevent.IntHash(uint64(c))}, TokenIDs: []uint32{rng.Uint32(), rng.Uint32()}}
-					if err := ix.Apply(ev, kvindex.Delta); err != nil {
-						errc <- err
-						return
-					}
+				s, err := randomStream(tab, rng, fmt.Sprintf("extra-%d", n), 1000)
+				if err != nil {
+					errc <- err
+					return
 				}
-				s.publish(ix, 1, true, true)
 				extra = append(extra, s)
 			}
 			tab.mu.RLock()

@@ -35,6 +35,26 @@ func pair(t *testing.T) (client, server net.Conn) {
 	return client, server
 }
 
+// bigVector returns 3,000 buffers of up to 4 KB, some 6 MB in all, and
+// their bytes in order.
+func bigVector() (bufs [][]byte, all []byte) {
+	for i := range 3000 {
+		b := bytes.Repeat([]byte{byte(i)}, 1+i*7%4093)
+		bufs = append(bufs, b)
+		all = append(all, b...)
+	}
+	return bufs, all
+}
+
+// expectRead reads len(want) bytes from r and fails unless they are want.
+func expectRead(t *testing.T, r io.Reader, want string) {
+	t.Helper()
+	buf := make([]byte, len(want))
+	if _, err := io.ReadFull(r, buf); err != nil || string(buf) != want {
+		t.Fatalf("read %q, %v; want %q", buf, err, want)
+	}
+}
+
 // TestWritevWholeThroughFullSocket: a vector far larger than the socket's
 // buffers, written while the peer reads slowly, arrives whole and in
 // order: the writes that would block wait in the poller and go on.
@@ -43,13 +63,7 @@ func TestWritevWholeThroughFullSocket(t *testing.T) {
 	if New(client).Raw() == nil {
 		t.Fatal("a TCP connection has no raw access")
 	}
-	var bufs [][]byte
-	var want []byte
-	for i := range 3000 {
-		b := bytes.Repeat([]byte{byte(i)}, 1+i*7%4093)
-		bufs = append(bufs, b)
-		want = append(want, b...)
-	}
+	bufs, want := bigVector()
 	got := make(chan []byte, 1)
 	go func() {
 		var all []byte
@@ -142,10 +156,7 @@ func TestSendWaitsForTheAnswer(t *testing.T) {
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
-	buf := make([]byte, 6)
-	if _, err := io.ReadFull(cs, buf); err != nil || string(buf) != "answer" {
-		t.Fatalf("read %q, %v", buf, err)
-	}
+	expectRead(t, cs, "answer")
 }
 
 // TestSendPastTheSocketsRoom: a request larger than the socket's
@@ -161,13 +172,7 @@ func TestSendPastTheSocketsRoom(t *testing.T) {
 	if err := server.(*net.TCPConn).SetReadBuffer(64 << 10); err != nil {
 		t.Fatal(err)
 	}
-	var bufs [][]byte
-	var want []byte
-	for i := range 3000 {
-		b := bytes.Repeat([]byte{byte(i)}, 1+i*7%4093)
-		bufs = append(bufs, b)
-		want = append(want, b...)
-	}
+	bufs, want := bigVector()
 	got := make(chan []byte, 1)
 	go func() {
 		// The socket fills before the peer starts reading.
@@ -194,10 +199,7 @@ func TestSendPastTheSocketsRoom(t *testing.T) {
 	if _, err := server.Write([]byte("ok")); err != nil {
 		t.Fatal(err)
 	}
-	buf := make([]byte, 2)
-	if _, err := io.ReadFull(cs, buf); err != nil || string(buf) != "ok" {
-		t.Fatalf("read %q, %v", buf, err)
-	}
+	expectRead(t, cs, "ok")
 }
 
 // TestSendWaitEnds: a wait that no answer ends is ended by the read
