@@ -57,10 +57,11 @@ type HTTP1Server struct {
 	stop    chan struct{}
 	stopped sync.Once
 
-	// outBufs are response bodies being buffered, shared by the
-	// connections so that an idle one holds none.
-	outBufs sync.Pool
-	date    atomic.Pointer[dateLine]
+	// outBufs are response bodies being buffered, and inBufs what the
+	// connections read into, shared by the connections so that an idle
+	// one holds neither.
+	outBufs, inBufs sync.Pool
+	date            atomic.Pointer[dateLine]
 }
 
 // HTTP1Options configures an HTTP1Server; a zero field takes its default.
@@ -104,6 +105,67 @@ const outBufSize = 32 << 10
 // readBufSize is each connection's read buffer, net/http's size.
 const readBufSize = 4 << 10
 
+// inBufSize is how much one read of a client's socket takes at most:
+// the head and body of a request with a prompt of some 8,000 ids.
+const inBufSize = 64 << 10
+
+// spillReader is what a connection's bufio.Reader reads from. Each read
+// of the socket goes into a buffer of inBufSize taken from the server's
+// pool for that read, given back before a wait, so a request whose head
+// and body arrived together is read in one system call while an idle
+// connection holds only its bufio.Reader's readBufSize. What the
+// bufio.Reader's read has no room for is kept for the reads after it
+// (the body's), and the buffer goes back once they have taken all of it.
+// A read with room of its own for more than readBufSize, once nothing
+// is kept, goes to the socket directly.
+type spillReader struct {
+	io    *sockio.Conn
+	pool  *sync.Pool
+	taken *[]byte
+	spill []byte
+}
+
+func newSpillReader(io *sockio.Conn, pool *sync.Pool) *spillReader {
+	r := &spillReader{io: io, pool: pool}
+	io.SetTake(r.take, r.giveBack)
+	return r
+}
+
+func (r *spillReader) take() []byte {
+	r.taken = r.pool.Get().(*[]byte)
+	return *r.taken
+}
+
+func (r *spillReader) giveBack([]byte) {
+	r.pool.Put(r.taken)
+	r.taken = nil
+}
+
+func (r *spillReader) Read(p []byte) (int, error) {
+	if len(r.spill) == 0 {
+		// The bufio.Reader fills its buffer with reads of readBufSize
+		// at most; only a read of a body past it has more room.
+		if len(p) > readBufSize {
+			return r.io.Read(p)
+		}
+		buf, n, err := r.io.ReadTaken()
+		if n == 0 {
+			return 0, err
+		}
+		r.spill = buf[:n]
+	}
+	n := copy(p, r.spill)
+	r.spill = r.spill[n:]
+	if len(r.spill) == 0 {
+		r.spill = nil
+		r.giveBack(nil)
+	}
+	return n, nil
+}
+
+// buffered is how many bytes it has read and kept.
+func (r *spillReader) buffered() int { return len(r.spill) }
+
 // NewHTTP1Server returns a server of h.
 func NewHTTP1Server(h http.Handler, o HTTP1Options) *HTTP1Server {
 	if o.ReadHeaderTimeout <= 0 {
@@ -124,6 +186,7 @@ func NewHTTP1Server(h http.Handler, o HTTP1Options) *HTTP1Server {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	s.outBufs.New = func() any { b := make([]byte, 0, outBufSize); return &b }
+	s.inBufs.New = func() any { b := make([]byte, inBufSize); return &b }
 	return s
 }
 
@@ -262,6 +325,7 @@ type h1conn struct {
 	io     *sockio.Conn
 	raw    syscall.RawConn
 	br     *bufio.Reader
+	in     *spillReader
 	hr     headReader
 	head   reqHead
 	remote string
@@ -288,7 +352,8 @@ type h1conn struct {
 
 func (s *HTTP1Server) newConn(conn net.Conn) *h1conn {
 	c := &h1conn{srv: s, conn: conn, io: sockio.New(conn), remote: conn.RemoteAddr().String()}
-	c.br = bufio.NewReaderSize(c.io, readBufSize)
+	c.in = newSpillReader(c.io, &s.inBufs)
+	c.br = bufio.NewReaderSize(c.in, readBufSize)
 	c.raw = c.io.Raw()
 	c.hr = headReader{br: c.br, maxBytes: s.opts.MaxHeaderBytes}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
@@ -437,7 +502,7 @@ func (c *h1conn) linger() {
 // next waits for the next request's first byte and reports whether to
 // read it.
 func (c *h1conn) next() bool {
-	if c.br.Buffered() == 0 {
+	if c.br.Buffered() == 0 && c.in.buffered() == 0 {
 		c.since.Store(time.Now().UnixNano())
 		if !c.setState(connIdle) || c.srv.closing.Load() {
 			return false

@@ -9,10 +9,14 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvcar/kvcar/internal/sockio"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -170,6 +174,92 @@ func TestH1KeepAliveAndPipelining(t *testing.T) {
 	rc.send("GET /health HTTP/1.1\r\nHost: kvcar\r\n\r\n")
 	if resp, _ := rc.answer(http.MethodGet); resp.StatusCode != http.StatusOK {
 		t.Errorf("fourth request: %d", resp.StatusCode)
+	}
+}
+
+// TestH1LargeRequestsPipelined: completions with bodies below, around
+// and past inBufSize, pipelined in one write, reach the engine byte for
+// byte and are answered in order, the bytes of each one read with the
+// one before staying for it.
+func TestH1LargeRequestsPipelined(t *testing.T) {
+	engine, got := recordingEngine(t)
+	addr, _ := h1Stack(t, Options{}, HTTP1Options{}, engine)
+	rc := dialRaw(t, addr)
+	var bodies []string
+	var all strings.Builder
+	for _, ids := range []int{2000, 9000, 12000, 300, 20000} {
+		var b strings.Builder
+		b.WriteString(`{"max_tokens":1,"prompt":[`)
+		for i := range ids {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(strconv.Itoa(100000 + i))
+		}
+		b.WriteString(`]}`)
+		bodies = append(bodies, b.String())
+		all.WriteString(completionRequest(b.String()))
+	}
+	rc.send(all.String())
+	for i, body := range bodies {
+		resp, b := rc.answer(http.MethodPost)
+		if resp.StatusCode != http.StatusOK || resp.Close {
+			t.Fatalf("answer %d: %d %q close=%v", i, resp.StatusCode, b, resp.Close)
+		}
+		if s := <-got; string(s.body) != body {
+			t.Fatalf("request %d: the engine got %d bytes, want the %d sent", i, len(s.body), len(body))
+		}
+	}
+}
+
+// TestSpillReaderOneRead: a request of 20 KB that has arrived whole is
+// taken from the socket by the bufio.Reader's first read, what its
+// buffer has no room for kept for the reads after; once they have it
+// all, the pool's buffer has gone back and the next read waits for the
+// socket.
+func TestSpillReaderOneRead(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	server, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	msg := strings.Repeat("0123456789", 2048)
+	if _, err := io.WriteString(client, msg); err != nil {
+		t.Fatal(err)
+	}
+	var pool sync.Pool
+	pool.New = func() any { b := make([]byte, inBufSize); return &b }
+	in := newSpillReader(sockio.New(server), &pool)
+	br := bufio.NewReaderSize(in, readBufSize)
+	// Loopback delivers the message within microseconds; the first read
+	// comes well after.
+	time.Sleep(100 * time.Millisecond)
+	if _, err := br.Peek(1); err != nil {
+		t.Fatal(err)
+	}
+	if br.Buffered() != readBufSize || in.buffered() != len(msg)-readBufSize {
+		t.Fatalf("first read: %d bytes in the bufio.Reader, %d kept, want %d and %d", br.Buffered(), in.buffered(), readBufSize, len(msg)-readBufSize)
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(br, got); err != nil || string(got) != msg {
+		t.Fatalf("read %d bytes, %v", len(got), err)
+	}
+	if in.taken != nil || in.buffered() != 0 {
+		t.Fatal("the pool's buffer was kept after its bytes were read")
+	}
+	_ = server.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if _, err := br.ReadByte(); !errors.Is(err, os.ErrDeadlineExceeded) || in.taken != nil {
+		t.Fatalf("a read with nothing to read: %v, holding a buffer %v", err, in.taken != nil)
 	}
 }
 

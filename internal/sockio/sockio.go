@@ -25,14 +25,16 @@ type Conn struct {
 	raw syscall.RawConn
 	// The callbacks are made once; these carry their arguments and
 	// results.
-	readFn, writeFn, sendFn func(fd uintptr) bool
-	sent                    bool
-	p                       []byte
-	bufs                    [][]byte
-	one                     [1][]byte
-	iov                     []syscall.Iovec
-	n                       int
-	errno                   syscall.Errno
+	readFn, writeFn, sendFn, takeFn func(fd uintptr) bool
+	sent                            bool
+	take                            func() []byte
+	giveBack                        func([]byte)
+	p                               []byte
+	bufs                            [][]byte
+	one                             [1][]byte
+	iov                             []syscall.Iovec
+	n                               int
+	errno                           syscall.Errno
 }
 
 // New returns conn's raw I/O. conn is still the one to close and to set
@@ -44,7 +46,7 @@ func New(conn net.Conn) *Conn {
 			s.raw = raw
 		}
 	}
-	s.readFn, s.writeFn, s.sendFn = s.read, s.write, s.send
+	s.readFn, s.writeFn, s.sendFn, s.takeFn = s.read, s.write, s.send, s.readTaken
 	return s
 }
 
@@ -72,6 +74,58 @@ func (s *Conn) Read(p []byte) (int, error) {
 		return 0, io.EOF
 	}
 	return s.n, nil
+}
+
+// ReadTaken reads into a buffer that take hands out for the attempt, and
+// returns it with what was read: a connection waiting for input holds no
+// buffer of its own, as the buffer goes back through giveBack before each
+// wait, and again when the read fails or finds the end of the stream
+// (then buf is nil). The callbacks are the caller's, set once (SetTake).
+func (s *Conn) ReadTaken() (buf []byte, n int, err error) {
+	if s.raw == nil {
+		buf = s.take()
+		if n, err = s.conn.Read(buf); n == 0 {
+			s.giveBack(buf)
+			buf = nil
+		}
+		return buf, n, err
+	}
+	s.p, s.n, s.errno = nil, 0, 0
+	err = s.raw.Read(s.takeFn)
+	buf, s.p = s.p, nil
+	switch {
+	case err == nil && s.errno != 0:
+		err = os.NewSyscallError("read", s.errno)
+	case err == nil && s.n == 0:
+		err = io.EOF
+	}
+	if err != nil {
+		if buf != nil {
+			s.giveBack(buf)
+		}
+		return nil, 0, err
+	}
+	return buf, s.n, nil
+}
+
+// SetTake sets the callbacks ReadTaken takes its buffers from and gives
+// them back to.
+func (s *Conn) SetTake(take func() []byte, giveBack func([]byte)) {
+	s.take, s.giveBack = take, giveBack
+}
+
+// readTaken is ReadTaken's raw read: the buffer is taken for the
+// attempt and given back when the socket has nothing, before the wait.
+func (s *Conn) readTaken(fd uintptr) bool {
+	if s.p == nil {
+		s.p = s.take()
+	}
+	if !s.read(fd) {
+		s.giveBack(s.p)
+		s.p = nil
+		return false
+	}
+	return true
 }
 
 // read is the raw read: false (wait for the socket) when it would block.

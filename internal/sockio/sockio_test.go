@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -229,5 +230,48 @@ func TestSendWaitEnds(t *testing.T) {
 	client.Close()
 	if _, err := cs.Send([][]byte{[]byte("ping")}); err == nil || errors.Is(err, ErrWaiting) {
 		t.Fatalf("Send on a closed connection: %v", err)
+	}
+}
+
+// TestReadTakenHoldsNoBufferWhileWaiting: ReadTaken's buffer is taken
+// for a read attempt and given back before the wait, so a connection
+// waiting for input holds none; the read that finds input returns the
+// buffer with it, and one that finds the end of the stream or passes the
+// deadline gives it back.
+func TestReadTakenHoldsNoBufferWhileWaiting(t *testing.T) {
+	client, server := pair(t)
+	var out, takes atomic.Int32
+	rs := New(server)
+	rs.SetTake(func() []byte { out.Add(1); takes.Add(1); return make([]byte, 64) }, func([]byte) { out.Add(-1) })
+	type result struct {
+		buf []byte
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		buf, n, err := rs.ReadTaken()
+		done <- result{buf, n, err}
+	}()
+	time.Sleep(50 * time.Millisecond)
+	if out.Load() != 0 || takes.Load() == 0 {
+		t.Fatalf("waiting for input: %d buffers held, %d taken", out.Load(), takes.Load())
+	}
+	if _, err := client.Write([]byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || string(r.buf[:r.n]) != "hi" || out.Load() != 1 {
+		t.Fatalf("ReadTaken: %q, %v, %d buffers held", r.buf[:r.n], r.err, out.Load())
+	}
+	out.Add(-1)
+	_ = server.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if buf, _, err := rs.ReadTaken(); buf != nil || !errors.Is(err, os.ErrDeadlineExceeded) || out.Load() != 0 {
+		t.Fatalf("past the deadline: %v, %v, %d buffers held", buf != nil, err, out.Load())
+	}
+	_ = server.SetReadDeadline(time.Time{})
+	client.Close()
+	if buf, _, err := rs.ReadTaken(); buf != nil || err != io.EOF || out.Load() != 0 {
+		t.Fatalf("after the peer closed: %v, %v, %d buffers held", buf != nil, err, out.Load())
 	}
 }
