@@ -219,14 +219,6 @@ func (r *result) print(w io.Writer, o options) {
 	r.printNoise(w, o)
 }
 
-// noiseStarts is how many units of work the bound places over the trace;
-// noiseThreshold is the shortest gap counted as an interruption, far
-// above a clock read or a cache miss.
-const (
-	noiseStarts    = 100_000
-	noiseThreshold = 2 * time.Microsecond
-)
-
 // printNoise reports the interruptions of kvcar's CPUs before kvcar
 // started and after it stopped and, when CAR decided in the window, the
 // bound each sets on its decision: work as long as the decision's median,
@@ -250,7 +242,7 @@ func (r *result) printNoise(w io.Writer, o options) {
 			continue
 		}
 		unit := r.routes.decision.at(0.5)
-		if q, err := n.Elapsed(unit, noiseStarts, 0.5, 0.99); err == nil {
+		if q, err := n.Elapsed(unit, cpunoise.Starts, 0.5, 0.99); err == nil {
 			fmt.Fprintf(w, "| bound: %v of CPU work (the decision's p50) started anywhere in the trace %s: p50 / p99 | %v / %v |\n",
 				unit, t.when, q[0].Round(100*time.Nanosecond), q[1].Round(100*time.Nanosecond))
 		}
@@ -417,7 +409,7 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 func recordNoise(o options) (cpunoise.Trace, error) {
 	var noise cpunoise.Trace
 	var nerr error
-	if err := devcluster.RunOnCPUs(o.kvcarCPUs, func() { noise, nerr = cpunoise.Record(o.noise, noiseThreshold) }); err != nil {
+	if err := devcluster.RunOnCPUs(o.kvcarCPUs, func() { noise, nerr = cpunoise.Record(o.noise, cpunoise.Threshold) }); err != nil {
 		return cpunoise.Trace{}, err
 	}
 	return noise, nerr

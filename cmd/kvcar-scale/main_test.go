@@ -71,8 +71,8 @@ func TestQueriesDuringLoadHit(t *testing.T) {
 	// The machine's interruptions were recorded, and the decision's bound
 	// reported from them.
 	for _, n := range []cpunoise.Trace{r.noise, r.noiseAfter} {
-		if n.Span < o.noise || n.Threshold != noiseThreshold {
-			t.Fatalf("interruptions recorded over %v with threshold %v, want %v and %v", n.Span, n.Threshold, o.noise, noiseThreshold)
+		if n.Span < o.noise || n.Threshold != cpunoise.Threshold {
+			t.Fatalf("interruptions recorded over %v with threshold %v, want %v and %v", n.Span, n.Threshold, o.noise, cpunoise.Threshold)
 		}
 	}
 	for _, want := range []string{

@@ -22,6 +22,15 @@ type Trace struct {
 	Gaps      []Gap
 }
 
+// Threshold is the shortest gap kvcar's measurements count as an
+// interruption, far above a clock read or a cache miss; Starts is how
+// many units of work their bounds place over a trace. Every bound
+// kvcar reports uses both, so that the bounds compare.
+const (
+	Threshold = 2 * time.Microsecond
+	Starts    = 100_000
+)
+
 // maxGaps bounds a trace's memory: at 100,000 interruptions a second, a
 // rate no usable machine has, a second's trace.
 const maxGaps = 100_000

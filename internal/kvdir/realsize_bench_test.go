@@ -256,11 +256,11 @@ func reportLatency(b *testing.B, lat []time.Duration) {
 	if len(lat) < boundMinSamples {
 		return
 	}
-	trace, err := cpunoise.Record(boundTrace, boundThreshold)
+	trace, err := cpunoise.Record(boundTrace, cpunoise.Threshold)
 	if err != nil {
 		b.Fatal(err)
 	}
-	q, err := trace.Elapsed(p50, boundStarts, 0.99)
+	q, err := trace.Elapsed(p50, cpunoise.Starts, 0.99)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -277,15 +277,12 @@ func reportPercentiles(b *testing.B, lat []time.Duration) time.Duration {
 	return p50
 }
 
-// The bound's trace: recorded for runs of boundMinSamples or more (the
-// benchmark framework's first probing runs, of 1 and of about 100,
-// record none), counting gaps longer than boundThreshold, with units
-// started at boundStarts points.
+// The bound's trace: recorded for boundTrace after runs of
+// boundMinSamples or more (the benchmark framework's first probing runs,
+// of 1 and of about 100, record none).
 const (
 	boundMinSamples = 200
 	boundTrace      = time.Second
-	boundThreshold  = 2 * time.Microsecond
-	boundStarts     = 100_000
 )
 
 // steadyWriter applies fresh prefills to stream s, whose view it first
