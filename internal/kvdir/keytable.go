@@ -327,36 +327,8 @@ func (t *keyTable) sparse() bool {
 }
 
 // compact rebuilds the cells for the live keys at rebuildLoad, and the
-// dense entries into as few pages as they need. An entry left with at
-// most two holders (slot and tiers) goes back inline into its cell, as a
-// key first held by them would be. As rebuildCells, it builds beside the
-// served table, the caller holding wmu, and only the swap takes mu.
-func (t *keyTable) compact() {
-	n := max(minCells, (t.live*rebuildLoadDen+rebuildLoadNum-1)/rebuildLoadNum)
-	cells := make([]cell, n)
-	var pool slab
-	size := 2 * t.words
-	for i := range t.cells {
-		c := t.cells[i]
-		if !c.used() {
-			continue
-		}
-		if h := c.holders(); h&holdDense != 0 {
-			src := t.dense(h &^ holdDense)
-			if in, ok := inlineOf(src, t.words); ok {
-				c.setHolders(in)
-			} else {
-				d := pool.alloc(size)
-				copy(pool.at(d, size), src)
-				c.setHolders(holdDense | d)
-			}
-		}
-		placeAt(cells, homeOfTag(c.tag(), n), c)
-	}
-	t.mu.Lock()
-	t.cells, t.pool = cells, pool
-	t.mu.Unlock()
-}
+// dense entries into as few pages as they need (see rebuild).
+func (t *keyTable) compact() { t.rebuild(0, true) }
 
 // inlineOf returns the inline holders of dense entry d (Device words,
 // then Host words, w each) when at most two slots hold it.
@@ -553,23 +525,46 @@ func placeAt(cells []cell, i int, c cell) {
 }
 
 // rebuildCells builds a cell array for the live keys with room for extra
-// more. It reads the old cells in order; as homes follow the tags' order,
-// it writes the new ones nearly in order too. The new array is filled
-// without mu, so that queries keep reading the old one meanwhile; the
+// more (see rebuild); the dense entries stay where they are.
+func (t *keyTable) rebuildCells(extra int) { t.rebuild(extra, false) }
+
+// rebuild builds a cell array for the live keys with room for extra more
+// and, with repack, copies the dense entries into as few pages as they
+// need, an entry left with at most two holders (slot and tiers) going
+// back inline into its cell, as a key first held by them would be. It
+// reads the old cells in order; as homes follow the tags' order, it
+// writes the new ones nearly in order too. The new arrays are filled
+// without mu, so that queries keep reading the old ones meanwhile; the
 // caller holds wmu, so the cells do not change, and only the swap takes
 // mu. A caller already holding mu (set, outside apply) must not reach
 // here; apply makes room first.
-func (t *keyTable) rebuildCells(extra int) {
-	need := t.live + extra
-	n := max(minCells, (need*rebuildLoadDen+rebuildLoadNum-1)/rebuildLoadNum)
+func (t *keyTable) rebuild(extra int, repack bool) {
+	n := max(minCells, ((t.live+extra)*rebuildLoadDen+rebuildLoadNum-1)/rebuildLoadNum)
 	cells := make([]cell, n)
+	pool := t.pool
+	if repack {
+		pool = slab{}
+	}
+	size := 2 * t.words
 	for i := range t.cells {
-		if c := &t.cells[i]; c.used() {
-			placeAt(cells, homeOfTag(c.tag(), n), *c)
+		c := t.cells[i]
+		if !c.used() {
+			continue
 		}
+		if h := c.holders(); repack && h&holdDense != 0 {
+			src := t.dense(h &^ holdDense)
+			if in, ok := inlineOf(src, t.words); ok {
+				c.setHolders(in)
+			} else {
+				d := pool.alloc(size)
+				copy(pool.at(d, size), src)
+				c.setHolders(holdDense | d)
+			}
+		}
+		placeAt(cells, homeOfTag(c.tag(), n), c)
 	}
 	t.mu.Lock()
-	t.cells = cells
+	t.cells, t.pool = cells, pool
 	t.mu.Unlock()
 }
 
