@@ -136,7 +136,7 @@ func (r *spillReader) take() []byte {
 	return *r.taken
 }
 
-func (r *spillReader) giveBack([]byte) {
+func (r *spillReader) giveBack() {
 	r.pool.Put(r.taken)
 	r.taken = nil
 }
@@ -158,7 +158,7 @@ func (r *spillReader) Read(p []byte) (int, error) {
 	r.spill = r.spill[n:]
 	if len(r.spill) == 0 {
 		r.spill = nil
-		r.giveBack(nil)
+		r.giveBack()
 	}
 	return n, nil
 }

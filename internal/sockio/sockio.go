@@ -28,7 +28,7 @@ type Conn struct {
 	readFn, writeFn, sendFn, takeFn func(fd uintptr) bool
 	sent                            bool
 	take                            func() []byte
-	giveBack                        func([]byte)
+	giveBack                        func()
 	p                               []byte
 	bufs                            [][]byte
 	one                             [1][]byte
@@ -62,18 +62,26 @@ func (s *Conn) Read(p []byte) (int, error) {
 		return 0, nil
 	}
 	s.p, s.n, s.errno = p, 0, 0
-	err := s.raw.Read(s.readFn)
+	err := s.readErr(s.raw.Read(s.readFn))
 	s.p = nil
 	if err != nil {
 		return 0, err
 	}
-	if s.errno != 0 {
-		return 0, os.NewSyscallError("read", s.errno)
-	}
-	if s.n == 0 {
-		return 0, io.EOF
-	}
 	return s.n, nil
+}
+
+// readErr is the error of a raw read that ended with err: err itself,
+// the read's own error, or io.EOF when it read nothing.
+func (s *Conn) readErr(err error) error {
+	switch {
+	case err != nil:
+		return err
+	case s.errno != 0:
+		return os.NewSyscallError("read", s.errno)
+	case s.n == 0:
+		return io.EOF
+	}
+	return nil
 }
 
 // ReadTaken reads into a buffer that take hands out for the attempt, and
@@ -85,32 +93,26 @@ func (s *Conn) ReadTaken() (buf []byte, n int, err error) {
 	if s.raw == nil {
 		buf = s.take()
 		if n, err = s.conn.Read(buf); n == 0 {
-			s.giveBack(buf)
+			s.giveBack()
 			buf = nil
 		}
 		return buf, n, err
 	}
 	s.p, s.n, s.errno = nil, 0, 0
-	err = s.raw.Read(s.takeFn)
+	err = s.readErr(s.raw.Read(s.takeFn))
 	buf, s.p = s.p, nil
-	switch {
-	case err == nil && s.errno != 0:
-		err = os.NewSyscallError("read", s.errno)
-	case err == nil && s.n == 0:
-		err = io.EOF
-	}
 	if err != nil {
 		if buf != nil {
-			s.giveBack(buf)
+			s.giveBack()
 		}
 		return nil, 0, err
 	}
 	return buf, s.n, nil
 }
 
-// SetTake sets the callbacks ReadTaken takes its buffers from and gives
-// them back to.
-func (s *Conn) SetTake(take func() []byte, giveBack func([]byte)) {
+// SetTake sets the callbacks ReadTaken takes a buffer from and gives the
+// buffer it took last back to.
+func (s *Conn) SetTake(take func() []byte, giveBack func()) {
 	s.take, s.giveBack = take, giveBack
 }
 
@@ -121,7 +123,7 @@ func (s *Conn) readTaken(fd uintptr) bool {
 		s.p = s.take()
 	}
 	if !s.read(fd) {
-		s.giveBack(s.p)
+		s.giveBack()
 		s.p = nil
 		return false
 	}
@@ -168,14 +170,20 @@ func (s *Conn) Writev(bufs [][]byte) (int, error) {
 func (s *Conn) writeBuffers() (int, error) {
 	s.n, s.errno = 0, 0
 	err := s.raw.Write(s.writeFn)
-	clear(s.bufs)
-	s.bufs = nil
-	s.one[0] = nil
-	clear(s.iov)
+	s.dropBuffers()
 	if err == nil && s.errno != 0 {
 		err = os.NewSyscallError("writev", s.errno)
 	}
 	return s.n, err
+}
+
+// dropBuffers lets go of what a write was given, so that the Conn keeps
+// no reference to the caller's buffers.
+func (s *Conn) dropBuffers() {
+	clear(s.bufs)
+	s.bufs = nil
+	s.one[0] = nil
+	clear(s.iov)
 }
 
 // ErrWaiting wraps what ended Send's wait for the answer after the
@@ -205,9 +213,7 @@ func (s *Conn) Send(bufs [][]byte) (int, error) {
 		n, err = s.writeBuffers()
 		return written + n, err
 	}
-	clear(s.bufs)
-	s.bufs = nil
-	clear(s.iov)
+	s.dropBuffers()
 	switch {
 	case errno != 0:
 		return written, os.NewSyscallError("writev", errno)

@@ -242,7 +242,7 @@ func TestReadTakenHoldsNoBufferWhileWaiting(t *testing.T) {
 	client, server := pair(t)
 	var out, takes atomic.Int32
 	rs := New(server)
-	rs.SetTake(func() []byte { out.Add(1); takes.Add(1); return make([]byte, 64) }, func([]byte) { out.Add(-1) })
+	rs.SetTake(func() []byte { out.Add(1); takes.Add(1); return make([]byte, 64) }, func() { out.Add(-1) })
 	type result struct {
 		buf []byte
 		n   int
