@@ -18,17 +18,19 @@
 // # Server
 //
 // Each accepted connection has one goroutine reading its frames; each
-// call runs its Handler on a goroutine of its own, so calls pipelined on
-// one connection run concurrently and are answered as they finish, each
-// response carrying its request's correlation_id unchanged. Responses are
-// written as brpc writes them: RpcResponseMeta{error_code, [error_text]},
-// compress_type 0, the correlation_id, [attachment_size], and, when the
-// request carried them, the three fields newer brpc adds (content_type,
-// checksum_type, checksum_value). Errors are numbered and worded as brpc
-// numbers and words them (Errno, Error), prefixed with "[<identity>]",
-// the server's address. Per-call handler timeouts, a bound on calls in
-// flight per connection and on connections, idle connection reaping and
-// a graceful Shutdown bound what a peer can make the server hold.
+// call runs its Handler on a worker goroutine of its own, kept for the
+// connection's later calls while they come within a second, so calls
+// pipelined on one connection run concurrently and are answered as they
+// finish, each response carrying its request's correlation_id unchanged.
+// Responses are written as brpc writes them: RpcResponseMeta{error_code,
+// [error_text]}, compress_type 0, the correlation_id, [attachment_size],
+// and, when the request carried them, the three fields newer brpc adds
+// (content_type, checksum_type, checksum_value). Errors are numbered and
+// worded as brpc numbers and words them (Errno, Error), prefixed with
+// "[<identity>]", the server's address. Per-call handler timeouts, a bound
+// on calls in flight per connection and on connections, idle connection
+// reaping and a graceful Shutdown bound what a peer can make the server
+// hold.
 //
 // # Client
 //

@@ -31,6 +31,13 @@ const (
 	DefaultMaxCallsPerConn  = 1024
 )
 
+// workerIdle is how long a connection's worker goroutine waits for its
+// next call before it exits. A goroutine started for every call grows
+// its stack from the minimum on every call (a handler that decodes a
+// protobuf message copies it three or four times); a worker kept between
+// calls grows it once.
+const workerIdle = time.Second
+
 // ErrServerClosed is returned by Serve after Shutdown or Close.
 var ErrServerClosed = errors.New("baidu_std: server closed")
 
@@ -217,7 +224,7 @@ func (s *Server) serveConn(c net.Conn, r *bufio.Reader) {
 	if identity == "" {
 		identity = c.LocalAddr().String()
 	}
-	sc := &serverConn{s: s, c: c, r: r, identity: identity, sem: make(chan struct{}, s.opts.MaxCallsPerConn)}
+	sc := &serverConn{s: s, c: c, r: r, identity: identity, sem: make(chan struct{}, s.opts.MaxCallsPerConn), work: make(chan Frame)}
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -298,8 +305,9 @@ func (s *Server) forceClose() {
 	s.cancel()
 }
 
-// serverConn is one connection. Its goroutine reads frames and starts a
-// goroutine per call; it waits for them before it closes the connection.
+// serverConn is one connection. Its goroutine reads frames and hands each
+// call to an idle worker, or starts one; it waits for the calls and then
+// the workers before it closes the connection.
 type serverConn struct {
 	s        *Server
 	c        net.Conn
@@ -307,6 +315,8 @@ type serverConn struct {
 	identity string
 	sem      chan struct{} // one token per call in flight
 	calls    sync.WaitGroup
+	work     chan Frame // a call for an idle worker; closed when serve ends
+	workers  sync.WaitGroup
 	active   atomic.Int32
 	stopping atomic.Bool
 
@@ -323,6 +333,8 @@ func (sc *serverConn) serve() {
 	s := sc.s
 	defer func() {
 		sc.calls.Wait()
+		close(sc.work)
+		sc.workers.Wait()
 		sc.c.Close()
 		s.mu.Lock()
 		delete(s.conns, sc)
@@ -349,7 +361,33 @@ func (sc *serverConn) serve() {
 		sc.sem <- struct{}{}
 		sc.active.Add(1)
 		sc.calls.Add(1)
-		go sc.call(f)
+		select {
+		case sc.work <- f:
+		default:
+			sc.workers.Add(1)
+			go sc.worker(f)
+		}
+	}
+}
+
+// worker runs call f, then the calls serve hands it, until it has waited
+// workerIdle for one or serve has ended.
+func (sc *serverConn) worker(f Frame) {
+	defer sc.workers.Done()
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		sc.call(f)
+		idle.Reset(workerIdle)
+		var ok bool
+		select {
+		case f, ok = <-sc.work:
+			if !ok {
+				return
+			}
+		case <-idle.C:
+			return
+		}
 	}
 }
 

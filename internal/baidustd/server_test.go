@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -493,4 +494,59 @@ func TestConcurrentConnections(t *testing.T) {
 			t.Error(err)
 		}
 	}
+}
+
+// goroutineID is the id runtime.Stack prints for the calling goroutine.
+func goroutineID() string {
+	var b [64]byte
+	s := string(b[:runtime.Stack(b[:], false)])
+	s = strings.TrimPrefix(s, "goroutine ")
+	return s[:strings.IndexByte(s, ' ')]
+}
+
+// Calls that follow each other on a connection run on the worker kept
+// from the calls before, not on a goroutine each (whose stack would grow
+// from the minimum every time); a worker left idle for workerIdle exits,
+// and the next call starts another. Concurrent calls still get workers of
+// their own (TestMaxCallsPerConn, TestClientPipelinesOnOneConnection).
+func TestWorkersKeptBetweenCalls(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]int{}
+	var last string
+	record := func(_ context.Context, r *Request) (Response, error) {
+		id := goroutineID()
+		mu.Lock()
+		seen[id]++
+		last = id
+		mu.Unlock()
+		return Response{Message: r.Message}, nil
+	}
+	addr, _ := startServer(t, ServerOptions{}, map[string]Handler{"Record": record})
+	c := newClient(t, addr, ClientOptions{})
+	ctx := ctxT(t, 20*time.Second)
+	const calls = 200
+	for range calls {
+		if _, err := c.Call(ctx, testSvc, "Record", []byte("x"), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	workers, before := len(seen), last
+	mu.Unlock()
+	// A call can come while the worker is still between its response and
+	// its wait for the next; it then gets a new worker. Most must not.
+	if workers > calls/4 {
+		t.Fatalf("%d sequential calls ran on %d goroutines, want the workers reused", calls, workers)
+	}
+	time.Sleep(workerIdle + 300*time.Millisecond)
+	if _, err := c.Call(ctx, testSvc, "Record", []byte("x"), nil); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if last == before || seen[last] != 1 {
+		t.Fatalf("after %v idle the call ran on goroutine %s (the last before: %s, calls on it: %d), want a new worker",
+			workerIdle+300*time.Millisecond, last, before, seen[last])
+	}
+	t.Logf("%d sequential calls on %d workers", calls, workers)
 }
