@@ -234,3 +234,72 @@ func BenchmarkPackedIDs(b *testing.B) {
 		})
 	}
 }
+
+// Generations over baidu_std, as an engine returns a request's output:
+// each goroutine one engine's connection, calling with the recorded
+// message's shape (two outputs with text, token ids and finish reasons,
+// and usage) for a request of its own that kvcar is waiting for, which
+// takes what was delivered after every call. ns/op is wall time per
+// call at that concurrency; allocs/op counts client and server together,
+// both in this process.
+func BenchmarkGenerationsOverBaiduStd(b *testing.B) {
+	c := benchCluster(b)
+	for _, conns := range []int{1, 16} {
+		b.Run(connsName(conns), func(b *testing.B) {
+			type engine struct {
+				client *baidustd.Client
+				msg    []byte
+				q      *outputQueue
+			}
+			engines := make([]engine, conns)
+			for i := range engines {
+				id := "bench-" + itoa(i)
+				q, err := c.outputs.open(id)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer c.outputs.close(id, q)
+				msg, err := proto.Marshal(&xllmpb.DisaggStreamGenerations{Gens: []*xllmpb.DisaggStreamGeneration{{
+					ReqId: "cmpl-" + itoa(i), ServiceReqId: id, GenStatus: &xllmpb.GenerationStatus{},
+					Outputs: []*xllmpb.SequenceOutput{
+						{Text: "Hello", TokenIds: []int32{9906}, FinishReason: "stop"},
+						{Index: 1, Text: "Hi", TokenIds: []int32{13347}, FinishReason: "stop"},
+					},
+					Usage: &xllmpb.OutputUsage{NumPromptTokens: 4, NumGeneratedTokens: 2, NumTotalTokens: 6}, Finished: true,
+				}}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				cl := baidustd.NewClient(c.rpcAddr, baidustd.ClientOptions{})
+				defer cl.Close()
+				engines[i] = engine{client: cl, msg: msg, q: q}
+			}
+			var wg sync.WaitGroup
+			per := b.N / conns
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range engines {
+				n := per
+				if i == 0 {
+					n += b.N % conns
+				}
+				e := engines[i]
+				wg.Go(func() {
+					var st xllmpb.StatusSet
+					for range n {
+						r, err := e.client.Call(context.Background(), xllmpb.RPCService, xllmpb.MethodGenerations, e.msg, nil)
+						if err != nil || proto.Unmarshal(r.Message, &st) != nil || len(st.AllStatus) != 1 || !st.AllStatus[0].Ok {
+							b.Error("generation not taken", err)
+							return
+						}
+						if gens, err := e.q.take(); err != nil || len(gens) != 1 {
+							b.Errorf("took %d generations (%v), want 1", len(gens), err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+		})
+	}
+}
