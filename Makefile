@@ -84,6 +84,8 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzSplit$$' -fuzztime $(FUZZTIME) ./internal/tokenizer/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseFrame$$' -fuzztime $(FUZZTIME) ./internal/baidustd/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeMeta$$' -fuzztime $(FUZZTIME) ./internal/baidustd/
+	$(GO) test -run '^$$' -fuzz '^FuzzString$$' -fuzztime $(FUZZTIME) ./internal/jsonw/
+	$(GO) test -run '^$$' -fuzz '^FuzzAppendResponse$$' -fuzztime $(FUZZTIME) ./internal/xllmrpc/
 
 # proto regenerates the checked-in Go code of every .proto file with Debian's
 # protoc (protobuf-compiler) and the protoc-gen-go pinned as a tool in go.mod.

@@ -96,6 +96,9 @@ var layout = map[string]place{
 	// The revision a program was built from: a leaf any program or the
 	// harness may read, running no command and opening nothing.
 	"internal/buildinfo": {layer: 0, forbid: slices.Concat(sockets, routing)},
+	// JSON written into byte slices: the HTTP server and the xLLM
+	// dispatcher share it, and it imports nothing of kvcar.
+	"internal/jsonw": {layer: 0, forbid: slices.Concat(sockets, routing)},
 	// A processor hint and nothing else: it imports nothing of kvcar.
 	"internal/prefetch": {layer: 0, forbid: slices.Concat(sockets, routing)},
 	// The Go runtime's monitor pace: environments in, environments out,

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
-	"unicode/utf8"
 )
 
 // TestAppendMatches checks that the hand-written encoder emits valid JSON
@@ -61,28 +60,6 @@ func TestAppendMatches(t *testing.T) {
 	}
 	if empty := appendMatches(nil, nil); string(empty) != "[]" {
 		t.Errorf("no matches encode as %s", empty)
-	}
-}
-
-func TestAppendJSONString(t *testing.T) {
-	for _, s := range []string{
-		"", "plain", `q"b\s/`, "\x00\x01\x1f\x7f", "\b\f\n\r\t", "é中文😀", "\u2028\u2029",
-		"\xff", "a\xc3", "\xed\xa0\x80", "<script>&",
-	} {
-		enc := appendJSONString(nil, s)
-		if !json.Valid(enc) || !utf8.Valid(enc) {
-			t.Fatalf("%q encodes to invalid JSON %s", s, enc)
-		}
-		var back string
-		if err := json.Unmarshal(enc, &back); err != nil {
-			t.Fatal(err)
-		}
-		if want := strings.ToValidUTF8(s, "\uFFFD"); back != want && !strings.ContainsRune(back, utf8.RuneError) {
-			t.Errorf("%q round-trips to %q", s, back)
-		}
-		if utf8.ValidString(s) && back != s {
-			t.Errorf("valid %q round-trips to %q", s, back)
-		}
 	}
 }
 

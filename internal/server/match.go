@@ -3,6 +3,7 @@ package server
 import (
 	"strconv"
 
+	"github.com/kvcar/kvcar/internal/jsonw"
 	"github.com/kvcar/kvcar/internal/kvdir"
 )
 
@@ -33,7 +34,7 @@ func appendMatches(b []byte, ms []Match) []byte {
 			b = append(b, ',')
 		}
 		b = append(b, `{"instance_name":`...)
-		b = appendJSONString(b, m.InstanceName)
+		b = jsonw.String(b, m.InstanceName)
 		b = append(b, `,"dp_rank":`...)
 		b = strconv.AppendInt(b, int64(m.DPRank), 10)
 		b = append(b, `,"synchronized":`...)
@@ -53,7 +54,7 @@ func appendMatches(b []byte, ms []Match) []byte {
 		b = append(b, `,"host_blocks":`...)
 		b = strconv.AppendInt(b, int64(m.HostBlocks), 10)
 		b = append(b, `,"error":`...)
-		b = appendJSONString(b, m.Error)
+		b = jsonw.String(b, m.Error)
 		b = append(b, '}')
 	}
 	return append(b, ']')

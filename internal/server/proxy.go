@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/jsonw"
 	"github.com/kvcar/kvcar/internal/lb"
 	"github.com/kvcar/kvcar/internal/xllmrpc"
 )
@@ -505,9 +506,9 @@ func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, p
 // client sent: kvcar owns the routing it relays.
 func appendRouting(b []byte, d lb.Decision) []byte {
 	b = append(b, `{"prefill_name":`...)
-	b = appendJSONString(b, d.Prefill)
+	b = jsonw.String(b, d.Prefill)
 	b = append(b, `,"decode_name":`...)
-	b = appendJSONString(b, d.Decode)
+	b = jsonw.String(b, d.Decode)
 	return append(b, '}')
 }
 

@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/kvcar/kvcar/internal/jsonw"
 	"github.com/kvcar/kvcar/internal/xllmpb"
 )
 
@@ -407,4 +408,81 @@ func usageOf(u *xllmpb.OutputUsage) *usageJSON {
 		out.PromptTokensDetails = &promptTokensDetails{CachedTokens: u.NumCachedTokens}
 	}
 	return out
+}
+
+// appendResponse appends r as JSON, as encoding/json would write it
+// (field order, omitempty, null finish reasons), without reflection: it
+// is written for every streamed token.
+func appendResponse(b []byte, r *responseJSON) []byte {
+	b = append(b, `{"id":`...)
+	b = jsonw.String(b, r.ID)
+	b = append(b, `,"object":`...)
+	b = jsonw.String(b, r.Object)
+	b = append(b, `,"created":`...)
+	b = jsonw.Int(b, r.Created)
+	b = append(b, `,"model":`...)
+	b = jsonw.String(b, r.Model)
+	b = append(b, `,"choices":[`...)
+	for i := range r.Choices {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendChoice(b, &r.Choices[i])
+	}
+	b = append(b, ']')
+	if u := r.Usage; u != nil {
+		b = append(b, `,"usage":{"prompt_tokens":`...)
+		b = jsonw.Int(b, int64(u.PromptTokens))
+		b = append(b, `,"completion_tokens":`...)
+		b = jsonw.Int(b, int64(u.CompletionTokens))
+		b = append(b, `,"total_tokens":`...)
+		b = jsonw.Int(b, int64(u.TotalTokens))
+		if d := u.PromptTokensDetails; d != nil {
+			b = append(b, `,"prompt_tokens_details":{"cached_tokens":`...)
+			b = jsonw.Int(b, int64(d.CachedTokens))
+			b = append(b, '}')
+		}
+		b = append(b, '}')
+	}
+	return append(b, '}')
+}
+
+func appendChoice(b []byte, c *choiceJSON) []byte {
+	b = append(b, `{"index":`...)
+	b = jsonw.Int(b, int64(c.Index))
+	if c.Text != nil {
+		b = append(b, `,"text":`...)
+		b = jsonw.String(b, *c.Text)
+	}
+	if c.Message != nil {
+		b = append(b, `,"message":`...)
+		b = appendMessage(b, c.Message)
+	}
+	if c.Delta != nil {
+		b = append(b, `,"delta":`...)
+		b = appendMessage(b, c.Delta)
+	}
+	b = append(b, `,"finish_reason":`...)
+	if c.FinishReason == nil {
+		b = append(b, "null"...)
+	} else {
+		b = jsonw.String(b, *c.FinishReason)
+	}
+	return append(b, '}')
+}
+
+func appendMessage(b []byte, m *messageJSON) []byte {
+	b = append(b, '{')
+	if m.Role != "" {
+		b = append(b, `"role":`...)
+		b = jsonw.String(b, m.Role)
+	}
+	if m.Content != nil {
+		if m.Role != "" {
+			b = append(b, ',')
+		}
+		b = append(b, `"content":`...)
+		b = jsonw.String(b, *m.Content)
+	}
+	return append(b, '}')
 }

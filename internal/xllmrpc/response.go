@@ -25,16 +25,20 @@ type responder struct {
 	id      string
 	started bool // the stream's status and headers are out
 
+	// roleSent, texts and finish are made when first needed: most
+	// requests have one choice, and only a streamed chat sends roles.
 	roleSent map[int32]bool
 	// The unstreamed output so far, by choice index.
 	texts  map[int32]*strings.Builder
 	finish map[int32]string
 	usage  *xllmpb.OutputUsage
+	// buf holds the event or body being written; it is reused for the
+	// next.
+	buf []byte
 }
 
 func newResponder(w http.ResponseWriter, pr *parsedRequest, created int64) *responder {
-	return &responder{w: w, rc: http.NewResponseController(w), pr: pr, created: created,
-		roleSent: map[int32]bool{}, texts: map[int32]*strings.Builder{}, finish: map[int32]string{}}
+	return &responder{w: w, rc: http.NewResponseController(w), pr: pr, created: created}
 }
 
 func (r *responder) object() string {
@@ -60,6 +64,9 @@ func (r *responder) add(g *xllmpb.DisaggStreamGeneration) (done bool, err error)
 		return false, nil
 	}
 	for _, o := range g.GetOutputs() {
+		if r.texts == nil {
+			r.texts, r.finish = map[int32]*strings.Builder{}, map[int32]string{}
+		}
 		b := r.texts[o.GetIndex()]
 		if b == nil {
 			b = &strings.Builder{}
@@ -96,14 +103,11 @@ func (r *responder) add(g *xllmpb.DisaggStreamGeneration) (done bool, err error)
 		}
 		resp.Choices = append(resp.Choices, c)
 	}
-	body, err := json.Marshal(resp)
-	if err != nil {
-		return true, r.fail(http.StatusInternalServerError, "encoding the response: "+err.Error())
-	}
+	r.buf = append(appendResponse(r.buf[:0], &resp), '\n')
 	h := r.w.Header()
 	h.Set("Content-Type", "application/json")
 	r.w.WriteHeader(http.StatusOK)
-	if _, err := r.w.Write(append(body, '\n')); err != nil {
+	if _, err := r.w.Write(r.buf); err != nil {
 		return true, fmt.Errorf("writing the response: %w", err)
 	}
 	return true, nil
@@ -117,6 +121,9 @@ func (r *responder) stream(g *xllmpb.DisaggStreamGeneration) (bool, error) {
 			empty := ""
 			if err := r.chunk(choiceJSON{Index: i, Delta: &messageJSON{Role: "assistant", Content: &empty}}, nil); err != nil {
 				return true, err
+			}
+			if r.roleSent == nil {
+				r.roleSent = map[int32]bool{}
 			}
 			r.roleSent[i] = true
 		}
@@ -152,7 +159,8 @@ func (r *responder) stream(g *xllmpb.DisaggStreamGeneration) (bool, error) {
 	if !g.GetFinished() {
 		return false, r.flush()
 	}
-	if err := r.write("data: [DONE]\n\n"); err != nil {
+	r.buf = append(r.buf[:0], "data: [DONE]\n\n"...)
+	if err := r.write(r.buf); err != nil {
 		return true, err
 	}
 	return true, r.flush()
@@ -160,18 +168,18 @@ func (r *responder) stream(g *xllmpb.DisaggStreamGeneration) (bool, error) {
 
 // chunk writes one SSE event: a choice, or the usage with no choices.
 func (r *responder) chunk(c choiceJSON, usage *usageJSON) error {
-	resp := responseJSON{ID: r.id, Object: r.object(), Created: r.created, Model: r.pr.model, Usage: usage, Choices: []choiceJSON{}}
+	one := [1]choiceJSON{c}
+	resp := responseJSON{ID: r.id, Object: r.object(), Created: r.created, Model: r.pr.model, Usage: usage, Choices: one[:0]}
 	if usage == nil {
-		resp.Choices = append(resp.Choices, c)
+		resp.Choices = one[:]
 	}
-	body, err := json.Marshal(resp)
-	if err != nil {
-		return fmt.Errorf("encoding a chunk: %w", err)
-	}
-	return r.write("data: " + string(body) + "\n\n")
+	r.buf = append(r.buf[:0], "data: "...)
+	r.buf = append(appendResponse(r.buf, &resp), "\n\n"...)
+	return r.write(r.buf)
 }
 
-func (r *responder) write(s string) error {
+// write sends b, the stream's status and headers first.
+func (r *responder) write(b []byte) error {
 	if !r.started {
 		h := r.w.Header()
 		h.Set("Content-Type", "text/event-stream")
@@ -179,7 +187,7 @@ func (r *responder) write(s string) error {
 		r.w.WriteHeader(http.StatusOK)
 		r.started = true
 	}
-	if _, err := r.w.Write([]byte(s)); err != nil {
+	if _, err := r.w.Write(b); err != nil {
 		return fmt.Errorf("writing to the client: %w", err)
 	}
 	return nil
@@ -202,7 +210,8 @@ func (r *responder) fail(code int, msg string) error {
 		return err
 	}
 	b, _ := json.Marshal(errorJSON(code, msg))
-	if werr := r.write("data: " + string(b) + "\n\n"); werr == nil {
+	r.buf = append(append(append(r.buf[:0], "data: "...), b...), "\n\n"...)
+	if werr := r.write(r.buf); werr == nil {
 		_ = r.flush()
 	}
 	return err
