@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,11 +17,21 @@ import (
 	"github.com/kvcar/kvcar/internal/server"
 )
 
-// completion is the whole answer of a trivial engine: one output token,
-// the shape of an OpenAI text completion.
-const completion = `{"id":"cmpl-load","object":"text_completion","created":0,"model":"load",` +
-	`"choices":[{"index":0,"text":" ok","logprobs":null,"finish_reason":"length"}],` +
-	`"usage":{"prompt_tokens":0,"completion_tokens":1,"total_tokens":1}}`
+// completion is the whole answer of a trivial engine that writes tokens
+// output tokens at once, in the shape of an OpenAI text completion.
+func completion(tokens int) string {
+	return `{"id":"cmpl-load","object":"text_completion","created":0,"model":"load",` +
+		`"choices":[{"index":0,"text":"` + strings.Repeat(" ok", tokens) + `","logprobs":null,"finish_reason":"length"}],` +
+		`"usage":{"prompt_tokens":0,"completion_tokens":` + strconv.Itoa(tokens) + `,"total_tokens":` + strconv.Itoa(tokens) + `}}`
+}
+
+// Events of a trivial engine's streamed answer, as vLLM writes them: one
+// per token, the last with its finish reason, then the end marker.
+const (
+	chunk     = "data: {\"id\":\"cmpl-load\",\"object\":\"text_completion\",\"created\":0,\"model\":\"load\",\"choices\":[{\"index\":0,\"text\":\" ok\",\"logprobs\":null,\"finish_reason\":null}]}\n\n"
+	lastChunk = "data: {\"id\":\"cmpl-load\",\"object\":\"text_completion\",\"created\":0,\"model\":\"load\",\"choices\":[{\"index\":0,\"text\":\" ok\",\"logprobs\":null,\"finish_reason\":\"length\"}]}\n\n"
+	doneEvent = "data: [DONE]\n\n"
+)
 
 // Backends of the engines a run uses.
 const (
@@ -49,7 +60,7 @@ func startTrivialFleet(etcd []string, kvcarInternal string, o options) (*fleet, 
 		return errors.Join(errs...)
 	}}
 	for range o.engines {
-		e, err := startTrivialEngine(etcd, 200*time.Millisecond, kvcarInternal, o.engineIdle)
+		e, err := startTrivialEngine(etcd, 200*time.Millisecond, kvcarInternal, o.engineIdle, o.maxTokens, o.stream)
 		if err != nil {
 			return nil, errors.Join(err, f.close())
 		}
@@ -114,8 +125,14 @@ func startXLLMFleet(etcd []string, _ string, o options) (*fleet, error) {
 // publishes only what announce gives it: no request reaches it).
 type trivialEngine struct {
 	addr string
-	srv  *http.Server
-	reg  *enginesim.Engine
+	// tokens is the output of every answer, streamed an event a token
+	// when stream (each flushed, as vLLM flushes them); answer is the
+	// whole unstreamed answer.
+	tokens int
+	stream bool
+	answer string
+	srv    *http.Server
+	reg    *enginesim.Engine
 	// served is closed when Serve has returned.
 	served chan struct{}
 	bufs   sync.Pool
@@ -123,8 +140,9 @@ type trivialEngine struct {
 
 // startTrivialEngine starts one trivial engine. idle is its keep-alive
 // idle timeout: uvicorn-based engines close an idle connection after 5 s,
-// and kvcar must close its own first.
-func startTrivialEngine(etcd []string, heartbeat time.Duration, kvcarInternal string, idle time.Duration) (*trivialEngine, error) {
+// and kvcar must close its own first. Every answer has tokens output
+// tokens, streamed when stream.
+func startTrivialEngine(etcd []string, heartbeat time.Duration, kvcarInternal string, idle time.Duration, tokens int, stream bool) (*trivialEngine, error) {
 	off := enginesim.DefaultDiscoveryOffsets()
 	port, err := enginesim.FreeDiscoveryPort(1, off.Event, off.Replay)
 	if err != nil {
@@ -135,7 +153,7 @@ func startTrivialEngine(etcd []string, heartbeat time.Duration, kvcarInternal st
 	if err != nil {
 		return nil, fmt.Errorf("trivial engine: %w", err)
 	}
-	e := &trivialEngine{addr: addr, served: make(chan struct{}),
+	e := &trivialEngine{addr: addr, tokens: tokens, stream: stream, answer: completion(tokens), served: make(chan struct{}),
 		bufs: sync.Pool{New: func() any { return new([32 << 10]byte) }}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", e.complete)
@@ -173,9 +191,27 @@ func (e *trivialEngine) complete(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h := w.Header()
-	h["Content-Type"] = []string{"application/json"}
-	h["Content-Length"] = []string{strconv.Itoa(len(completion))}
-	_, _ = io.WriteString(w, completion)
+	if !e.stream {
+		h["Content-Type"] = []string{"application/json"}
+		h["Content-Length"] = []string{strconv.Itoa(len(e.answer))}
+		_, _ = io.WriteString(w, e.answer)
+		return
+	}
+	h["Content-Type"] = []string{"text/event-stream"}
+	rc := http.NewResponseController(w)
+	for i := 1; i <= e.tokens; i++ {
+		event := chunk
+		if i == e.tokens {
+			event = lastChunk
+		}
+		if _, err := io.WriteString(w, event); err != nil {
+			return
+		}
+		if err := rc.Flush(); err != nil {
+			return
+		}
+	}
+	_, _ = io.WriteString(w, doneEvent)
 }
 
 // announce stores one prompt in the registrar's cache, which publishes

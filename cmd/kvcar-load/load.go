@@ -23,15 +23,21 @@ const vocab = 151936
 // than any CPU cache, so kvcar parses cold bytes as it would real ones.
 type prompts struct {
 	bodies [][]byte
+	stream bool // the answers are SSE streams, which end with "data: [DONE]"
 	next   atomic.Uint64
 }
 
-func newPrompts(n, ids int, seed uint64) *prompts {
+func newPrompts(n, ids int, seed uint64, maxTokens int, stream bool) *prompts {
 	rng := rand.New(rand.NewPCG(seed, uint64(ids)))
-	p := &prompts{bodies: make([][]byte, n)}
+	p := &prompts{bodies: make([][]byte, n), stream: stream}
 	for i := range p.bodies {
-		b := make([]byte, 0, 64+8*ids)
-		b = append(b, `{"model":"load","max_tokens":1,"prompt":[`...)
+		b := make([]byte, 0, 96+8*ids)
+		b = append(b, `{"model":"load","max_tokens":`...)
+		b = strconv.AppendInt(b, int64(maxTokens), 10)
+		if stream {
+			b = append(b, `,"stream":true`...)
+		}
+		b = append(b, `,"prompt":[`...)
 		for j := range ids {
 			if j > 0 {
 				b = append(b, ',')
@@ -52,6 +58,9 @@ type tally struct {
 	lat      []time.Duration // of the answered (200) requests
 	byStatus map[int]int     // non-200 answers
 	connErr  int             // no answer at all
+	// cut counts 200 answers that did not end as they must: a stream
+	// without its "data: [DONE]", a body that is not a JSON object.
+	cut int
 }
 
 func (t *tally) add(o *tally) {
@@ -60,6 +69,7 @@ func (t *tally) add(o *tally) {
 		t.byStatus[s] += n
 	}
 	t.connErr += o.connErr
+	t.cut += o.cut
 }
 
 // quantile of the sorted latencies.
@@ -125,15 +135,17 @@ func closedLoop(ctx context.Context, hc *http.Client, targets []string, ps *prom
 					break
 				}
 				target := targets[(turn.Add(1)-1)%uint64(len(targets))]
-				status := send(ctx, hc, target, ps.take(), buf)
+				status, whole := send(ctx, hc, target, ps.take(), ps.stream, buf)
 				done := time.Now()
 				if sent.Before(from) || done.After(to) {
 					continue
 				}
-				switch status {
-				case http.StatusOK:
+				switch {
+				case status == http.StatusOK && !whole:
+					own.cut++
+				case status == http.StatusOK:
 					own.lat = append(own.lat, done.Sub(sent))
-				case 0:
+				case status == 0:
 					own.connErr++
 				default:
 					own.byStatus[status]++
@@ -151,21 +163,46 @@ func closedLoop(ctx context.Context, hc *http.Client, targets []string, ps *prom
 }
 
 // send posts body to target and reads the whole answer; it returns the
-// status, or 0 when no answer came.
-func send(ctx context.Context, hc *http.Client, target string, body, buf []byte) int {
+// status, or 0 when no answer came, and whether the answer ended as it
+// must: with "data: [DONE]" when stream, else as a JSON object.
+func send(ctx context.Context, hc *http.Client, target string, body []byte, stream bool, buf []byte) (int, bool) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
 	if err != nil {
-		return 0
+		return 0, false
 	}
 	req.Header["Content-Type"] = []string{"application/json"}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return 0
+		return 0, false
 	}
-	_, err = io.CopyBuffer(io.Discard, resp.Body, buf)
+	var t tail
+	_, err = io.CopyBuffer(&t, resp.Body, buf)
 	resp.Body.Close()
 	if err != nil {
-		return 0
+		return 0, false
 	}
-	return resp.StatusCode
+	end := bytes.TrimRight(t.last(), " \r\n")
+	if stream {
+		return resp.StatusCode, bytes.HasSuffix(end, []byte("data: [DONE]"))
+	}
+	return resp.StatusCode, bytes.HasSuffix(end, []byte("}"))
 }
+
+// tail keeps the last bytes written to it.
+type tail struct {
+	b [32]byte
+	n int // bytes written in all
+}
+
+func (t *tail) Write(p []byte) (int, error) {
+	if len(p) >= len(t.b) {
+		copy(t.b[:], p[len(p)-len(t.b):])
+	} else {
+		copy(t.b[:], t.b[len(p):])
+		copy(t.b[len(t.b)-len(p):], p)
+	}
+	t.n += len(p)
+	return len(p), nil
+}
+
+func (t *tail) last() []byte { return t.b[len(t.b)-min(t.n, len(t.b)):] }

@@ -47,6 +47,11 @@ type options struct {
 	kvcarArgs  []string
 	command    string
 	bound      bool
+	// maxTokens and stream are every request's max_tokens and stream:
+	// the engines answer with that many tokens, streamed as SSE events
+	// one token each when stream is set.
+	maxTokens int
+	stream    bool
 	// kvcarCPUs (kvcar's and the relay bound's) and driverCPUs (the
 	// clients', the engines' and etcd's), when set, keep the two sides
 	// on CPUs of their own.
@@ -102,6 +107,8 @@ func parse(args []string) (options, error) {
 	fs.StringVar(&o.backend, "backend", backendVLLM, "engines: vllm (trivial OpenAI servers registered as vLLM, relayed over HTTP) or xllm (emulated xLLM engines, dispatched over baidu_std)")
 	fs.BoolVar(&o.readme, "readme", false, "print the README section: the table with date, commit, command and load average")
 	fs.StringVar(&o.profileDir, "profile_dir", "", "save a CPU profile of kvcar over each cell's window here (<policy>-<ids>-c<clients>.pprof)")
+	fs.IntVar(&o.maxTokens, "max_tokens", 1, "output tokens of every request, the engines' answer")
+	fs.BoolVar(&o.stream, "stream", false, "requests stream their output: one SSE event per token, then data: [DONE]")
 	fs.BoolVar(&o.bound, "bound", true, "measure each cell also through the relay bound: a minimal relay (Content-Length framing, kept engine connections, no parsing or routing) run as its own process")
 	extra := fs.String("kvcar_args", "--log_level=warn", "further kvcar flags, space separated")
 	fs.Var(&o.kvcarCPUs, "kvcar_cpus", "CPUs kvcar and the relay bound run on, as taskset lists them (\"1\", \"2-3\"); empty: any")
@@ -130,6 +137,12 @@ func parse(args []string) (options, error) {
 	}
 	if o.duration <= 0 || o.warmup < 0 {
 		errs = append(errs, errors.New("--duration must be positive and --warmup not negative"))
+	}
+	if o.maxTokens < 1 || o.maxTokens > 4096 {
+		errs = append(errs, fmt.Errorf("--max_tokens = %d: must be in [1, 4096]", o.maxTokens))
+	}
+	if o.stream && o.bound {
+		errs = append(errs, errors.New("--stream needs --bound=false: the relay bound frames answers by Content-Length"))
 	}
 	if o.prompts < 1 || o.prompts > 4096 {
 		errs = append(errs, fmt.Errorf("--prompts = %d: must be in [1, 4096]", o.prompts))
@@ -166,6 +179,7 @@ type cell struct {
 	p50, p99    time.Duration
 	byStatus    map[int]int
 	connErr     int
+	cut         int           // 200 answers that ended early (see tally)
 	kvcarCPU    time.Duration // of kvcar or the relay, over the window; 0 for direct
 	load1       float64       // load average at the window's end
 	loadAtStart float64
@@ -187,7 +201,7 @@ type measured struct {
 func (c *cell) rate() float64 { return float64(c.requests) / c.window.Seconds() }
 
 func (c *cell) errors() int {
-	n := c.connErr
+	n := c.connErr + c.cut
 	for _, v := range c.byStatus {
 		n += v
 	}
@@ -262,7 +276,7 @@ func run(ctx context.Context, o options, log io.Writer) (_ *report, err error) {
 	}
 	bodies := map[int]*prompts{}
 	for _, n := range o.ids {
-		bodies[n] = newPrompts(o.prompts, n, o.seed)
+		bodies[n] = newPrompts(o.prompts, n, o.seed, o.maxTokens, o.stream)
 	}
 	// Each kvcar cell follows the same load sent directly, so that the
 	// two see the same machine: its cores are shared with other work.
@@ -395,7 +409,7 @@ func measureCell(ctx context.Context, target string, urls []string, ps *prompts,
 		return nil, cpuErr
 	}
 	ce.load1 = loadAverage()
-	ce.window, ce.requests, ce.byStatus, ce.connErr = o.duration, len(t.lat), t.byStatus, t.connErr
+	ce.window, ce.requests, ce.byStatus, ce.connErr, ce.cut = o.duration, len(t.lat), t.byStatus, t.connErr, t.cut
 	ce.p50, ce.p99 = quantile(t.lat, 0.5), quantile(t.lat, 0.99)
 	ce.kvcarCPU = cpu1 - cpu0
 	return ce, nil

@@ -2,6 +2,9 @@ package main
 
 import (
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -80,9 +83,76 @@ func TestShortRunIsSane(t *testing.T) {
 func TestParseRejectsBadFlags(t *testing.T) {
 	for _, args := range [][]string{{"--concurrency=0"}, {"--concurrency=1,x"}, {"--prompt_ids=0"}, {"--policies=FASTEST"},
 		{"--engines=0"}, {"--duration=0s"}, {"--prompts=0"}, {"--engine_idle_timeout=-1s"},
-		{"--kvcar_cpus=a"}, {"--driver_cpus=4096"}} {
+		{"--kvcar_cpus=a"}, {"--driver_cpus=4096"}, {"--max_tokens=0"}, {"--max_tokens=4097"}, {"--stream"}} {
 		if _, err := parse(args); err == nil {
 			t.Errorf("%v accepted", args)
+		}
+	}
+}
+
+// TestShortStreamedRun streams 8 tokens a request through kvcar on both
+// backends: over HTTP the engines' SSE events are relayed, over
+// baidu_std each token is a Generations call kvcar turns into an event.
+// Every answer must end with "data: [DONE]".
+func TestShortStreamedRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds kvcar and runs it as a process")
+	}
+	bin, err := devcluster.BuildKVCarRevision(t.Context(), t.TempDir(), "kvcar-load-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, backend := range []string{backendVLLM, backendXLLM} {
+		t.Run(backend, func(t *testing.T) {
+			o, err := parse([]string{"--kvcar=" + bin, "--backend=" + backend, "--concurrency=2", "--prompt_ids=2048",
+				"--policies=CAR", "--duration=700ms", "--warmup=200ms", "--prompts=16", "--max_tokens=8", "--stream", "--bound=false"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var log strings.Builder
+			rep, err := run(t.Context(), o, &log)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, log.String())
+			}
+			if len(rep.cells) != 1 {
+				t.Fatalf("%d cells, want 1", len(rep.cells))
+			}
+			for _, x := range []*cell{rep.cells[0], rep.cells[0].direct} {
+				if x.errors() != 0 || x.requests < 10 {
+					t.Errorf("%s: %d answered, %d errors (%s)", x.target, x.requests, x.errors(), errorsText(x))
+				}
+			}
+			var out strings.Builder
+			rep.write(&out, true)
+			if !strings.Contains(out.String(), "max_tokens 8, streamed") {
+				t.Errorf("report does not say the output was streamed:\n%s", out.String())
+			}
+		})
+	}
+}
+
+// An answer that ends early is counted as cut, not as an answered
+// request: a stream without its end marker, a body that is no JSON
+// object.
+func TestSendTellsCutAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		body   string
+		stream bool
+		whole  bool
+	}{
+		{"data: {}\n\ndata: [DONE]\n\n", true, true},
+		{"data: {}\n\n", true, false},
+		{"", true, false},
+		{`{"choices":[]}` + "\n", false, true},
+		{`{"choices":[`, false, false},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			_, _ = io.WriteString(w, tc.body)
+		}))
+		status, whole := send(t.Context(), srv.Client(), srv.URL, []byte("{}"), tc.stream, make([]byte, 8))
+		srv.Close()
+		if status != http.StatusOK || whole != tc.whole {
+			t.Errorf("%q (stream %v): status %d whole %v, want 200 %v", tc.body, tc.stream, status, whole, tc.whole)
 		}
 	}
 }

@@ -21,8 +21,12 @@ func (r *report) write(w io.Writer, readme bool) {
 			engines = fmt.Sprintf("%d emulated xLLM engines (enginesim at a time scale of 1e-6), dispatched to over baidu_std; "+
 				"direct cells are their HTTP path", r.opts.engines)
 		}
-		fmt.Fprintf(w, "%s, %d distinct prompts of random ids below %d per size sent in turn, max_tokens 1, closed loop, "+
-			"%v warm-up then a %v window per cell. Idle CPUs: %s.\n\n", engines, r.opts.prompts, vocab, r.opts.warmup, r.opts.duration, r.idle)
+		output := fmt.Sprintf("max_tokens %d", r.opts.maxTokens)
+		if r.opts.stream {
+			output += ", streamed (an SSE event per token)"
+		}
+		fmt.Fprintf(w, "%s, %d distinct prompts of random ids below %d per size sent in turn, %s, closed loop, "+
+			"%v warm-up then a %v window per cell. Idle CPUs: %s.\n\n", engines, r.opts.prompts, vocab, output, r.opts.warmup, r.opts.duration, r.idle)
 	}
 	fmt.Fprintln(w, "| policy | prompt ids | clients | req/s | direct req/s | vs direct | p50 | direct p50 | added p50 | p99 | direct p99 | CPU / request (kvcar or relay) | errors | 502 | load avg (start → end) |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|")
@@ -47,7 +51,8 @@ func us(d time.Duration) string {
 	return strconv.FormatFloat(float64(d)/float64(time.Microsecond), 'f', 0, 64) + " µs"
 }
 
-// errorsText lists the errors by status, "conn" for no answer at all.
+// errorsText lists the errors by status, "cut" for answers that ended
+// early, "conn" for no answer at all.
 func errorsText(c *cell) string {
 	if c.errors() == 0 {
 		return "0"
@@ -60,6 +65,9 @@ func errorsText(c *cell) string {
 	slices.Sort(codes)
 	for _, s := range codes {
 		parts = append(parts, fmt.Sprintf("%d×%d", c.byStatus[s], s))
+	}
+	if c.cut > 0 {
+		parts = append(parts, fmt.Sprintf("%d×cut", c.cut))
 	}
 	if c.connErr > 0 {
 		parts = append(parts, fmt.Sprintf("%d×conn", c.connErr))
