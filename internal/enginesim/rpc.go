@@ -52,12 +52,13 @@ type rpcSide struct {
 
 	mu      sync.Mutex
 	clients map[string]*baidustd.Client // by address: services and decode engines
+	batches map[string]*outBatch        // by service address
 	stopped bool
 }
 
 func (e *Engine) newRPCSide() (*rpcSide, error) {
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &rpcSide{e: e, ctx: ctx, cancel: cancel, clients: make(map[string]*baidustd.Client),
+	r := &rpcSide{e: e, ctx: ctx, cancel: cancel, clients: make(map[string]*baidustd.Client), batches: make(map[string]*outBatch),
 		srv: baidustd.NewServer(baidustd.ServerOptions{Logger: e.cfg.Logger})}
 	for _, m := range []struct {
 		svc, method string
@@ -411,21 +412,120 @@ func (r *rpcSide) fail(rr *rpcRequest, code int32, msg string) {
 		GenStatus: &xllmpb.GenerationStatus{StatusCode: code, StatusMsg: msg}})
 }
 
-// send calls Generations with one generation on addr and reports whether
-// the service took it.
-func (r *rpcSide) send(ctx context.Context, addr string, gen *xllmpb.DisaggStreamGeneration) bool {
-	cctx, cancel := context.WithTimeout(ctx, rpcCallTimeout)
+// send hands one generation to addr's Generations calls and reports
+// whether the service took it. As an xLLM engine sends each step's
+// outputs in one call, the generations of all requests bound for one
+// service go together: while a call is out, those that come wait, and
+// the next call carries them all (see outBatch). The call's deadline is
+// the engine's, not ctx's: it carries other requests' outputs too.
+func (r *rpcSide) send(_ context.Context, addr string, gen *xllmpb.DisaggStreamGeneration) bool {
+	return r.batch(addr).send(r, addr, gen)
+}
+
+// outBatch gathers the generations bound for one service. The sender
+// that finds no call out makes the next one, with everything queued; when
+// it returns, it hands the making of the call after to the first sender
+// queued meanwhile, so that no sender makes more than one call.
+type outBatch struct {
+	mu     sync.Mutex
+	queue  []*outGen
+	active bool // a sender is making a call
+}
+
+// outGen is one generation waiting for its call; wake gets its answer,
+// or outLead when its sender is to make the next call.
+type outGen struct {
+	gen  *xllmpb.DisaggStreamGeneration
+	wake chan int8
+}
+
+const (
+	outTaken int8 = iota
+	outRefused
+	outLead
+)
+
+func (b *outBatch) send(r *rpcSide, addr string, gen *xllmpb.DisaggStreamGeneration) bool {
+	me := &outGen{gen: gen, wake: make(chan int8, 1)}
+	b.mu.Lock()
+	b.queue = append(b.queue, me)
+	lead := !b.active
+	b.active = true
+	b.mu.Unlock()
+	if !lead {
+		// A round is bounded by the call's timeout, so this wait ends.
+		if w := <-me.wake; w != outLead {
+			return w == outTaken
+		}
+	}
+	b.mu.Lock()
+	round := b.queue
+	b.queue = nil
+	b.mu.Unlock()
+	taken := r.call(addr, round)
+	mine := false
+	for i, g := range round {
+		switch {
+		case g == me:
+			mine = taken[i]
+		case taken[i]:
+			g.wake <- outTaken
+		default:
+			g.wake <- outRefused
+		}
+	}
+	b.mu.Lock()
+	if len(b.queue) > 0 {
+		b.queue[0].wake <- outLead
+	} else {
+		b.active = false
+	}
+	b.mu.Unlock()
+	return mine
+}
+
+// call makes one Generations call with the generations of round and
+// reports, for each, whether the service took it.
+func (r *rpcSide) call(addr string, round []*outGen) []bool {
+	ctx, cancel := context.WithTimeout(r.ctx, rpcCallTimeout)
 	defer cancel()
+	msg := &xllmpb.DisaggStreamGenerations{Gens: make([]*xllmpb.DisaggStreamGeneration, len(round))}
+	for i, g := range round {
+		msg.Gens[i] = g.gen
+	}
+	taken := make([]bool, len(round))
 	var set xllmpb.StatusSet
-	err := r.client(addr).CallProto(cctx, xllmpb.RPCService, xllmpb.MethodGenerations,
-		&xllmpb.DisaggStreamGenerations{Gens: []*xllmpb.DisaggStreamGeneration{gen}}, &set, nil)
-	if err != nil {
-		if ctx.Err() == nil {
+	if err := r.client(addr).CallProto(ctx, xllmpb.RPCService, xllmpb.MethodGenerations, msg, &set, nil); err != nil {
+		if r.ctx.Err() == nil {
 			r.e.cfg.Logger.Warn("sending generations failed", "engine", r.e.Name(), "service", addr, "err", err)
 		}
-		return false
+		return taken
 	}
-	return len(set.GetAllStatus()) == 1 && set.GetAllStatus()[0].GetOk()
+	if st := set.GetAllStatus(); len(st) == len(round) {
+		for i := range taken {
+			taken[i] = st[i].GetOk()
+		}
+	}
+	return taken
+}
+
+// batch is addr's outBatch, made on first use and kept as long as addr's
+// client.
+func (r *rpcSide) batch(addr string) *outBatch {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	b := r.batches[addr]
+	if b == nil {
+		if len(r.batches) >= maxRPCPeers {
+			for a := range r.batches {
+				delete(r.batches, a) // its rounds in progress end as they are
+				break
+			}
+		}
+		b = &outBatch{}
+		r.batches[addr] = b
+	}
+	return b
 }
 
 // client is the one connection to addr, made on first use. After stop it

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -24,11 +26,12 @@ import (
 // receives an engine's Generations: it records every generation with the
 // connection it came on, and refuses those of the request ids in refuse.
 type outputSink struct {
-	srv  *baidustd.Server
-	addr string
-	mu   sync.Mutex
-	got  []sunk
-	stop map[string]bool
+	srv   *baidustd.Server
+	addr  string
+	mu    sync.Mutex
+	got   []sunk
+	calls []int // generations in each call, in order
+	stop  map[string]bool
 }
 
 type sunk struct {
@@ -46,6 +49,7 @@ func startSink(t *testing.T) *outputSink {
 		}
 		set := &xllmpb.StatusSet{}
 		s.mu.Lock()
+		s.calls = append(s.calls, len(req.Gens))
 		for _, g := range req.Gens {
 			s.got = append(s.got, sunk{gen: g, conn: r.RemoteAddr.String()})
 			set.AllStatus = append(set.AllStatus, &xllmpb.Status{Ok: !s.stop[g.ServiceReqId]})
@@ -60,6 +64,13 @@ func startSink(t *testing.T) *outputSink {
 	go s.srv.Serve(ln)
 	t.Cleanup(func() { s.srv.Close() })
 	return s
+}
+
+// callSizes returns how many generations each call carried.
+func (s *outputSink) callSizes() []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.calls)
 }
 
 func (s *outputSink) refuse(id string) {
@@ -327,4 +338,60 @@ func TestRPCRecordedCompletions(t *testing.T) {
 			t.Errorf("%s:\n got %x\nwant %x", v, got, want)
 		}
 	}
+}
+
+// As an xLLM engine sends each decode step's outputs in one Generations
+// call, the generations of requests streamed at the same time share
+// calls: while one call is out, the others' tokens wait for the next.
+// Every request still gets each of its tokens once, in order, and a
+// request the service refuses stops without holding up the others.
+func TestRPCGenerationsShareCalls(t *testing.T) {
+	e := inferEngine(t, nil)
+	sink := startSink(t)
+	c := rpcClient(t, e.HTTPAddr())
+	const requests, tokens = 16, 20
+	sink.refuse("s-refused")
+	var wg sync.WaitGroup
+	for i := range requests {
+		id := "s" + strconv.Itoa(i)
+		if i == requests-1 {
+			id = "s-refused"
+		}
+		wg.Go(func() {
+			complete(t, c, &xllmpb.CompletionRequest{Model: "m", ServiceRequestId: &id, TokenIds: ids(testBS),
+				MaxTokens: ptr(uint32(tokens)), Stream: ptr(true), SourceXserviceAddr: &sink.addr,
+				Routing: &xllmpb.Routing{PrefillName: e.Name()}})
+		})
+	}
+	wg.Wait()
+	for i := range requests - 1 {
+		id := "s" + strconv.Itoa(i)
+		gs := sink.wait(t, id, "request "+id+" finished", finished)
+		if len(gs) != tokens {
+			t.Fatalf("%s: %d generations, want %d", id, len(gs), tokens)
+		}
+		for j, g := range gs {
+			if o := g.gen.Outputs; len(o) != 1 || o[0].Text != fillerToken(j+1) {
+				t.Fatalf("%s: generation %d is %v, want token %d", id, j, g.gen, j+1)
+			}
+		}
+	}
+	refused := sink.wait(t, "s-refused", "the refused request's first generation", func(gs []sunk) bool { return len(gs) > 0 })
+	time.Sleep(100 * time.Millisecond) // time for more, were it to send more
+	if refused = sink.wait(t, "s-refused", "", func([]sunk) bool { return true }); len(refused) != 1 {
+		t.Fatalf("the refused request sent %d generations, want 1", len(refused))
+	}
+	sizes := sink.callSizes()
+	total, most := 0, 0
+	for _, n := range sizes {
+		total += n
+		most = max(most, n)
+	}
+	if want := (requests-1)*tokens + 1; total != want {
+		t.Fatalf("%d generations in all, want %d", total, want)
+	}
+	if most < 2 || len(sizes) >= total {
+		t.Fatalf("%d generations in %d calls, at most %d in one: calls are not shared", total, len(sizes), most)
+	}
+	t.Logf("%d generations in %d calls, at most %d in one", total, len(sizes), most)
 }
