@@ -478,6 +478,9 @@ func (d *Dispatcher) collect(ctx context.Context, req Request, id string, q *out
 					return err
 				}
 			}
+			if err := out.flushed(); err != nil {
+				return err
+			}
 			if !timeout.Stop() {
 				select {
 				case <-timeout.C:

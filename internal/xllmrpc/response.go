@@ -113,7 +113,8 @@ func (r *responder) add(g *xllmpb.DisaggStreamGeneration) (done bool, err error)
 	return true, nil
 }
 
-// stream writes the chunks of one generation.
+// stream writes the chunks of one generation; the last is flushed with
+// the stream's end, the others by the caller (flushed).
 func (r *responder) stream(g *xllmpb.DisaggStreamGeneration) (bool, error) {
 	for _, o := range g.GetOutputs() {
 		i := o.GetIndex()
@@ -157,7 +158,8 @@ func (r *responder) stream(g *xllmpb.DisaggStreamGeneration) (bool, error) {
 		}
 	}
 	if !g.GetFinished() {
-		return false, r.flush()
+		// collect flushes once it has written every generation queued.
+		return false, nil
 	}
 	r.buf = append(r.buf[:0], "data: [DONE]\n\n"...)
 	if err := r.write(r.buf); err != nil {
@@ -191,6 +193,15 @@ func (r *responder) write(b []byte) error {
 		return fmt.Errorf("writing to the client: %w", err)
 	}
 	return nil
+}
+
+// flushed sends what a stream has written: after the generations of one
+// wake-up, so that those that queued up go out in one write.
+func (r *responder) flushed() error {
+	if !r.pr.stream || !r.started {
+		return nil
+	}
+	return r.flush()
 }
 
 func (r *responder) flush() error {

@@ -3,8 +3,12 @@ package xllmrpc
 import (
 	"bytes"
 	"encoding/json"
+	"net/http/httptest"
 	"reflect"
+	"strings"
 	"testing"
+
+	"github.com/kvcar/kvcar/internal/xllmpb"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -95,4 +99,61 @@ func FuzzAppendResponse(f *testing.F) {
 		}
 		checkResponse(t, &responseJSON{ID: id, Object: "text_completion", Model: text, Choices: []choiceJSON{c}}, false)
 	})
+}
+
+// flushCounter counts the flushes of a response.
+type flushCounter struct {
+	*httptest.ResponseRecorder
+	flushes int
+}
+
+func (f *flushCounter) Flush() {
+	f.flushes++
+	f.ResponseRecorder.Flush()
+}
+
+// Generations that queued up while the client's goroutine was busy are
+// written as their events, in order, and flushed together: one write to
+// the client for all of them, not one each.
+func TestQueuedGenerationsFlushedTogether(t *testing.T) {
+	d := testDispatcher(t)
+	q, err := d.opts.Outputs.open("r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.opts.Outputs.close("r", q)
+	for i, text := range []string{"a", "b", "c", ""} {
+		g := &xllmpb.DisaggStreamGeneration{ReqId: "cmpl-1", ServiceReqId: "r",
+			Outputs: []*xllmpb.SequenceOutput{{Text: text}}, Finished: i == 3}
+		if i == 3 {
+			g.Outputs[0].FinishReason = "length"
+		}
+		if !d.opts.Outputs.Deliver(g) {
+			t.Fatal("generation refused")
+		}
+	}
+	w := &flushCounter{ResponseRecorder: httptest.NewRecorder()}
+	out := newResponder(w, &parsedRequest{stream: true, model: "m"}, 1)
+	if err := d.collect(t.Context(), Request{Prefill: "p"}, "r", q, nil, out); err != nil {
+		t.Fatal(err)
+	}
+	body := w.Body.String()
+	var texts []string
+	for ev := range strings.SplitSeq(strings.TrimSpace(body), "\n\n") {
+		data := strings.TrimPrefix(ev, "data: ")
+		if data == "[DONE]" {
+			texts = append(texts, data)
+			continue
+		}
+		var r struct {
+			Choices []struct{ Text string } `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(data), &r); err != nil || len(r.Choices) != 1 {
+			t.Fatalf("event %q: %v", ev, err)
+		}
+		texts = append(texts, r.Choices[0].Text)
+	}
+	if got := strings.Join(texts, "|"); got != "a|b|c||[DONE]" || w.flushes != 1 {
+		t.Fatalf("events %s in %d flushes, want a|b|c||[DONE] in 1:\n%s", got, w.flushes, body)
+	}
 }
