@@ -453,9 +453,15 @@ func (b *outBatch) send(r *rpcSide, addr string, gen *xllmpb.DisaggStreamGenerat
 	b.active = true
 	b.mu.Unlock()
 	if !lead {
-		// A round is bounded by the call's timeout, so this wait ends.
-		if w := <-me.wake; w != outLead {
-			return w == outTaken
+		// A round ends within its call's timeout, so this wait ends;
+		// once the engine stops, no call is made again.
+		select {
+		case w := <-me.wake:
+			if w != outLead {
+				return w == outTaken
+			}
+		case <-r.ctx.Done():
+			return false
 		}
 	}
 	b.mu.Lock()
