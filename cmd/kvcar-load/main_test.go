@@ -42,16 +42,7 @@ func TestShortRunIsSane(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o, err := parse([]string{"--kvcar=" + bin, "--concurrency=1,4", "--prompt_ids=2048", "--policies=RR,CAR",
-		"--duration=700ms", "--warmup=200ms", "--prompts=16"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var log strings.Builder
-	rep, err := run(t.Context(), o, &log)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, log.String())
-	}
+	rep := shortRun(t, "--kvcar="+bin, "--concurrency=1,4", "--policies=RR,CAR")
 	if len(rep.cells) != 8 {
 		t.Fatalf("%d cells, want 8 (RR, CAR and the relay bound before each at 2 concurrencies)", len(rep.cells))
 	}
@@ -80,6 +71,22 @@ func TestShortRunIsSane(t *testing.T) {
 	}
 }
 
+// shortRun runs the program with args and a short configuration: 2,048
+// ids, a 700 ms window after 200 ms of warm-up, 16 prompts.
+func shortRun(t *testing.T, args ...string) *report {
+	t.Helper()
+	o, err := parse(append(args, "--prompt_ids=2048", "--duration=700ms", "--warmup=200ms", "--prompts=16"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log strings.Builder
+	rep, err := run(t.Context(), o, &log)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	return rep
+}
+
 func TestParseRejectsBadFlags(t *testing.T) {
 	for _, args := range [][]string{{"--concurrency=0"}, {"--concurrency=1,x"}, {"--prompt_ids=0"}, {"--policies=FASTEST"},
 		{"--engines=0"}, {"--duration=0s"}, {"--prompts=0"}, {"--engine_idle_timeout=-1s"},
@@ -104,16 +111,8 @@ func TestShortStreamedRun(t *testing.T) {
 	}
 	for _, backend := range []string{backendVLLM, backendXLLM} {
 		t.Run(backend, func(t *testing.T) {
-			o, err := parse([]string{"--kvcar=" + bin, "--backend=" + backend, "--concurrency=2", "--prompt_ids=2048",
-				"--policies=CAR", "--duration=700ms", "--warmup=200ms", "--prompts=16", "--max_tokens=8", "--stream", "--bound=false"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var log strings.Builder
-			rep, err := run(t.Context(), o, &log)
-			if err != nil {
-				t.Fatalf("%v\n%s", err, log.String())
-			}
+			rep := shortRun(t, "--kvcar="+bin, "--backend="+backend, "--concurrency=2", "--policies=CAR",
+				"--max_tokens=8", "--stream", "--bound=false")
 			if len(rep.cells) != 1 {
 				t.Fatalf("%d cells, want 1", len(rep.cells))
 			}

@@ -124,6 +124,7 @@ var layout = map[string]place{
 	"internal/xllmpb/xservicepb": {layer: 1, forbid: slices.Concat(sockets, routing)},
 	"internal/leakcheck":         {layer: 0, testOnly: true},
 	"internal/testlog":           {layer: 0, testOnly: true},
+	"internal/closedloop":        {layer: 0, testOnly: true},
 	// Benchmarks of kvindex and kvdir share its generated engine messages.
 	"internal/kvindex/prefillgen": {layer: 1, testOnly: true, forbid: slices.Concat(sockets, routing)},
 	"internal/layout":             {layer: 0, testOnly: true},

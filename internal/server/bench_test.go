@@ -8,12 +8,10 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"slices"
 	"strconv"
-	"sync"
 	"testing"
-	"time"
 
+	"github.com/kvcar/kvcar/internal/closedloop"
 	"github.com/kvcar/kvcar/internal/kvindex/prefillgen"
 )
 
@@ -194,39 +192,7 @@ func BenchmarkDispatchOverhead(b *testing.B) {
 		b.Cleanup(ts.Close)
 		for _, conc := range []int{1, 64} {
 			b.Run(fmt.Sprintf("%s/concurrency=%d", path.name, conc), func(b *testing.B) {
-				lat := make([]time.Duration, b.N)
-				next := make(chan int, b.N)
-				for i := range b.N {
-					next <- i
-				}
-				close(next)
-				var wg sync.WaitGroup
-				b.ReportAllocs()
-				b.ResetTimer()
-				for range conc {
-					wg.Go(func() {
-						for i := range next {
-							t0 := time.Now()
-							resp, err := client.Post(ts.URL+CompletionsPath, "application/json", bytes.NewReader(body))
-							if err != nil {
-								b.Error(err)
-								return
-							}
-							_, _ = io.Copy(io.Discard, resp.Body)
-							resp.Body.Close()
-							if resp.StatusCode != http.StatusOK {
-								b.Errorf("status %d", resp.StatusCode)
-								return
-							}
-							lat[i] = time.Since(t0)
-						}
-					})
-				}
-				wg.Wait()
-				b.StopTimer()
-				slices.Sort(lat)
-				b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
-				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+				closedloop.Run(b, client, ts.URL+CompletionsPath, body, conc)
 			})
 		}
 	}

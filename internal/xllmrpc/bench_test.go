@@ -1,7 +1,6 @@
 package xllmrpc
 
 import (
-	"bytes"
 	"context"
 	"encoding/hex"
 	"io"
@@ -10,7 +9,6 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvcar/kvcar/internal/baidustd"
+	"github.com/kvcar/kvcar/internal/closedloop"
 	"github.com/kvcar/kvcar/internal/enginesim"
 	"github.com/kvcar/kvcar/internal/instance"
 	"github.com/kvcar/kvcar/internal/xllmpb"
@@ -164,7 +163,7 @@ func BenchmarkDispatch(b *testing.B) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}}
 	for _, path := range []struct{ name, url string }{{"baidu_std", rig.viaRPC.URL}, {"http_relay", rig.viaHTTP.URL}} {
 		for _, conc := range []int{1, 64} {
-			b.Run(path.name+"/concurrency="+itoa(conc), func(b *testing.B) { closedLoop(b, client, path.url, body, conc) })
+			b.Run(path.name+"/concurrency="+itoa(conc), func(b *testing.B) { closedloop.Run(b, client, path.url+"/v1/completions", body, conc) })
 		}
 	}
 }
@@ -182,46 +181,7 @@ func BenchmarkDispatchStreamed(b *testing.B) {
 	}
 	body := []byte(`{"model":"m","max_tokens":16,"stream":true,"prompt":[` + joinInts(ids) + `]}`)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}}
-	b.Run("concurrency=16", func(b *testing.B) { closedLoop(b, client, rig.viaRPC.URL, body, 16) })
-}
-
-// closedLoop sends b.N requests with body to url's completions from conc
-// clients, each sending its next when the last is answered, and reports
-// the p50 and p99 latency.
-func closedLoop(b *testing.B, client *http.Client, url string, body []byte, conc int) {
-	lat := make([]time.Duration, b.N)
-	var wg sync.WaitGroup
-	next := make(chan int, b.N)
-	for i := range b.N {
-		next <- i
-	}
-	close(next)
-	b.ReportAllocs()
-	b.ResetTimer()
-	for range conc {
-		wg.Go(func() {
-			for i := range next {
-				t0 := time.Now()
-				resp, err := client.Post(url+"/v1/completions", "application/json", bytes.NewReader(body))
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					b.Errorf("status %d", resp.StatusCode)
-					return
-				}
-				lat[i] = time.Since(t0)
-			}
-		})
-	}
-	wg.Wait()
-	b.StopTimer()
-	slices.Sort(lat)
-	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
-	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+	b.Run("concurrency=16", func(b *testing.B) { closedloop.Run(b, client, rig.viaRPC.URL+"/v1/completions", body, 16) })
 }
 
 func joinInts(v []int) string {
