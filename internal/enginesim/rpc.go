@@ -266,7 +266,7 @@ func (r *rpcSide) handOff(ctx context.Context, rr *rpcRequest, usage *xllmpb.Out
 	first := r.gen(rr)
 	first.Outputs = []*xllmpb.SequenceOutput{{Text: fillerToken(1), TokenIds: []int32{1}}}
 	first.FinishedOnPrefillInstance = true
-	if !r.send(ctx, rr.source, first) {
+	if !r.send(rr.source, first) {
 		return errGone
 	}
 	cctx, cancel := context.WithTimeout(ctx, rpcCallTimeout)
@@ -366,7 +366,7 @@ func (r *rpcSide) emit(ctx context.Context, g *generation, rr *rpcRequest, from 
 		}
 		gen := r.gen(rr)
 		gen.Outputs = []*xllmpb.SequenceOutput{out}
-		if !r.send(ctx, rr.source, gen) {
+		if !r.send(rr.source, gen) {
 			return errGone
 		}
 	}
@@ -377,7 +377,7 @@ func (r *rpcSide) emit(ctx context.Context, g *generation, rr *rpcRequest, from 
 func (r *rpcSide) finish(ctx context.Context, rr *rpcRequest, out *xllmpb.SequenceOutput, usage *xllmpb.OutputUsage, decoded time.Duration) error {
 	gen := r.gen(rr)
 	gen.Outputs, gen.Usage, gen.Finished = []*xllmpb.SequenceOutput{out}, usage, true
-	if !r.send(ctx, rr.source, gen) {
+	if !r.send(rr.source, gen) {
 		return errGone
 	}
 	r.e.serve.count(func(st *EngineStats) {
@@ -408,7 +408,7 @@ func (r *rpcSide) gen(rr *rpcRequest) *xllmpb.DisaggStreamGeneration {
 // fail sends an error Generation as an engine sends one: the
 // service_req_id and the status only.
 func (r *rpcSide) fail(rr *rpcRequest, code int32, msg string) {
-	r.send(r.ctx, rr.source, &xllmpb.DisaggStreamGeneration{ServiceReqId: rr.serviceID,
+	r.send(rr.source, &xllmpb.DisaggStreamGeneration{ServiceReqId: rr.serviceID,
 		GenStatus: &xllmpb.GenerationStatus{StatusCode: code, StatusMsg: msg}})
 }
 
@@ -417,8 +417,8 @@ func (r *rpcSide) fail(rr *rpcRequest, code int32, msg string) {
 // outputs in one call, the generations of all requests bound for one
 // service go together: while a call is out, those that come wait, and
 // the next call carries them all (see outBatch). The call's deadline is
-// the engine's, not ctx's: it carries other requests' outputs too.
-func (r *rpcSide) send(_ context.Context, addr string, gen *xllmpb.DisaggStreamGeneration) bool {
+// the engine's, not a request's: it carries other requests' outputs too.
+func (r *rpcSide) send(addr string, gen *xllmpb.DisaggStreamGeneration) bool {
 	return r.batch(addr).send(r, addr, gen)
 }
 
@@ -515,8 +515,8 @@ func (r *rpcSide) call(addr string, round []*outGen) []bool {
 	return taken
 }
 
-// batch is addr's outBatch, made on first use and kept as long as addr's
-// client.
+// batch is addr's outBatch, made on first use; at most maxRPCPeers are
+// kept, as with the clients.
 func (r *rpcSide) batch(addr string) *outBatch {
 	r.mu.Lock()
 	defer r.mu.Unlock()
