@@ -478,7 +478,7 @@ func (d *Dispatcher) collect(ctx context.Context, req Request, id string, q *out
 					return err
 				}
 			}
-			if err := out.flushed(); err != nil {
+			if err := out.flushStream(); err != nil {
 				return err
 			}
 			if !timeout.Stop() {

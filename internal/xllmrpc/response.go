@@ -113,8 +113,9 @@ func (r *responder) add(g *xllmpb.DisaggStreamGeneration) (done bool, err error)
 	return true, nil
 }
 
-// stream writes the chunks of one generation; the last is flushed with
-// the stream's end, the others by the caller (flushed).
+// stream writes the chunks of one generation. The stream's end is
+// flushed at once; other chunks are flushed by the caller (flushStream)
+// once it has written every generation it took.
 func (r *responder) stream(g *xllmpb.DisaggStreamGeneration) (bool, error) {
 	for _, o := range g.GetOutputs() {
 		i := o.GetIndex()
@@ -195,9 +196,9 @@ func (r *responder) write(b []byte) error {
 	return nil
 }
 
-// flushed sends what a stream has written: after the generations of one
-// wake-up, so that those that queued up go out in one write.
-func (r *responder) flushed() error {
+// flushStream sends what a stream has written: after the generations of
+// one wake-up, so that those that queued up go out in one write.
+func (r *responder) flushStream() error {
 	if !r.pr.stream || !r.started {
 		return nil
 	}
