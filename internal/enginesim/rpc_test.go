@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -394,4 +395,53 @@ func TestRPCGenerationsShareCalls(t *testing.T) {
 		t.Fatalf("%d generations in %d calls, at most %d in one: calls are not shared", total, len(sizes), most)
 	}
 	t.Logf("%d generations in %d calls, at most %d in one", total, len(sizes), most)
+}
+
+// An engine stops at once even while its requests' generations wait
+// for a call the service does not answer: the call out ends with the
+// engine, and so do the generations queued behind it.
+func TestRPCStopWhileGenerationsWait(t *testing.T) {
+	e := inferEngine(t, nil)
+	release := make(chan struct{})
+	called := make(chan struct{}, 1)
+	srv := baidustd.NewServer(baidustd.ServerOptions{})
+	must(t, srv.Register(xllmpb.RPCService, xllmpb.MethodGenerations, func(ctx context.Context, _ *baidustd.Request) (baidustd.Response, error) {
+		select {
+		case called <- struct{}{}:
+		default:
+		}
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return baidustd.Response{}, errors.New("not answered")
+	}))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	go srv.Serve(ln)
+	defer srv.Close()
+	defer close(release)
+	addr := ln.Addr().String()
+	c := rpcClient(t, e.HTTPAddr())
+	for i := range 8 {
+		id := "w" + strconv.Itoa(i)
+		complete(t, c, &xllmpb.CompletionRequest{Model: "m", ServiceRequestId: &id, TokenIds: ids(testBS),
+			MaxTokens: ptr(uint32(4)), Stream: ptr(true), SourceXserviceAddr: &addr,
+			Routing: &xllmpb.Routing{PrefillName: e.Name()}})
+	}
+	select {
+	case <-called:
+	case <-time.After(reqTimeout):
+		t.Fatal("no Generations call came")
+	}
+	time.Sleep(50 * time.Millisecond) // the other requests' first tokens queue behind it
+	t0 := time.Now()
+	closed := make(chan error, 1)
+	go func() { closed <- e.Close() }()
+	select {
+	case <-closed:
+	case <-time.After(rpcCallTimeout / 2):
+		t.Fatalf("the engine took over %v to stop with generations waiting", rpcCallTimeout/2)
+	}
+	t.Logf("stopped in %v", time.Since(t0).Round(time.Millisecond))
 }
