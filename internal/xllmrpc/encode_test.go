@@ -57,9 +57,6 @@ func TestEncodeEqualsGeneratedCode(t *testing.T) {
 	d := testDispatcher(t)
 	self, id := "127.0.0.1:8889", "svc-9"
 	routing := &xllmpb.Routing{PrefillName: "10.0.0.1:8000", DecodeName: "10.0.0.2:8000"}
-	p := func(v uint32) *uint32 { return &v }
-	s := func(v string) *string { return &v }
-	tr := func(v bool) *bool { return &v }
 	for _, tc := range []struct {
 		name string
 		chat bool
@@ -68,12 +65,12 @@ func TestEncodeEqualsGeneratedCode(t *testing.T) {
 		want proto.Message
 	}{
 		{name: "text", body: `{"model":"m","prompt":"héllo\nworld","max_tokens":7,"stream":true,"stop":["a","b"],"routing":{"prefill_name":"x"}}`,
-			want: &xllmpb.CompletionRequest{Model: "m", Prompt: "héllo\nworld", MaxTokens: p(7), Stream: tr(true), Stop: []string{"a", "b"}}},
+			want: &xllmpb.CompletionRequest{Model: "m", Prompt: "héllo\nworld", MaxTokens: ptr[uint32](7), Stream: ptr(true), Stop: []string{"a", "b"}}},
 		{name: "text with kvcar's ids", body: `{"prompt":"a b","temperature":0.5}`, ids: []uint32{5, 1 << 20, 1<<31 - 1},
 			want: &xllmpb.CompletionRequest{Prompt: "a b", Temperature: proto.Float32(0.5), TokenIds: []int32{5, 1 << 20, 1<<31 - 1}}},
 		{name: "ids", body: `{"model":"m","prompt":[3,300,70000],"echo":false,"stream_options":{"include_usage":true}}`,
-			want: &xllmpb.CompletionRequest{Model: "m", Echo: tr(false), TokenIds: []int32{3, 300, 70000},
-				StreamOptions: &xllmpb.StreamOptions{IncludeUsage: tr(true)}}},
+			want: &xllmpb.CompletionRequest{Model: "m", Echo: ptr(false), TokenIds: []int32{3, 300, 70000},
+				StreamOptions: &xllmpb.StreamOptions{IncludeUsage: ptr(true)}}},
 		{name: "one-prompt batch", body: `{"prompt":[[9,8]],"user":"u"}`,
 			want: &xllmpb.CompletionRequest{User: "u", TokenIds: []int32{9, 8}}},
 		{name: "chat", chat: true, body: `{"model":"m","max_completion_tokens":3,"messages":[{"role":"system","content":"be brief"},` +
@@ -85,22 +82,22 @@ func TestEncodeEqualsGeneratedCode(t *testing.T) {
 			// kvcar's ids are rendered from roles and contents alone: with
 			// tools or tool calls the engine renders the chat itself.
 			ids: []uint32{1, 2, 3},
-			want: &xllmpb.ChatRequest{Model: "m", MaxTokens: p(3), ToolChoice: s("auto"),
-				ResponseFormat: &xllmpb.ResponseFormat{Type: s("json_object")},
+			want: &xllmpb.ChatRequest{Model: "m", MaxTokens: ptr[uint32](3), ToolChoice: ptr("auto"),
+				ResponseFormat: &xllmpb.ResponseFormat{Type: ptr("json_object")},
 				Messages: []*xllmpb.ChatMessage{
-					{Role: s("system"), Content: s("be brief")},
-					{Role: s("user"), Content: s("one\ntwo")},
-					{Role: s("assistant"), Content: s(""), ToolCalls: []*xllmpb.ToolCall{{Id: s("c1"), Type: "function",
+					{Role: ptr("system"), Content: ptr("be brief")},
+					{Role: ptr("user"), Content: ptr("one\ntwo")},
+					{Role: ptr("assistant"), Content: ptr(""), ToolCalls: []*xllmpb.ToolCall{{Id: ptr("c1"), Type: "function",
 						Function: &xllmpb.FunctionCall{Name: "f", Arguments: "{}"}}}},
-					{Role: s("tool"), Content: s("42"), ToolCallId: s("c1")},
+					{Role: ptr("tool"), Content: ptr("42"), ToolCallId: ptr("c1")},
 				}}},
 		{name: "plain chat with kvcar's ids", chat: true, ids: []uint32{7, 8},
 			body: `{"messages":[{"role":"user","content":"hi"}],"stream":true,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"none"}`,
-			want: &xllmpb.ChatRequest{Stream: tr(true), TokenIds: []int32{7, 8}, ToolChoice: s("none"),
-				Messages: []*xllmpb.ChatMessage{{Role: s("user"), Content: s("hi")}}}},
+			want: &xllmpb.ChatRequest{Stream: ptr(true), TokenIds: []int32{7, 8}, ToolChoice: ptr("none"),
+				Messages: []*xllmpb.ChatMessage{{Role: ptr("user"), Content: ptr("hi")}}}},
 		{name: "chat with template arguments", chat: true, ids: []uint32{7, 8},
 			body: `{"messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"enable_thinking":false}}`,
-			want: &xllmpb.ChatRequest{Messages: []*xllmpb.ChatMessage{{Role: s("user"), Content: s("hi")}}}},
+			want: &xllmpb.ChatRequest{Messages: []*xllmpb.ChatMessage{{Role: ptr("user"), Content: ptr("hi")}}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// The tools and kwargs come from the mapping shared by both
