@@ -17,21 +17,26 @@ import (
 	"github.com/kvcar/kvcar/internal/server"
 )
 
+// answerHead opens every answer of a trivial engine, whole or one event
+// of a stream: an OpenAI text completion's members up to its text.
+const answerHead = `{"id":"cmpl-load","object":"text_completion","created":0,"model":"load","choices":[{"index":0,"text":"`
+
 // completion is the whole answer of a trivial engine that writes tokens
-// output tokens at once, in the shape of an OpenAI text completion.
+// output tokens at once.
 func completion(tokens int) string {
-	return `{"id":"cmpl-load","object":"text_completion","created":0,"model":"load",` +
-		`"choices":[{"index":0,"text":"` + strings.Repeat(" ok", tokens) + `","logprobs":null,"finish_reason":"length"}],` +
+	return answerHead + strings.Repeat(" ok", tokens) + `","logprobs":null,"finish_reason":"length"}],` +
 		`"usage":{"prompt_tokens":0,"completion_tokens":` + strconv.Itoa(tokens) + `,"total_tokens":` + strconv.Itoa(tokens) + `}}`
 }
 
-// Events of a trivial engine's streamed answer, as vLLM writes them: one
-// per token, the last with its finish reason, then the end marker.
-const (
-	chunk     = "data: {\"id\":\"cmpl-load\",\"object\":\"text_completion\",\"created\":0,\"model\":\"load\",\"choices\":[{\"index\":0,\"text\":\" ok\",\"logprobs\":null,\"finish_reason\":null}]}\n\n"
-	lastChunk = "data: {\"id\":\"cmpl-load\",\"object\":\"text_completion\",\"created\":0,\"model\":\"load\",\"choices\":[{\"index\":0,\"text\":\" ok\",\"logprobs\":null,\"finish_reason\":\"length\"}]}\n\n"
-	doneEvent = "data: [DONE]\n\n"
-)
+// tokenEvent is one event of a trivial engine's streamed answer, as vLLM
+// writes them: one token, and finish, a JSON value, as its finish reason
+// (null but for the last).
+func tokenEvent(finish string) string {
+	return "data: " + answerHead + ` ok","logprobs":null,"finish_reason":` + finish + "}]}\n\n"
+}
+
+// doneEvent ends a streamed answer.
+const doneEvent = "data: [DONE]\n\n"
 
 // Backends of the engines a run uses.
 const (
@@ -127,12 +132,13 @@ type trivialEngine struct {
 	addr string
 	// tokens is the output of every answer, streamed an event a token
 	// when stream (each flushed, as vLLM flushes them); answer is the
-	// whole unstreamed answer.
-	tokens int
-	stream bool
-	answer string
-	srv    *http.Server
-	reg    *enginesim.Engine
+	// whole unstreamed answer, event and lastEvent a streamed one's.
+	tokens           int
+	stream           bool
+	answer           string
+	event, lastEvent string
+	srv              *http.Server
+	reg              *enginesim.Engine
 	// served is closed when Serve has returned.
 	served chan struct{}
 	bufs   sync.Pool
@@ -153,7 +159,8 @@ func startTrivialEngine(etcd []string, heartbeat time.Duration, kvcarInternal st
 	if err != nil {
 		return nil, fmt.Errorf("trivial engine: %w", err)
 	}
-	e := &trivialEngine{addr: addr, tokens: tokens, stream: stream, answer: completion(tokens), served: make(chan struct{}),
+	e := &trivialEngine{addr: addr, tokens: tokens, stream: stream, answer: completion(tokens),
+		event: tokenEvent("null"), lastEvent: tokenEvent(`"length"`), served: make(chan struct{}),
 		bufs: sync.Pool{New: func() any { return new([32 << 10]byte) }}}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", e.complete)
@@ -200,9 +207,9 @@ func (e *trivialEngine) complete(w http.ResponseWriter, r *http.Request) {
 	h["Content-Type"] = []string{"text/event-stream"}
 	rc := http.NewResponseController(w)
 	for i := 1; i <= e.tokens; i++ {
-		event := chunk
+		event := e.event
 		if i == e.tokens {
-			event = lastChunk
+			event = e.lastEvent
 		}
 		if _, err := io.WriteString(w, event); err != nil {
 			return
