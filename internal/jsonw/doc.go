@@ -1,4 +1,4 @@
-// Package jsonw appends JSON values to byte slices: the request path's
+// Package jsonw appends JSON strings to byte slices: the request path's
 // answers are written into reused buffers, without encoding/json's
 // reflection and allocations.
 //

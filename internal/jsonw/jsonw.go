@@ -1,9 +1,6 @@
 package jsonw
 
-import (
-	"strconv"
-	"unicode/utf8"
-)
+import "unicode/utf8"
 
 const hexDigits = "0123456789abcdef"
 
@@ -57,6 +54,3 @@ func String(b []byte, s string) []byte {
 	b = append(b, s[start:]...)
 	return append(b, '"')
 }
-
-// Int appends n as a JSON number.
-func Int(b []byte, n int64) []byte { return strconv.AppendInt(b, n, 10) }

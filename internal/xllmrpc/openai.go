@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"google.golang.org/protobuf/types/known/structpb"
@@ -419,7 +420,7 @@ func appendResponse(b []byte, r *responseJSON) []byte {
 	b = append(b, `,"object":`...)
 	b = jsonw.String(b, r.Object)
 	b = append(b, `,"created":`...)
-	b = jsonw.Int(b, r.Created)
+	b = strconv.AppendInt(b, r.Created, 10)
 	b = append(b, `,"model":`...)
 	b = jsonw.String(b, r.Model)
 	b = append(b, `,"choices":[`...)
@@ -432,14 +433,14 @@ func appendResponse(b []byte, r *responseJSON) []byte {
 	b = append(b, ']')
 	if u := r.Usage; u != nil {
 		b = append(b, `,"usage":{"prompt_tokens":`...)
-		b = jsonw.Int(b, int64(u.PromptTokens))
+		b = strconv.AppendInt(b, int64(u.PromptTokens), 10)
 		b = append(b, `,"completion_tokens":`...)
-		b = jsonw.Int(b, int64(u.CompletionTokens))
+		b = strconv.AppendInt(b, int64(u.CompletionTokens), 10)
 		b = append(b, `,"total_tokens":`...)
-		b = jsonw.Int(b, int64(u.TotalTokens))
+		b = strconv.AppendInt(b, int64(u.TotalTokens), 10)
 		if d := u.PromptTokensDetails; d != nil {
 			b = append(b, `,"prompt_tokens_details":{"cached_tokens":`...)
-			b = jsonw.Int(b, int64(d.CachedTokens))
+			b = strconv.AppendInt(b, int64(d.CachedTokens), 10)
 			b = append(b, '}')
 		}
 		b = append(b, '}')
@@ -449,7 +450,7 @@ func appendResponse(b []byte, r *responseJSON) []byte {
 
 func appendChoice(b []byte, c *choiceJSON) []byte {
 	b = append(b, `{"index":`...)
-	b = jsonw.Int(b, int64(c.Index))
+	b = strconv.AppendInt(b, int64(c.Index), 10)
 	if c.Text != nil {
 		b = append(b, `,"text":`...)
 		b = jsonw.String(b, *c.Text)
