@@ -3,9 +3,11 @@ package server
 import (
 	"bytes"
 	"math"
+	"math/bits"
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -187,10 +189,10 @@ func TestIDBlockSpaceAtBlockEnd(t *testing.T) {
 	}
 }
 
-// TestClassifyIDs checks both classifications of a block, the machine's
-// (SSE2 assembly on amd64) and the portable one, against a definition
-// that looks at one byte at a time: every byte value at every position,
-// and random blocks mostly of the bytes an id array holds.
+// TestClassifyIDs checks the classifications of a block, the machine's
+// (SSE2 and AVX-512 assembly on amd64) and the portable one, against a
+// definition that looks at one byte at a time: every byte value at every
+// position, and random blocks mostly of the bytes an id array holds.
 func TestClassifyIDs(t *testing.T) {
 	want := func(p []byte) idClasses {
 		var m idClasses
@@ -212,10 +214,14 @@ func TestClassifyIDs(t *testing.T) {
 		}
 		return m
 	}
+	classifiers := map[string]func(*idClasses, []byte){"classifyIDs": classifyIDs, "classifyIDsGo": classifyIDsGo}
+	for name, f := range machineClassifiers() {
+		classifiers[name] = f
+	}
 	check := func(p []byte) {
 		t.Helper()
 		w := want(p)
-		for name, classify := range map[string]func(*idClasses, []byte){"classifyIDs": classifyIDs, "classifyIDsGo": classifyIDsGo} {
+		for name, classify := range classifiers {
 			var m idClasses
 			classify(&m, p)
 			if m != w {
@@ -243,4 +249,96 @@ func TestClassifyIDs(t *testing.T) {
 		}
 		check(p)
 	}
+}
+
+// TestTakeIDs checks takeIDs, which takes a block's ids at once, against
+// the ids its masks name read one by one (R-API-5): random blocks of ids
+// of one to ten digits (leading zeros among them) after "," or ", ",
+// blocks of 32 one-digit ids and of eight-digit ones, and random bytes.
+// It takes every id or none: none when one has more than eight digits,
+// and it writes nothing past the ids it takes. Skipped where takeIDs
+// takes nothing (no AVX-512 VBMI2, other architectures, purego).
+func TestTakeIDs(t *testing.T) {
+	const sentinel = 0xdeadbeef
+	blocks := [][]byte{
+		[]byte(strings.Repeat("7,", 32)),
+		[]byte(strings.Repeat("12345678,", 7) + "1"),
+		[]byte(strings.Repeat("99999999, ", 6) + "1234"),
+		[]byte(strings.Repeat("123456789,", 6) + "1234"),
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for range 50000 {
+		var b []byte
+		switch rng.IntN(8) {
+		case 0:
+			for range 64 {
+				b = append(b, "0123456789, ]x"[rng.IntN(14)])
+			}
+		default:
+			maxDigits := 1 + rng.IntN(10)
+			for len(b) < 64 {
+				for range 1 + rng.IntN(maxDigits) {
+					b = append(b, byte('0'+rng.IntN(10)))
+				}
+				switch rng.IntN(40) {
+				case 0:
+					b = append(b, ']')
+				case 1:
+					b = append(b, ' ')
+				case 2, 3, 4, 5, 6, 7, 8, 9, 10:
+					b = append(b, ", "...)
+				default:
+					b = append(b, ',')
+				}
+			}
+		}
+		blocks = append(blocks, b)
+	}
+	took := 0
+	for _, b := range blocks {
+		blk := make([]byte, idBlockNeeds)
+		copy(blk, b)
+		var m idClasses
+		classifyIDsGo(&m, blk)
+		starts, ends, _ := idMasks(&m)
+		if ends == 0 {
+			continue
+		}
+		var want []uint32
+		long := false
+		s := starts
+		for e := ends; e != 0; e &= e - 1 {
+			from, to := bits.TrailingZeros64(s), bits.TrailingZeros64(e)
+			s &= s - 1
+			v, err := strconv.ParseUint(string(blk[from:to]), 10, 32)
+			if err != nil || to-from > 8 {
+				long = true
+				break
+			}
+			want = append(want, uint32(v))
+		}
+		dst := make([]uint32, 40)
+		for i := range dst {
+			dst[i] = sentinel
+		}
+		n := takeIDs(&blk[0], starts, ends, &dst[0])
+		if n < 0 && took == 0 && !long {
+			t.Skip("takeIDs takes nothing in this build or on this processor")
+		}
+		switch {
+		case long && n >= 0:
+			t.Fatalf("%q: took %d ids, one of more than eight digits among them", blk[:64], n)
+		case !long && (n != len(want) || !slices.Equal(dst[:n], want)):
+			t.Fatalf("%q: took %v (%d), want %v", blk[:64], dst[:max(n, 0)], n, want)
+		}
+		for i := max(n, 0); i < len(dst); i++ {
+			if dst[i] != sentinel {
+				t.Fatalf("%q: wrote %d at %d, past the %d ids taken", blk[:64], dst[i], i, n)
+			}
+		}
+		if n > 0 {
+			took++
+		}
+	}
+	t.Logf("%d of %d blocks taken at once", took, len(blocks))
 }

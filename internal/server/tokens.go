@@ -515,29 +515,19 @@ func (s *scanner) idRun(ids []uint32, limit int) (_ []uint32, closed bool) {
 	var m idClasses
 	for pos+idBlockNeeds <= len(p) {
 		classifyIDs(&m, p[pos:pos+64])
-		digit, sep := m.digit, m.comma|m.close
-		// A digit after a non-digit starts an id; the block starts at an
-		// element, so bit 0 starts one if it is a digit.
-		starts := digit &^ (digit << 1)
-		// Out of place: a byte of no class here; a space not after a
-		// comma; a comma or ']' not after a digit; a leading zero.
-		// Nothing after the first ']' is this array's. So an id starts
-		// the block or follows ',' or ", ".
-		stop := ^(digit | sep | m.space) |
-			m.space&^(m.comma<<1) |
-			sep&^(digit<<1) |
-			starts&m.zero&(digit>>1) |
-			m.close<<1
-		valid := ^uint64(0)
-		if stop != 0 {
-			valid = stop&-stop - 1
-		}
-		ends := sep & (digit << 1) & valid
-		starts &= valid
+		starts, ends, valid := idMasks(&m)
 		// Bit indexes stay below 64: masked with 63 they index blk, and
 		// shift, without a bounds check.
 		blk := p[pos : pos+idBlockNeeds]
 		last := -1
+		if ends != 0 && len(ids)+bits.OnesCount64(ends) <= limit && cap(ids)-len(ids) >= 32 {
+			if n := takeIDs(&blk[0], starts, ends, &ids[len(ids):cap(ids)][0]); n >= 0 {
+				ids = ids[:len(ids)+n]
+				last = 63 - bits.LeadingZeros64(ends)
+				starts &^= 1<<last - 1
+				ends = 0
+			}
+		}
 		for ; ends != 0; ends &= ends - 1 {
 			end := bits.TrailingZeros64(ends)
 			start := bits.TrailingZeros64(starts)
@@ -575,6 +565,28 @@ func (s *scanner) idRun(ids []uint32, limit int) (_ []uint32, closed bool) {
 	}
 	s.pos = pos
 	return ids, false
+}
+
+// idMasks finds in a block's classes where its ids start and end (the
+// byte after each one's last digit), up to the first byte out of place:
+// valid has the bits below it. The block starts at an element.
+func idMasks(m *idClasses) (starts, ends, valid uint64) {
+	digit, sep := m.digit, m.comma|m.close
+	// A digit after a non-digit starts an id; the block starts at an
+	// element, so bit 0 starts one if it is a digit.
+	starts = digit &^ (digit << 1)
+	// Out of place: a byte of no class here; a space not after a comma;
+	// a comma or ']' not after a digit; a leading zero. Nothing after
+	// the first ']' is this array's. So an id starts the block or
+	// follows ',' or ", ".
+	stop := ^(digit | sep | m.space) |
+		m.space&^(m.comma<<1) |
+		sep&^(digit<<1) |
+		starts&m.zero&(digit>>1) |
+		m.close<<1
+	// With no stop, 0 - 1: every bit.
+	valid = stop&-stop - 1
+	return starts & valid, sep & (digit << 1) & valid, valid
 }
 
 // nonDigits takes eight bytes less '0' each (XORed with 0x30, little

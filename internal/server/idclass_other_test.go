@@ -1,0 +1,6 @@
+//go:build !amd64 || purego
+
+package server
+
+// machineClassifiers: there is no assembly here.
+func machineClassifiers() map[string]func(*idClasses, []byte) { return nil }
