@@ -53,9 +53,11 @@ fmt-check:
 test: deps-test tokenizer-fixtures fmt-check vet
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	@# the portable code beside the assembly: kvevent's widths (other architectures, amd64
-	@# without SSSE3) and the request parser's block classification (other architectures)
+	@# without SSSE3), the request parser's block classification and id conversion, and
+	@# the xLLM request's packed ids (other architectures, amd64 without AVX-512)
 	$(GO) test -count=1 -tags purego ./internal/kvevent/
-	$(GO) test -count=1 -tags purego -run 'IDBlock|ClassifyIDs|Parse|Query' ./internal/server/
+	$(GO) test -count=1 -tags purego -run 'IDBlock|ClassifyIDs|TakeIDs|Parse|Query' ./internal/server/
+	$(GO) test -count=1 -tags purego -run 'PackedIDs' ./internal/xllmrpc/
 	@$(MAKE) --no-print-directory test-alloc
 
 # Allocation tests (named *Alloc*) skip under -race, whose sync.Pool drops

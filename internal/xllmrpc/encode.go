@@ -197,13 +197,21 @@ func appendPackedIDs(dst []byte, num protowire.Number, ids []uint32) []byte {
 	// as eight bytes, its varint in the low ones, and the next id
 	// overwrites the rest: no branch on an id's width, which real token
 	// ids make unpredictable (protowire.AppendVarint's loop took 8 ns an
-	// id of a 2,048-id prompt in kvcar's profile). Eight bytes past the
-	// last id leave room for its store.
+	// id of a 2,048-id prompt in kvcar's profile). Where the processor
+	// can, packIDs writes sixteen ids at a time, 64 bytes a store; 64
+	// bytes past the last id leave room for the last.
 	room := protowire.SizeVarint(uint64(3 * len(ids)))
 	n := start + room
-	dst = slices.Grow(dst, room+3*len(ids)+8)[:n+3*len(ids)+8]
+	dst = slices.Grow(dst, room+3*len(ids)+64)[:n+3*len(ids)+64]
+	rest := ids
+	if m := len(ids) &^ 15; m > 0 {
+		if w := packIDs(&dst[n], &ids[0], m); w >= 0 {
+			n += w
+			rest = ids[m:]
+		}
+	}
 	all := uint32(0)
-	for _, t := range ids {
+	for _, t := range rest {
 		all |= t
 		x := uint64(t)
 		more1 := (0x7f - x) >> 63   // 1 from 2^7 on: a second byte
