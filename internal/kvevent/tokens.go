@@ -27,6 +27,15 @@ import "encoding/binary"
 // and reading each id's value, hang off the walk instead of lengthening
 // it: the eight bytes that end where an id ends hold its value in their
 // low bytes.
+//
+// Where the processor has AVX-512's byte permutes (VBMI), decodeIDs
+// first reads the array 64 bytes at a time: from the widths of a
+// window's bytes it computes where each id starts by repeated squaring
+// of the next-id function, so that the chain of dependent steps is one
+// load a window, and then permutes sixteen ids' value bytes into place
+// at once (about half the walk's time an id; see README). The walk reads
+// what it leaves: the last window's worth of bytes, and an array with an
+// element of another encoding from the window that holds it.
 
 // idChunk is the size of readIDs' windows: big enough to amortise
 // starting one (128 bytes cost 6-7 % of decode + apply against 512). A
@@ -115,6 +124,8 @@ func readIDsAt(p []byte, o int, dst []uint32, sc *walkScratch) (int, int) {
 	if o < 8 {
 		return i, o
 	}
+	k, used := decodeIDs(p[o:], dst[i:])
+	i, o = i+k, o+used
 	i, o = walkIDs(p, o, dst, i, sc)
 	if i+1 >= len(dst) || o+idChunk+32 <= len(p) {
 		// Done (an odd last id is left to the caller), or stopped at a

@@ -349,3 +349,84 @@ func TestWalkQuadsMatchesGo(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodeIDsMatchesReference holds decodeIDs, which reads ids 64
+// bytes at a time with AVX-512, to readPlainID's ids one by one
+// (R-WIRE-2): arrays of ids of one width (64 fixints fill a window),
+// of every width mixed, and with an element of another encoding
+// somewhere. It reads a prefix of the ids, ending where its last id
+// ends, never past 128 bytes short of the array's end nor past an
+// element it cannot read, and writes nothing past the ids it reports.
+// Skipped where decodeIDs reads nothing (no AVX-512 VBMI, other
+// architectures, purego).
+func TestDecodeIDsMatchesReference(t *testing.T) {
+	const sentinel = 0xdeadbeef
+	rng := rand.New(rand.NewPCG(8, 9))
+	widths := []uint32{0x7f, 0xff, 0xffff, math.MaxUint32}
+	read := 0
+	for iter := range 20000 {
+		n := 1 + rng.IntN(400)
+		var p []byte
+		offsets := []int{0}
+		odd := -1
+		if iter%3 == 0 {
+			odd = rng.IntN(n)
+		}
+		w := widths[rng.IntN(len(widths))]
+		mixed := iter%2 == 0
+		for i := range n {
+			if i == odd {
+				p = appendOddToken(p, rng)
+			} else {
+				if mixed {
+					w = widths[rng.IntN(len(widths))]
+				}
+				p = msgp.AppendUint32(p, uint32(rng.Int64N(int64(w)+1)))
+			}
+			offsets = append(offsets, len(p))
+		}
+		for range rng.IntN(200) {
+			p = append(p, byte(rng.Uint32()))
+		}
+		k := rng.IntN(n) + 1
+		if iter%2 == 1 {
+			k = n
+		}
+		dst := make([]uint32, k+20)
+		for i := range dst {
+			dst[i] = sentinel
+		}
+		ids, used := decodeIDs(p, dst[:k])
+		if ids == 0 && read == 0 && odd < 0 && len(p) >= 512 && k >= 200 {
+			t.Skip("decodeIDs reads nothing in this build or on this processor")
+		}
+		last := k
+		if odd >= 0 && odd < last {
+			last = odd
+		}
+		switch {
+		case ids > last:
+			t.Fatalf("iteration %d: read %d ids, past the %d it can (odd at %d, %d wanted)", iter, ids, last, odd, k)
+		case used != offsets[ids]:
+			t.Fatalf("iteration %d: %d ids end at %d, want %d", iter, ids, used, offsets[ids])
+		case ids > 0 && used > len(p):
+			t.Fatalf("iteration %d: read to %d of %d bytes", iter, used, len(p))
+		}
+		for i := range ids {
+			want, _ := readPlainID(p[offsets[i]:])
+			if dst[i] != want {
+				t.Fatalf("iteration %d: id %d is %d, want %d", iter, i, dst[i], want)
+			}
+		}
+		for i := ids; i < len(dst); i++ {
+			if dst[i] != sentinel {
+				t.Fatalf("iteration %d: wrote %d at %d, past the %d ids read", iter, dst[i], i, ids)
+			}
+		}
+		if ids < last && len(p)-used >= 128+64 && (odd < 0 || offsets[odd]-used >= 64) {
+			t.Fatalf("iteration %d: stopped after %d of %d ids with %d bytes left", iter, ids, last, len(p)-used)
+		}
+		read += ids
+	}
+	t.Logf("%d ids read", read)
+}
