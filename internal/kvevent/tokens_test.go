@@ -363,6 +363,9 @@ func TestDecodeIDsMatchesReference(t *testing.T) {
 	const sentinel = 0xdeadbeef
 	rng := rand.New(rand.NewPCG(8, 9))
 	widths := []uint32{0x7f, 0xff, 0xffff, math.MaxUint32}
+	if !vectorIDs() {
+		t.Skip("decodeIDs reads nothing in this build or on this processor")
+	}
 	read := 0
 	for iter := range 20000 {
 		n := 1 + rng.IntN(400)
@@ -397,9 +400,6 @@ func TestDecodeIDsMatchesReference(t *testing.T) {
 			dst[i] = sentinel
 		}
 		ids, used := decodeIDs(p, dst[:k])
-		if ids == 0 && read == 0 && odd < 0 && len(p) >= 512 && k >= 200 {
-			t.Skip("decodeIDs reads nothing in this build or on this processor")
-		}
 		last := k
 		if odd >= 0 && odd < last {
 			last = odd

@@ -28,3 +28,6 @@ func archQuads() map[string]func(w2, w4 []byte, n int) {
 	}
 	return fills
 }
+
+// vectorIDs is whether decodeIDs reads ids on this processor.
+func vectorIDs() bool { return idsAVX512 }

@@ -13,3 +13,6 @@ func machineClassifiers() map[string]func(*idClasses, []byte) {
 	}
 	return m
 }
+
+// vectorIDs is whether takeIDs takes ids on this processor.
+func vectorIDs() bool { return idsAVX512 }

@@ -259,6 +259,9 @@ func TestClassifyIDs(t *testing.T) {
 // and it writes nothing past the ids it takes. Skipped where takeIDs
 // takes nothing (no AVX-512 VBMI2, other architectures, purego).
 func TestTakeIDs(t *testing.T) {
+	if !vectorIDs() {
+		t.Skip("takeIDs takes nothing in this build or on this processor")
+	}
 	const sentinel = 0xdeadbeef
 	blocks := [][]byte{
 		[]byte(strings.Repeat("7,", 32)),
@@ -322,9 +325,6 @@ func TestTakeIDs(t *testing.T) {
 			dst[i] = sentinel
 		}
 		n := takeIDs(&blk[0], starts, ends, &dst[0])
-		if n < 0 && took == 0 && !long {
-			t.Skip("takeIDs takes nothing in this build or on this processor")
-		}
 		switch {
 		case long && n >= 0:
 			t.Fatalf("%q: took %d ids, one of more than eight digits among them", blk[:64], n)
