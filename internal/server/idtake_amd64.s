@@ -57,10 +57,7 @@ TEXT ·takeIDs(SB), NOSPLIT|NOFRAME, $0-40
 	MOVQ	dst+24(FP), DI
 	// Only the starts below the last end.
 	BSRQ	BX, CX
-	MOVQ	$1, DX
-	SHLQ	CX, DX
-	DECQ	DX
-	ANDQ	DX, AX
+	BZHIQ	CX, AX, AX
 	// The ids' digits: each end less its start sets the bits between.
 	MOVQ	BX, CX
 	SUBQ	AX, CX
@@ -109,14 +106,9 @@ loop:
 	VPMADDWD	Z20, Z10, Z10
 	VPMOVDW	Z10, Y10
 	VPMADDWD	Y21, Y10, Y10
-	MOVQ	$0xff, R13
-	CMPQ	R12, $8
-	JAE	store
-	MOVQ	R12, CX
-	MOVQ	$1, R13
-	SHLQ	CX, R13
-	DECQ	R13
-store:
+	// Store the lanes of the ids left, eight at most.
+	MOVL	$0xff, R13
+	BZHIQ	R12, R13, R13
 	KMOVQ	R13, K6
 	VMOVDQU32	Y10, K6, (DI)
 	ADDQ	$32, DI
