@@ -63,7 +63,7 @@ test: deps-test tokenizer-fixtures fmt-check vet
 # Allocation tests (named *Alloc*) skip under -race, whose sync.Pool drops
 # items at random, so they run again here without it; one that skips or a
 # package without any fails the target.
-ALLOC_PKGS := ./internal/lb/ ./internal/kvdir/ ./internal/kvindex/ ./internal/kvevent/ ./internal/server/
+ALLOC_PKGS := ./internal/lb/ ./internal/kvdir/ ./internal/kvindex/ ./internal/kvevent/ ./internal/server/ ./internal/kvtransport/
 test-alloc:
 	@out=$$($(GO) test -count=1 -run 'Alloc' -v $(ALLOC_PKGS) 2>&1); rc=$$?; \
 	echo "$$out" | grep -E '^(--- |ok|FAIL|panic)'; \

@@ -5,6 +5,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	zmq "github.com/pebbe/zmq4"
 )
 
 // BenchmarkLiveReceiveHWM measures what a small receive HWM costs the
@@ -177,4 +179,96 @@ func processCPU(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkReceive measures taking one queued message of three frames
+// (topic, sequence, payload of msg= bytes: a decode step's live message,
+// a large one, a snapshot reply batch of 512 blocks) off a socket,
+// through the package's receive (path=reuse) and through pebbe/zmq4's
+// RecvMessageBytes (path=pebbe), which allocates every frame. Messages
+// are sent 256 at a time outside the timed part, and a receive that finds
+// none queued yet waits outside it too.
+func BenchmarkReceive(b *testing.B) {
+	for _, size := range []int{512, 64 << 10, 200 << 10} {
+		for _, path := range []string{"reuse", "pebbe"} {
+			b.Run(fmt.Sprintf("msg=%dB/path=%s", size, path), func(b *testing.B) {
+				benchReceive(b, size, path == "pebbe")
+			})
+		}
+	}
+}
+
+func benchReceive(b *testing.B, size int, pebbe bool) {
+	c := pubTestContext(b)
+	pull, err := c.newSocket(zmq.PULL)
+	if err != nil {
+		b.Fatal(err)
+	}
+	in := watch(pull, true)
+	defer in.Close()
+	if err := pull.SetRcvhwm(0); err != nil {
+		b.Fatal(err)
+	}
+	if err := pull.Bind("tcp://127.0.0.1:*"); err != nil {
+		b.Fatal(err)
+	}
+	ep, err := pull.GetLastEndpoint()
+	if err != nil {
+		b.Fatal(err)
+	}
+	push, err := c.newSocket(zmq.PUSH)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer push.Close()
+	if err := push.SetSndhwm(0); err != nil {
+		b.Fatal(err)
+	}
+	if err := push.Connect(ep); err != nil {
+		b.Fatal(err)
+	}
+	payload := make([]byte, size)
+	for i := range payload {
+		payload[i] = byte(i * 7)
+	}
+	const chunk = 256
+	b.SetBytes(int64(size))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for done := 0; done < b.N; {
+		b.StopTimer()
+		n := min(chunk, b.N-done)
+		for i := range n {
+			if _, err := push.SendMessage("kv-events", seq8(uint64(done+i)), payload); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+		for i := 0; i < n; {
+			var m [][]byte
+			var err error
+			if pebbe {
+				m, err = pull.RecvMessageBytes(zmq.DONTWAIT)
+			} else if m, err = in.recv(); m == nil && err == nil {
+				err = zmq.Errno(syscall.EAGAIN)
+			}
+			if err != nil {
+				if !isAgain(err) {
+					b.Fatal(err)
+				}
+				// Not queued yet: the wait is not the receive's.
+				b.StopTimer()
+				if _, err := pollOne(pull, time.Second); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				continue
+			}
+			if len(m) != 3 || len(m[2]) != size {
+				b.Fatalf("received %d frames", len(m))
+			}
+			i++
+		}
+		done += n
+	}
 }

@@ -85,7 +85,7 @@ func (b *BoundSubscriber) Wait(timeout time.Duration) (bool, error) {
 }
 
 // Recv returns the next message without waiting, or nil when none is
-// queued.
+// queued. Its frames are valid until the next Recv.
 func (b *BoundSubscriber) Recv() ([][]byte, error) {
 	return recvNoWait(b.sock, "bound live")
 }

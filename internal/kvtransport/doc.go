@@ -10,6 +10,8 @@
 // that goroutine in Go's network poller (on Linux), so a process following
 // many streams holds no thread per stream, asks libzmq only about the
 // sockets that may have input, and libzmq's own threads run under
-// SCHED_BATCH. The package must not decode payloads or keep any
-// stream state.
+// SCHED_BATCH. A message is received in one call into libzmq, its
+// frames copied into a buffer the socket reuses (frames.go), so a
+// receive allocates nothing and its frames last until the next one.
+// The package must not decode payloads or keep any stream state.
 package kvtransport

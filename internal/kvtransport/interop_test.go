@@ -273,7 +273,7 @@ func TestInteropReplay(t *testing.T) {
 			if frames == nil {
 				break
 			}
-			got = append(got, frames)
+			got = append(got, cloneFrames(frames))
 		}
 	}
 	if len(got) != len(want) {

@@ -87,6 +87,7 @@ func (r *Replayer) Send(frames [][]byte) error {
 }
 
 // Recv returns the next reply without waiting, or nil when none is queued.
+// Its frames are valid until the next Recv.
 func (r *Replayer) Recv() ([][]byte, error) {
 	return recvNoWait(r.dealer, "replay")
 }

@@ -166,7 +166,7 @@ func (s *Subscriber) Close() error {
 }
 
 // RecvLive returns the next live message without waiting, or nil when
-// none is queued.
+// none is queued. Its frames are valid until the next RecvLive.
 func (s *Subscriber) RecvLive() ([][]byte, error) {
 	return recvNoWait(s.sub, "live")
 }

@@ -48,6 +48,8 @@ type watched struct {
 	// asleep, so the writer of any new input sends it a command, which
 	// makes fd readable: until fd is, there is nothing to ask about.
 	empty bool
+	// fr receives the socket's messages into storage it reuses.
+	fr frameReader
 }
 
 func watch(s *zmq.Socket, tracked bool) *watched {
@@ -55,14 +57,21 @@ func watch(s *zmq.Socket, tracked bool) *watched {
 }
 
 // recv receives one multipart message without waiting: nil when none
-// is queued, which also makes the socket known empty.
+// is queued, which also makes the socket known empty. The frames are
+// valid until the next recv.
 func (s *watched) recv() ([][]byte, error) {
-	frames, err := s.RecvMessageBytes(zmq.DONTWAIT)
+	frames, err := s.fr.recv(s.Socket)
 	s.seen(err)
 	if err != nil && isAgain(err) {
 		return nil, nil
 	}
 	return frames, err
+}
+
+// Close closes the socket and frees what its receives held.
+func (s *watched) Close() error {
+	s.fr.drop()
+	return s.Socket.Close()
 }
 
 // seen records what a receive found: nothing (EAGAIN) or something.
