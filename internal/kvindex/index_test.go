@@ -938,3 +938,67 @@ func TestAdoptKeysRandom(t *testing.T) {
 	}
 	t.Logf("%d orphans, %d adopted keys", orphans, adopted)
 }
+
+// TestReserveSizesStorageOnce: Reserve(n) makes room for n entries at
+// once, so filling to n never grows storage or tables; it is capped at
+// MaxBlocks (R-CFG-2), keeps what the index held, and the index then
+// answers as one grown entry by entry.
+func TestReserveSizesStorageOnce(t *testing.T) {
+	const n = 3000
+	tokens := seq(1, n*testBlockSize)
+	hashes := make([]uint64, n)
+	for i := range hashes {
+		hashes[i] = uint64(i + 1)
+	}
+	grown, reserved := newTestIndex(4096), newTestIndex(4096)
+	// Something held before the reservation must survive it.
+	for _, ix := range []*Index{grown, reserved} {
+		mustApply(t, ix, storedEv(kvevent.Device, -1, tokens[:testBlockSize], hashes[0]), Snapshot)
+	}
+	reserved.Reserve(n)
+	before := reserved.StorageBytes()
+	if m := reserved.Match(keysOf(tokens)); m.DeviceBlocks != 1 {
+		t.Fatalf("after Reserve: Match = %+v, want the one block held before", m)
+	}
+	for i := 1; i < n; i += 100 {
+		end := min(i+100, n)
+		for _, ix := range []*Index{grown, reserved} {
+			mustApply(t, ix, storedEv(kvevent.Device, int64(hashes[i-1]), tokens[i*testBlockSize:end*testBlockSize], hashes[i:end]...), Snapshot)
+		}
+		if got := reserved.StorageBytes(); got != before {
+			t.Fatalf("after %d blocks the reserved index grew from %d to %d bytes", end, before, got)
+		}
+	}
+	for _, cut := range []int{1, 17, n / 2, n} {
+		if g, r := grown.Match(keysOf(tokens[:cut*testBlockSize])), reserved.Match(keysOf(tokens[:cut*testBlockSize])); g != r || r.DeviceBlocks != cut {
+			t.Fatalf("prefix of %d blocks: grown %+v, reserved %+v", cut, g, r)
+		}
+	}
+	if r, g := reserved.Resident(), grown.Resident(); r != n || g != n {
+		t.Fatalf("Resident = %d and %d, want %d", r, g, n)
+	}
+	if err := checkInvariants(reserved); err != nil {
+		t.Fatal(err)
+	}
+	capped := newTestIndex(100)
+	capped.Reserve(1 << 20)
+	if got, limit := capped.StorageBytes(), capped.Config().MaxStorageBytes(); got > limit {
+		t.Fatalf("Reserve past MaxBlocks: %d bytes, over the bound %d", got, limit)
+	}
+}
+
+// TestResidentLeavesOutGhosts: a removed block stays as a ghost (Len)
+// but no longer counts as resident.
+func TestResidentLeavesOutGhosts(t *testing.T) {
+	ix := newTestIndex(0)
+	mustApply(t, ix, storedEv(kvevent.Device, -1, seq(1, 3*testBlockSize), 1, 2, 3), Snapshot)
+	mustApply(t, ix, tokenlessEv(kvevent.Host, 3), Delta)
+	mustApply(t, ix, removedEv(kvevent.Device, 3), Delta)
+	mustApply(t, ix, removedEv(kvevent.Device, 2), Delta)
+	if got := ix.Resident(); got != 2 {
+		t.Fatalf("Resident = %d, want 2 (block 1 on Device, block 3 on Host)", got)
+	}
+	if ix.Len() != 3 {
+		t.Fatalf("Len = %d, want 3 with the ghost", ix.Len())
+	}
+}
