@@ -150,6 +150,7 @@ func BenchmarkSnapshotApply262144(b *testing.B) {
 		s.invalidate("recovering")
 		b.StartTimer()
 		ix := kvindex.New(kvindex.Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: 262144})
+		ix.Reserve(s.viewSize()) // as syncer.newIndex
 		for _, p := range payloads {
 			if err := dec.DecodeBatch(p, &batch); err != nil {
 				b.Fatal(err)

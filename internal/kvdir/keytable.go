@@ -76,6 +76,9 @@ type keyTable struct {
 	cells []cell
 	live  int  // cells in use
 	pool  slab // dense entries, 2*words words each
+	// reserved is the room fills in progress made for their keys (see
+	// reserve); it keeps the cells from being compacted meanwhile.
+	reserved int
 	// published has a slot's bit set while the slot's bits are its
 	// stream's served view.
 	published []uint64
@@ -319,7 +322,7 @@ func (t *keyTable) apply(slot int, changes []keyChange) {
 // less than a fifth of what they have room for: what is left of a peak
 // once streams have left or engines dropped most of their blocks.
 func (t *keyTable) sparse() bool {
-	if len(t.cells) > minCells && shrinkDen*t.live < shrinkNum*len(t.cells) {
+	if len(t.cells) > minCells && shrinkDen*(t.live+t.reserved) < shrinkNum*len(t.cells) {
 		return true
 	}
 	dense := int(t.pool.used) - len(t.pool.free)
@@ -522,6 +525,36 @@ func placeAt(cells []cell, i int, c cell) {
 		}
 	}
 	cells[i] = c
+}
+
+// reserve makes room for extra more keys at once, before a fill of up to
+// that many, and says whether that took a rebuild. Made a change batch at
+// a time, the room for a quarter-million keys would take some forty
+// rebuilds, each reading every cell.
+func (t *keyTable) reserve(extra int) (grew bool) {
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	grew = t.needsRebuild(extra)
+	if grew {
+		t.rebuildCells(extra)
+	}
+	t.reserved += extra
+	return grew
+}
+
+// unreserve ends a fill's reservation of extra. Keys the table held
+// already for other slots took no room: cells a reservation grew for
+// them are rebuilt to rebuildLoad, and cells left sparse compacted.
+func (t *keyTable) unreserve(extra int, grew bool) {
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	t.reserved -= extra
+	switch {
+	case t.sparse():
+		t.compact()
+	case grew && 20*rebuildLoadDen*t.live < 19*rebuildLoadNum*len(t.cells):
+		t.rebuildCells(0)
+	}
 }
 
 // rebuildCells builds a cell array for the live keys with room for extra
@@ -803,8 +836,11 @@ func (t *keyTable) warmChanges(changes []keyChange) {
 // fill writes ix's keys for slot, which must not be published: nothing
 // of it is visible until setPublished.
 func (t *keyTable) fill(slot int, ix *kvindex.Index, buf *[]keyChange) {
+	n := ix.Resident()
+	grew := t.reserve(n)
 	ix.ForEachKey(func(k kvindex.Key, d, h bool) { t.push(slot, buf, k, d, h) })
 	t.flush(slot, buf)
+	t.unreserve(n, grew)
 }
 
 // withdraw clears slot's bits of every key of ix, the view the slot

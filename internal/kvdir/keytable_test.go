@@ -876,3 +876,69 @@ func churnViews(t *testing.T, ms []*modelStream, prompt []uint32, holdA, holdB [
 		})
 	}
 }
+
+// TestKeyTableFillReservesOnce: publishing a view of n keys makes room
+// for them in one rebuild, to rebuildLoad, where a change batch at a time
+// would take dozens; a second slot holding the same keys, which need no
+// room, leaves the cells at that size, not at the twice as many its
+// reservation asked for. Both slots then hold every key (R-DIR-2).
+func TestKeyTableFillReservesOnce(t *testing.T) {
+	const n = 20000
+	ix := kvindex.New(kvindex.Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: n})
+	b := storedBatch(promptTokens(1, n*benchBlockSize), 0, 512)
+	for e := range b.Events {
+		if err := ix.Apply(&b.Events[e], kvindex.Snapshot); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tab := newKeyTable(benchBlockSize, 1024)
+	a, c := tab.allocSlot(), tab.allocSlot()
+	var buf []keyChange
+	want := (n*rebuildLoadDen + rebuildLoadNum - 1) / rebuildLoadNum
+	tab.fill(a, ix, &buf)
+	if len(tab.cells) != want || tab.live != n {
+		t.Fatalf("one fill of %d keys: %d cells for %d keys, want %d cells (one rebuild to rebuildLoad)", n, len(tab.cells), tab.live, want)
+	}
+	tab.fill(c, ix, &buf)
+	if len(tab.cells) != want || tab.live != n || tab.reserved != 0 {
+		t.Fatalf("the same keys for a second slot: %d cells for %d keys, %d reserved; want %d cells", len(tab.cells), tab.live, tab.reserved, want)
+	}
+	ix.ForEachKey(func(k kvindex.Key, _, _ bool) {
+		r, ok := tab.lookup(k)
+		if !ok {
+			t.Fatalf("key %x missing", k)
+		}
+		for _, s := range []int{a, c} {
+			if dev, host := tab.slotTiers(r, s); !dev || host {
+				t.Fatalf("key %x slot %d has %v/%v, want Device only", k, s, dev, host)
+			}
+		}
+	})
+}
+
+// TestViewSizeOutlivesTheView: a stream reports what its view holds, and
+// once the view is withdrawn (a fault, R-REC-3) what it held, which the
+// recovery snapshot's index reserves (kvindex.Reserve).
+func TestViewSizeOutlivesTheView(t *testing.T) {
+	const n = 3000
+	ix := kvindex.New(kvindex.Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: 4096})
+	b := storedBatch(promptTokens(2, n*benchBlockSize), 0, 512)
+	for e := range b.Events {
+		if err := ix.Apply(&b.Events[e], kvindex.Snapshot); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := newStream(StreamSpec{InstanceName: "a", BlockSize: benchBlockSize, HashSeed: 1024})
+	s.attach(newKeyTable(benchBlockSize, 1024))
+	if got := s.viewSize(); got != 0 {
+		t.Fatalf("before any view: %d", got)
+	}
+	s.publish(ix, 1, true, true)
+	if got := s.viewSize(); got != n {
+		t.Fatalf("with the view: %d, want %d", got, n)
+	}
+	s.invalidate("gap")
+	if got := s.viewSize(); got != n {
+		t.Fatalf("after the view was withdrawn: %d, want %d", got, n)
+	}
+}

@@ -106,12 +106,17 @@ func (y *syncer) retryRequest() {
 	y.snap.requested = sent
 }
 
+// newIndex returns an empty index for a new view, with room for what the
+// stream's view holds or last held (kvindex.Reserve): an engine's state
+// changes little between two snapshots of it.
 func (y *syncer) newIndex() *kvindex.Index {
-	return kvindex.New(kvindex.Config{
+	ix := kvindex.New(kvindex.Config{
 		BlockSize: y.s.spec.BlockSize,
 		HashSeed:  y.s.spec.HashSeed,
 		MaxBlocks: y.lim.MaxBlocksPerStream,
 	})
+	ix.Reserve(y.s.viewSize())
+	return ix
 }
 
 // setReason updates the reason of an unsynchronised stream without

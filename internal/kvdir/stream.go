@@ -26,6 +26,9 @@ type stream struct {
 	slot      int
 	pending   []keyChange
 	observeFn func(kvindex.Key, bool, bool)
+	// lastResident is what the view withdrawn last held (see viewSize);
+	// it belongs to the goroutine that applies events.
+	lastResident int
 
 	mu sync.RWMutex
 	// idx is nil whenever the stream is not synchronised, so a stale view
@@ -306,11 +309,23 @@ func (s *stream) invalidate(reason string) {
 	s.idx, s.synced, s.reason = nil, false, reason
 	s.syncView()
 	s.mu.Unlock()
+	if old != nil {
+		s.lastResident = old.Resident()
+	}
 	if old != nil && s.keys != nil {
 		old.SetObserver(nil)
 		s.flushKeys()
 		s.keys.withdraw(s.slot, old, &s.pending)
 	}
+}
+
+// viewSize is the number of blocks the stream's view holds, or, without
+// one, the view withdrawn last held: what a new view is expected to hold.
+func (s *stream) viewSize() int {
+	if s.idx != nil {
+		return s.idx.Resident()
+	}
+	return s.lastResident
 }
 
 // status returns the published state for logs and tests.
