@@ -601,9 +601,9 @@ func (ix *Index) growStorage(c int) {
 }
 
 // Reserve makes room for n entries (at most MaxBlocks) at once, so that
-// filling the index to n copies and rehashes nothing on the way: a
-// snapshot of a quarter-million blocks grown a quarter at a time spends a
-// third of its apply on that. A snapshot reserves what the view it
+// filling the index to n copies and rehashes nothing on the way; grown a
+// quarter at a time, a fill copies every entry up to four times and
+// rehashes both tables at each step. A snapshot reserves what the view it
 // replaces held.
 func (ix *Index) Reserve(n int) {
 	n = min(n, ix.cfg.MaxBlocks)
