@@ -3,6 +3,7 @@ package kvdir
 import (
 	"github.com/kvcar/kvcar/internal/kvevent"
 	"github.com/kvcar/kvcar/internal/kvindex"
+	"github.com/kvcar/kvcar/internal/kvtransport"
 )
 
 // MemoryBound is the most memory one stream can make the directory hold
@@ -16,8 +17,10 @@ type MemoryBound struct {
 	// Buffered is max_buffered_bytes: live deltas held while a snapshot
 	// is fetched.
 	Buffered int64
-	// Message is one received message copied into the Go heap and its
-	// decoded records (kvevent.MaxStorageBytes of max_message_bytes).
+	// Message is the receive buffers of the stream's two sockets, each
+	// holding at most one message (max_message_bytes and
+	// kvtransport.FrameSlack), and one message's decoded records
+	// (kvevent.MaxStorageBytes of max_message_bytes).
 	Message int64
 	// Queued is what libzmq may hold outside the Go heap: each of the
 	// two sockets' receive queues (the receive HWM of max_message_bytes
@@ -36,7 +39,7 @@ func (l Limits) MemoryBound() MemoryBound {
 	return MemoryBound{
 		Index:     2 * ix,
 		Buffered:  int64(l.MaxBufferedBytes),
-		Message:   msg + int64(kvevent.MaxStorageBytes(l.MaxMessageBytes)),
+		Message:   2*(msg+kvtransport.FrameSlack) + int64(kvevent.MaxStorageBytes(l.MaxMessageBytes)),
 		Queued:    2 * int64(l.receiveHWM()+1) * msg,
 		maxBlocks: maxBlocksOf(l),
 	}

@@ -39,7 +39,7 @@ func (c *Context) BindSubscriber(endpoints []string, o SubscriberOptions) (*Boun
 		return nil, fmt.Errorf("kvtransport: bound subscriber %v: %s: %w", endpoints, what, err)
 	}
 	if o.MaxMessageBytes > 0 {
-		if err := sock.SetMaxmsgsize(o.MaxMessageBytes); err != nil {
+		if err := b.sock.setMaxMessage(o.MaxMessageBytes); err != nil {
 			return fail("set max message size", err)
 		}
 	}

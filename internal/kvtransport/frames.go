@@ -36,9 +36,10 @@ static void kvt_drop(kvt_msg *m) {
 // copies its parts one after another into buf, their sizes into lens. It
 // returns the number of parts, -1 with errno set when nothing could be
 // received, -2 with *need set when the parts (kept in m for the next
-// call) do not fit in cap bytes, and -3 when the message had more than
-// KVT_MAX_PARTS parts (all of them dropped).
-static int kvt_recv(void *sock, kvt_msg *m, unsigned char *buf, size_t cap, size_t *lens, size_t *need) {
+// call) do not fit in cap bytes, -3 when the message had more than
+// KVT_MAX_PARTS parts and -4 with *need set when its parts add up to more
+// than limit bytes (limit 0: no limit); in both cases it was dropped.
+static int kvt_recv(void *sock, kvt_msg *m, unsigned char *buf, size_t cap, size_t limit, size_t *lens, size_t *need) {
 	if (m->n == 0) {
 		for (;;) {
 			if (m->n == KVT_MAX_PARTS) {
@@ -70,6 +71,11 @@ static int kvt_recv(void *sock, kvt_msg *m, unsigned char *buf, size_t cap, size
 	}
 	size_t total = 0;
 	for (int i = 0; i < m->n; i++) total += zmq_msg_size(&m->part[i]);
+	if (limit > 0 && total > limit) {
+		kvt_drop(m);
+		*need = total;
+		return -4;
+	}
 	if (total > cap) {
 		*need = total;
 		return -2;
@@ -107,6 +113,16 @@ const maxFrames = C.KVT_MAX_PARTS
 // event channel sends. The message was dropped.
 var ErrTooManyFrames = errors.New("kvtransport: message of more than 16 frames")
 
+// ErrMessageTooLarge reports a message whose frames add up to more than
+// its socket's max message bytes and FrameSlack. The message was dropped.
+var ErrMessageTooLarge = errors.New("kvtransport: message too large")
+
+// FrameSlack is what a message's frames besides its payload (topic,
+// sequence, delimiter) may add to max message bytes. libzmq bounds each
+// frame but not their number, so the receive bounds their sum: a socket's
+// buffer never holds more than max message bytes and FrameSlack.
+const FrameSlack = 64 << 10
+
 // frameRetainBytes is the receive buffer a socket keeps between
 // messages. A snapshot reply batch (512 blocks of 128 ids) and every
 // live message of a decode step fit; a buffer grown past it by a rare
@@ -120,8 +136,10 @@ const frameRetainBytes = 1 << 20
 // hundreds of megabytes fault in page by page) and asks libzmq for each
 // frame and its "more" flag separately.
 type frameReader struct {
-	msg    *C.kvt_msg
-	buf    []byte
+	msg *C.kvt_msg
+	buf []byte
+	// limit bounds a message's frames together; 0 means no bound.
+	limit  int64
 	need   C.size_t
 	lens   [maxFrames]C.size_t
 	frames [maxFrames][]byte
@@ -162,7 +180,7 @@ func (r *frameReader) recv(sock *zmq.Socket) ([][]byte, error) {
 		if cap(r.buf) > 0 {
 			bp = (*C.uchar)(unsafe.Pointer(unsafe.SliceData(r.buf[:cap(r.buf)])))
 		}
-		n, err := C.kvt_recv(handle(sock), r.msg, bp, C.size_t(cap(r.buf)), &r.lens[0], &r.need)
+		n, err := C.kvt_recv(handle(sock), r.msg, bp, C.size_t(cap(r.buf)), C.size_t(r.limit), &r.lens[0], &r.need)
 		switch {
 		case n > 0:
 			buf, off := r.buf[:cap(r.buf)], 0
@@ -174,9 +192,15 @@ func (r *frameReader) recv(sock *zmq.Socket) ([][]byte, error) {
 			return r.frames[:n], nil
 		case n == -2:
 			// The parts wait in r.msg while the buffer grows.
-			r.buf = make([]byte, 0, max(int(r.need), min(max(2*cap(r.buf), 4<<10), frameRetainBytes)))
+			c := max(int(r.need), min(max(2*cap(r.buf), 4<<10), frameRetainBytes))
+			if r.limit > 0 {
+				c = min(c, int(r.limit))
+			}
+			r.buf = make([]byte, 0, c)
 		case n == -3:
 			return nil, ErrTooManyFrames
+		case n == -4:
+			return nil, fmt.Errorf("%w: %d bytes, over the %d allowed", ErrMessageTooLarge, r.need, r.limit)
 		default:
 			if e, ok := err.(syscall.Errno); ok {
 				return nil, zmq.Errno(e)
@@ -184,6 +208,17 @@ func (r *frameReader) recv(sock *zmq.Socket) ([][]byte, error) {
 			return nil, fmt.Errorf("kvtransport: receive failed without an errno (%v)", err)
 		}
 	}
+}
+
+// setMaxMessage has libzmq drop the connection of a peer sending a frame
+// over n bytes, and the receive drop a message whose frames add up to
+// more than n and FrameSlack.
+func (s *watched) setMaxMessage(n int64) error {
+	if err := s.SetMaxmsgsize(n); err != nil {
+		return err
+	}
+	s.fr.limit = n + FrameSlack
+	return nil
 }
 
 // drop frees parts still held for a larger buffer; the socket's owner

@@ -222,3 +222,55 @@ func TestReceiveRetriesInterruptedCalls(t *testing.T) {
 		}
 	}
 }
+
+// TestReceiveDropsMessageOverItsLimit: libzmq bounds each frame but not
+// how many a message has, so a message whose frames add up to more than
+// max message bytes and FrameSlack is dropped whole with
+// ErrMessageTooLarge (R-CFG-2: what a publisher can make kvcar hold is
+// bounded), and the next one arrives intact.
+func TestReceiveDropsMessageOverItsLimit(t *testing.T) {
+	c := pubTestContext(t)
+	push, in := framePair(t, c)
+	const maxMsg = 8 << 10
+	if err := in.setMaxMessage(maxMsg); err != nil {
+		t.Fatal(err)
+	}
+	// Every frame is within max message bytes; together they are not.
+	big := make([][]byte, maxFrames)
+	for i := range big {
+		big[i] = make([]byte, maxMsg)
+	}
+	sendFrames(t, push, big)
+	// A smaller message first, so that the buffer grows twice.
+	medium := [][]byte{make([]byte, 40<<10)}
+	sendFrames(t, push, medium)
+	// Exactly as much as a message may have.
+	within := [][]byte{make([]byte, FrameSlack-3), []byte("seq"), make([]byte, maxMsg)}
+	sendFrames(t, push, within)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		m, err := in.recv()
+		if errors.Is(err, ErrMessageTooLarge) {
+			t.Log(err)
+			break
+		}
+		if err != nil && !isAgain(err) || m != nil {
+			t.Fatalf("got %d frames, %v; want ErrMessageTooLarge", len(m), err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("nothing received within 5s")
+		}
+		if _, err := pollOne(in.Socket, 50*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := recvFrames(t, in); len(got) != 1 || len(got[0]) != len(medium[0]) {
+		t.Fatalf("next message: %d frames", len(got))
+	}
+	if got := recvFrames(t, in); len(got) != 3 || len(got[0]) != FrameSlack-3 || len(got[2]) != maxMsg {
+		t.Fatalf("next message: %d frames", len(got))
+	}
+	if cap(in.fr.buf) > maxMsg+FrameSlack {
+		t.Fatalf("the buffer grew to %d bytes, past the %d a message may have", cap(in.fr.buf), maxMsg+FrameSlack)
+	}
+}

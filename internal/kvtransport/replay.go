@@ -39,7 +39,7 @@ func (c *Context) DialReplay(endpoint string, o ReplayOptions) (*Replayer, error
 		return nil, fmt.Errorf("kvtransport: replay %s: %s: %w", endpoint, what, err)
 	}
 	if o.MaxMessageBytes > 0 {
-		if err := d.SetMaxmsgsize(o.MaxMessageBytes); err != nil {
+		if err := r.dealer.setMaxMessage(o.MaxMessageBytes); err != nil {
 			return fail("set max message size", err)
 		}
 	}

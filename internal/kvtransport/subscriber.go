@@ -36,7 +36,9 @@ func (e LinkEvent) String() string {
 // SubscriberOptions tunes the live-channel socket.
 type SubscriberOptions struct {
 	// MaxMessageBytes bounds one frame. libzmq drops the connection of a
-	// peer that sends a larger frame instead of allocating for it.
+	// peer that sends a larger frame instead of allocating for it, and a
+	// receive drops a message whose frames add up to more than it and
+	// FrameSlack (ErrMessageTooLarge).
 	MaxMessageBytes int64
 	// ReceiveHWM is the number of messages libzmq queues before it drops.
 	ReceiveHWM int
@@ -94,7 +96,7 @@ func (c *Context) Subscribe(endpoint, topic string, o SubscriberOptions) (*Subsc
 		return nil, fmt.Errorf("kvtransport: subscribe %s: %s: %w", endpoint, what, err)
 	}
 	if o.MaxMessageBytes > 0 {
-		if err := sub.SetMaxmsgsize(o.MaxMessageBytes); err != nil {
+		if err := s.sub.setMaxMessage(o.MaxMessageBytes); err != nil {
 			return fail("set max message size", err)
 		}
 	}
