@@ -375,9 +375,7 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 	if err != nil {
 		return nil, err
 	}
-	ok0, failed0 := devcluster.Snapshots(states0)
-	ok1, failed1 := devcluster.Snapshots(states1)
-	r.snapshots, r.snapshotsFailed = ok1-ok0, failed1-failed0
+	r.snapshots, r.snapshotsFailed = devcluster.SnapshotsBetween(states0, states1)
 	if r.rss, r.peak, err = devcluster.Memory(kv.Pid()); err != nil {
 		return nil, err
 	}

@@ -298,11 +298,33 @@ type StreamState struct {
 	SnapshotsFailed    uint64 `json:"snapshots_failed"`
 }
 
-// Snapshots adds up the snapshots of states that succeeded and failed.
-func Snapshots(states []StreamState) (succeeded, failed uint64) {
-	for _, s := range states {
-		succeeded += s.SnapshotsSucceeded
-		failed += s.SnapshotsFailed
+// SnapshotsBetween counts the snapshots that succeeded and failed between
+// two listings of the same kvcar. A stream's counters start at zero when
+// kvcar makes it anew (its instance left discovery and came back), so a
+// stream whose counters went back counts from zero, and one missing from
+// the first listing counts whole: the result is what at least happened.
+func SnapshotsBetween(before, after []StreamState) (succeeded, failed uint64) {
+	type key struct {
+		instance string
+		dp       int
+	}
+	prev := make(map[key]StreamState, len(before))
+	for _, s := range before {
+		prev[key{s.Instance, s.DPRank}] = s
+	}
+	since := func(now, then uint64) uint64 {
+		if now < then {
+			return now
+		}
+		return now - then
+	}
+	for _, s := range after {
+		p := prev[key{s.Instance, s.DPRank}]
+		if s.SnapshotsSucceeded < p.SnapshotsSucceeded || s.SnapshotsFailed < p.SnapshotsFailed {
+			p = StreamState{}
+		}
+		succeeded += since(s.SnapshotsSucceeded, p.SnapshotsSucceeded)
+		failed += since(s.SnapshotsFailed, p.SnapshotsFailed)
 	}
 	return succeeded, failed
 }
