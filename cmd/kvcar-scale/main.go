@@ -148,11 +148,15 @@ type result struct {
 	rss, peak                  int64
 	bound                      int64
 	synced                     int
-	resident                   int
-	queries                    queryStats
-	routes                     routeStats
-	systemTokens               int
-	promptTokensMax            int
+	// resyncTook is how long the streams unsynchronised at the window's
+	// end took to be synchronised again: 0 when none was, -1 when they
+	// were not within resyncWait.
+	resyncTook      time.Duration
+	resident        int
+	queries         queryStats
+	routes          routeStats
+	systemTokens    int
+	promptTokensMax int
 	// revs are the commits of the kvcar binary measured and of this
 	// driver.
 	revs devcluster.Revisions
@@ -189,6 +193,12 @@ func (r *result) print(w io.Writer, o options) {
 	fmt.Fprintf(w, "| kvcar resident memory (now / peak) | %.1f MiB / %.1f MiB |\n", float64(r.rss)/(1<<20), float64(r.peak)/(1<<20))
 	fmt.Fprintf(w, "| memory the config allows above kvcar's own (kvdir.MemoryBound for %d streams) | %.1f MiB |\n", o.streams, float64(r.bound)/(1<<20))
 	fmt.Fprintf(w, "| streams synchronised after the window | %d of %d |\n", r.synced, o.streams)
+	switch {
+	case r.resyncTook > 0:
+		fmt.Fprintf(w, "| after the window, all %d streams synchronised again within | %v |\n", o.streams, r.resyncTook.Round(time.Millisecond))
+	case r.resyncTook < 0:
+		fmt.Fprintf(w, "| after the window, all %d streams synchronised again within | not within %v |\n", o.streams, resyncWait)
+	}
 	fmt.Fprintf(w, "| resident Device blocks kvcar reports | %d |\n", r.resident)
 	q := &r.queries
 	fmt.Fprintf(w, "| HTTP queries during the window (%g/s, %d tokens each) answered / failed | %d / %d |\n", o.queryRate, o.queryTokens, len(q.server), q.failed)
@@ -390,6 +400,18 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 		}
 		r.resident += m.DeviceBlocks
 	}
+	if r.synced < o.streams {
+		// What the window left unsynchronised, kvcar recovers once the
+		// engines are quiet again.
+		t0 := time.Now()
+		if err := kv.WaitSynced(ctx, o.streams, resyncWait); err == nil {
+			r.resyncTook = time.Since(t0)
+		} else if ctx.Err() != nil {
+			return nil, ctx.Err()
+		} else {
+			r.resyncTook = -1
+		}
+	}
 	if o.noise > 0 {
 		stopped = true
 		if err := kv.Stop(); err != nil {
@@ -565,6 +587,11 @@ func (r *recentPrompts) pick(rng *rand.Rand, o options) (engine int, prompt []ui
 // settle is how long before a query its prompt was served: kvcar sees a
 // prefill's blocks only once the engine's event reaches it.
 const settle = 200 * time.Millisecond
+
+// resyncWait bounds the wait, after the window, for the streams it left
+// unsynchronised: their recovery takes a snapshot of an engine that may
+// have been given up on for a while (the stream's retry backoff).
+const resyncWait = 60 * time.Second
 
 // durations is a sorted sample.
 type durations []time.Duration
