@@ -132,9 +132,9 @@ const frameRetainBytes = 1 << 20
 
 // frameReader receives whole messages into one buffer it reuses, so a
 // message costs one cgo call and no allocation: pebbe/zmq4's receive
-// makes a new slice for every frame (fresh memory, which a snapshot's
-// hundreds of megabytes fault in page by page) and asks libzmq for each
-// frame and its "more" flag separately.
+// makes a new slice for every frame (fresh memory, which the hundred
+// megabytes of a 262,144-block snapshot fault in page by page) and asks
+// libzmq for each frame and its "more" flag separately.
 type frameReader struct {
 	msg *C.kvt_msg
 	buf []byte
