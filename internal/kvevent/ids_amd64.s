@@ -2,9 +2,9 @@
 
 #include "textflag.h"
 
-// vidIota holds 0 to 63: position p's next id is at p plus its width.
-// vidSink holds 64 to 127: a position past the window stays there.
-// vidLanes holds each of sixteen four-byte lanes' number in its bytes.
+// vidIota holds 0 to 127: its first half gives position p, whose next id
+// is at p plus its width; its second half the positions past the window,
+// which stay where they are.
 DATA vidIota<>+0(SB)/8, $0x0706050403020100
 DATA vidIota<>+8(SB)/8, $0x0f0e0d0c0b0a0908
 DATA vidIota<>+16(SB)/8, $0x1716151413121110
@@ -13,16 +13,17 @@ DATA vidIota<>+32(SB)/8, $0x2726252423222120
 DATA vidIota<>+40(SB)/8, $0x2f2e2d2c2b2a2928
 DATA vidIota<>+48(SB)/8, $0x3736353433323130
 DATA vidIota<>+56(SB)/8, $0x3f3e3d3c3b3a3938
-GLOBL vidIota<>(SB), RODATA|NOPTR, $64
-DATA vidSink<>+0(SB)/8, $0x4746454443424140
-DATA vidSink<>+8(SB)/8, $0x4f4e4d4c4b4a4948
-DATA vidSink<>+16(SB)/8, $0x5756555453525150
-DATA vidSink<>+24(SB)/8, $0x5f5e5d5c5b5a5958
-DATA vidSink<>+32(SB)/8, $0x6766656463626160
-DATA vidSink<>+40(SB)/8, $0x6f6e6d6c6b6a6968
-DATA vidSink<>+48(SB)/8, $0x7776757473727170
-DATA vidSink<>+56(SB)/8, $0x7f7e7d7c7b7a7978
-GLOBL vidSink<>(SB), RODATA|NOPTR, $64
+DATA vidIota<>+64(SB)/8, $0x4746454443424140
+DATA vidIota<>+72(SB)/8, $0x4f4e4d4c4b4a4948
+DATA vidIota<>+80(SB)/8, $0x5756555453525150
+DATA vidIota<>+88(SB)/8, $0x5f5e5d5c5b5a5958
+DATA vidIota<>+96(SB)/8, $0x6766656463626160
+DATA vidIota<>+104(SB)/8, $0x6f6e6d6c6b6a6968
+DATA vidIota<>+112(SB)/8, $0x7776757473727170
+DATA vidIota<>+120(SB)/8, $0x7f7e7d7c7b7a7978
+GLOBL vidIota<>(SB), RODATA|NOPTR, $128
+
+// vidLanes holds each of sixteen four-byte lanes' number in its bytes.
 DATA vidLanes<>+0(SB)/8, $0x0101010100000000
 DATA vidLanes<>+8(SB)/8, $0x0303030302020202
 DATA vidLanes<>+16(SB)/8, $0x0505050504040404
@@ -69,7 +70,7 @@ TEXT ·decodeIDsAVX512(SB), NOSPLIT, $64-48
 	MOVQ	$0xffffffff00000000, AX
 	KMOVQ	AX, K6
 	VMOVDQU64	vidIota<>(SB), Z16
-	VMOVDQU64	vidSink<>(SB), Z17
+	VMOVDQU64	vidIota<>+64(SB), Z17
 	MOVL	$0xcc, AX
 	VPBROADCASTB	AX, Z18
 	MOVL	$0xcd, AX
