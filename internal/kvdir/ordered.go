@@ -251,6 +251,7 @@ func (y *syncer) orderedApply(seq uint64, b *kvevent.Batch, fromReplay bool) {
 // when the view is published.
 func (y *syncer) applyOrdered(b *kvevent.Batch) error {
 	h := &y.ord
+	defer y.s.flushKeys()
 	for i := range b.Events {
 		var err error
 		if h.serving {

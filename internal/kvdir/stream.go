@@ -20,12 +20,14 @@ type stream struct {
 	// keys is the shared key table of the stream's key group and slot
 	// its place in the table's bitsets, set before the goroutine starts;
 	// keys is nil for a stream outside a directory. pending holds the
-	// published index's key changes not yet written to keys; it belongs
-	// to the goroutine that applies events, like the index.
+	// published index's key changes not yet written to keys, and dropped
+	// whether one of them may take a tier away; both belong to the
+	// goroutine that applies events, like the index.
 	keys      *keyTable
 	slot      int
 	pending   []keyChange
-	observeFn func(kvindex.Key, bool, bool)
+	dropped   bool
+	observeFn func(kvindex.Key, bool, bool, bool)
 	// lastResident is what the view withdrawn last held (see viewSize);
 	// it belongs to the goroutine that applies events.
 	lastResident int
@@ -175,27 +177,37 @@ func (s *stream) attach(t *keyTable) {
 // observe queues a key change of the published index for the shared
 // table; a full queue is written at once, so a large event (a clear of
 // the whole index) holds a bounded queue.
-func (s *stream) observe(k kvindex.Key, dev, host bool) {
+func (s *stream) observe(k kvindex.Key, dev, host, dropped bool) {
+	s.dropped = s.dropped || dropped
 	s.keys.push(s.slot, &s.pending, k, dev, host)
 }
 
 // flushKeys writes the queued key changes to the shared table. Whoever
-// applies an event to the published index calls it after the event,
-// whether the event applied or failed part way.
+// applies events to the published index calls it once they are applied,
+// whether they applied or one failed part way (applyPublished does it
+// for drops).
 func (s *stream) flushKeys() {
 	if s.keys != nil {
 		s.keys.flush(s.slot, &s.pending)
 	}
+	s.dropped = false
 }
 
 // applyPublished applies ev to ix, the stream's published index, under
-// the stream lock, and writes its key changes to the shared table.
+// the stream lock. A change that may take a tier away from a key, or a
+// failure, is written to the shared table before it returns: a query
+// must not find a block once its removal is applied. Additions wait in
+// pending, so that a batch of many small stores (engines' decode steps,
+// a block each) reaches the table in chunks whose cache misses overlap,
+// not one change at a time; the caller flushes them after its batch.
 func (s *stream) applyPublished(ix *kvindex.Index, ev *kvevent.Event, mode kvindex.Mode) error {
 	s.mu.Lock()
 	err := ix.Apply(ev, mode)
 	s.syncView()
 	s.mu.Unlock()
-	s.flushKeys()
+	if err != nil || s.dropped {
+		s.flushKeys()
+	}
 	return err
 }
 

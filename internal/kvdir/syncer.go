@@ -492,6 +492,7 @@ func checkRank(b *kvevent.Batch, spec StreamSpec) error {
 // hold so that a large batch never stalls queries for long.
 func (y *syncer) applyBatch(s *stream, b *kvevent.Batch) error {
 	ix := s.idx // only this goroutine changes it
+	defer s.flushKeys()
 	for i := range b.Events {
 		if ix == nil {
 			break

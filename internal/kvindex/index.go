@@ -183,7 +183,7 @@ type Index struct {
 
 	// observe, when set, is told every content key whose tiers may have
 	// changed (see SetObserver).
-	observe func(k Key, onDevice, onHost bool)
+	observe func(k Key, onDevice, onHost, dropped bool)
 }
 
 // SetObserver makes fn be called after every change that may alter the
@@ -192,9 +192,13 @@ type Index struct {
 // lets a caller mirror which keys the index holds without rescanning it:
 // calls come in the order of the changes, a parent's before its
 // children's when a chain is stored, and Clear reports every key that was
-// on a tier as on none. fn runs inside Apply and Clear and must not call
-// the index. nil stops the calls.
-func (ix *Index) SetObserver(fn func(k Key, onDevice, onHost bool)) { ix.observe = fn }
+// on a tier as on none. dropped is true when the change may have taken a
+// tier away from the key (a removal, a clear, a key replaced) and false
+// when it can only have added one: a mirror must show drops at once not
+// to report blocks the engine no longer holds, while additions may wait
+// to be written together. fn runs inside Apply and Clear and must not
+// call the index. nil stops the calls.
+func (ix *Index) SetObserver(fn func(k Key, onDevice, onHost, dropped bool)) { ix.observe = fn }
 
 // KeyTiers reports whether some entry holding content key k is on Device
 // and whether some entry holding it is on Host.
@@ -221,9 +225,9 @@ func (ix *Index) ForEachKey(fn func(k Key, onDevice, onHost bool)) {
 	}
 }
 
-// notify tells the observer the tiers of the key of slot s; an orphan
-// has no key to tell.
-func (ix *Index) notify(s uint32) {
+// notify tells the observer the tiers of the key of slot s, and whether
+// the change may have dropped one; an orphan has no key to tell.
+func (ix *Index) notify(s uint32, dropped bool) {
 	if ix.observe == nil || ix.meta[s]&flagUnkeyed != 0 {
 		return
 	}
@@ -232,7 +236,7 @@ func (ix *Index) notify(s uint32) {
 	if m&flagDup != 0 {
 		t = ix.keyTiersAll(k)
 	}
-	ix.observe(k, t&tierDevice != 0, t&tierHost != 0)
+	ix.observe(k, t&tierDevice != 0, t&tierHost != 0, dropped)
 }
 
 // New returns an empty index. It allocates little: storage grows by
@@ -276,7 +280,7 @@ func (ix *Index) Clear() {
 	if ix.observe != nil {
 		for i := range ix.entries {
 			if ix.tiers(uint32(i)) != 0 && ix.meta[i]&flagUnkeyed == 0 {
-				ix.observe(ix.entries[i].key, false, false)
+				ix.observe(ix.entries[i].key, false, false, true)
 			}
 		}
 	}
@@ -535,7 +539,7 @@ func (ix *Index) store(h kvevent.EngineHash, k Key, tier uint8) error {
 	if tier == 0 {
 		ix.pushGhost(s)
 	} else {
-		ix.notify(s)
+		ix.notify(s, false)
 	}
 	ix.addCount(tier, 1)
 	return nil
@@ -556,9 +560,9 @@ func (ix *Index) setKey(s uint32, k Key) {
 	if ix.observe != nil && ix.tiers(s) != 0 {
 		if !orphan {
 			d, h := ix.KeyTiers(old)
-			ix.observe(old, d, h)
+			ix.observe(old, d, h, true)
 		}
-		ix.notify(s)
+		ix.notify(s, false)
 	}
 }
 
@@ -648,7 +652,7 @@ func (ix *Index) setTier(s uint32, tier uint8) {
 	}
 	ix.meta[s] = m | tier
 	ix.addCount(tier, 1)
-	ix.notify(s)
+	ix.notify(s, false)
 }
 
 // clearTier drops the replica on tier from slot s and reports whether it
@@ -664,7 +668,7 @@ func (ix *Index) clearTier(s uint32, tier uint8) bool {
 	if m&(tierDevice|tierHost) == 0 {
 		ix.pushGhost(s)
 	}
-	ix.notify(s)
+	ix.notify(s, true)
 	return true
 }
 

@@ -158,7 +158,7 @@ func TestOrphanHostCopyKnownOnceKeyed_RIDX5(t *testing.T) {
 			d, h bool
 		}
 		var calls []call
-		ix.SetObserver(func(k Key, d, h bool) { calls = append(calls, call{k, d, h}) })
+		ix.SetObserver(func(k Key, d, h, _ bool) { calls = append(calls, call{k, d, h}) })
 		mustApply(t, ix, storedEv(kvevent.Host, 1, tokens[testBlockSize:2*testBlockSize], 2), Snapshot)
 		mustApply(t, ix, storedEv(kvevent.Device, 2, tokens[2*testBlockSize:], 3), Snapshot)
 		if len(calls) != 0 {
