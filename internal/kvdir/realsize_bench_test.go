@@ -16,15 +16,16 @@ import (
 	"github.com/kvcar/kvcar/internal/kvindex/prefillgen"
 )
 
-// Real-size query benchmarks. Every stream holds conversations of 64
-// blocks (8k tokens at 128 per block) of random Qwen-sized token ids:
-// half of its blocks are popular conversations that every stream holds
-// (shared system prompts and documents), half its own. Prompts rotate
-// through many distinct ones, so a query finds the table as a router
-// does, not one prompt's records hot in cache.
+// Real-size query benchmarks. Every stream holds conversations of 8k
+// tokens (64 blocks of 128 tokens, or 512 of vLLM's default 16) of random
+// Qwen-sized token ids: half of its blocks are popular conversations that
+// every stream holds (shared system prompts and documents), half its own.
+// Prompts rotate through many distinct ones, so a query finds the table
+// as a router does, not one prompt's records hot in cache.
 const (
 	realStreams    = 128
-	realChain      = 64
+	realTokens     = 8192
+	realChain      = realTokens / benchBlockSize
 	realVocabulary = 151_643
 	realPrompts    = 512
 )
@@ -33,15 +34,18 @@ const (
 func chainTokens(c uint64, dst []uint32) []uint32 {
 	rng := rand.New(rand.NewPCG(c, 0x636861696e))
 	dst = dst[:0]
-	for range realChain * benchBlockSize {
+	for range realTokens {
 		dst = append(dst, rng.Uint32N(realVocabulary))
 	}
 	return dst
 }
 
-// realDirectory is 128 published streams of perStream blocks each.
+// realDirectory is 128 published streams of perStream blocks of bs
+// tokens each.
 type realDirectory struct {
 	d       *Directory
+	bs      int
+	chain   int // blocks of a conversation
 	shared  int // conversations every stream holds
 	private int // conversations of each stream alone
 }
@@ -49,10 +53,15 @@ type realDirectory struct {
 func privateChain(stream, i int) uint64 { return uint64(stream+1)<<32 | uint64(i) }
 
 func buildRealDirectory(tb testing.TB, perStream int) *realDirectory {
+	return buildRealDirectoryOf(tb, perStream, benchBlockSize)
+}
+
+func buildRealDirectoryOf(tb testing.TB, perStream, bs int) *realDirectory {
 	tb.Helper()
-	r := &realDirectory{shared: perStream / 2 / realChain}
-	r.private = perStream/realChain - r.shared
-	r.d = buildStreams(tb, perStream, func(i int, add func(uint64)) {
+	r := &realDirectory{bs: bs, chain: realTokens / bs}
+	r.shared = perStream / 2 / r.chain
+	r.private = perStream/r.chain - r.shared
+	r.d = buildStreams(tb, perStream, bs, func(i int, add func(uint64)) {
 		for c := range r.shared {
 			add(uint64(c))
 		}
@@ -63,16 +72,17 @@ func buildRealDirectory(tb testing.TB, perStream int) *realDirectory {
 	return r
 }
 
-// buildStreams publishes 128 streams of at most maxBlocks blocks each in
-// one key group; stream i holds the conversations chains(i) adds. Indexes
-// are built on both cores; publication into the shared table is
-// serialised by the table anyway.
-func buildStreams(tb testing.TB, maxBlocks int, chains func(i int, add func(uint64))) *Directory {
-	tab := newKeyTable(benchBlockSize, 1024)
+// buildStreams publishes 128 streams of at most maxBlocks blocks of bs
+// tokens each in one key group; stream i holds the conversations
+// chains(i) adds. Indexes are built on both cores; publication into the
+// shared table is serialised by the table anyway.
+func buildStreams(tb testing.TB, maxBlocks, bs int, chains func(i int, add func(uint64))) *Directory {
+	tab := newKeyTable(bs, 1024)
 	streams := make([]*stream, realStreams)
+	chain := realTokens / bs
 	for i := range streams {
 		name := fmt.Sprintf("10.0.%d.%d:8000", i/256, i%256)
-		streams[i] = newStream(StreamSpec{InstanceName: name, Incarnation: "inc-" + name, BlockSize: benchBlockSize, HashSeed: 1024})
+		streams[i] = newStream(StreamSpec{InstanceName: name, Incarnation: "inc-" + name, BlockSize: bs, HashSeed: 1024})
 		streams[i].attach(tab)
 	}
 	var wg sync.WaitGroup
@@ -83,17 +93,17 @@ func buildStreams(tb testing.TB, maxBlocks int, chains func(i int, add func(uint
 		go func() {
 			defer wg.Done()
 			var tokens []uint32
-			hashes := make([]kvevent.EngineHash, realChain)
+			hashes := make([]kvevent.EngineHash, chain)
 			for i := range next {
-				ix := kvindex.New(kvindex.Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: maxBlocks})
+				ix := kvindex.New(kvindex.Config{BlockSize: bs, HashSeed: 1024, MaxBlocks: maxBlocks})
 				chains(i, func(id uint64) {
 					tokens = chainTokens(id, tokens)
 					for j := range hashes {
-						hashes[j] = kvevent.IntHash(id<<6 | uint64(j))
+						hashes[j] = kvevent.IntHash(id<<10 | uint64(j))
 					}
-					for j := 0; j < realChain; j += 16 {
-						ev := kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Device, BlockSize: benchBlockSize, PlainText: true,
-							BlockHashes: hashes[j : j+16], TokenIDs: tokens[j*benchBlockSize : (j+16)*benchBlockSize]}
+					for j := 0; j < chain; j += 16 {
+						ev := kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Device, BlockSize: bs, PlainText: true,
+							BlockHashes: hashes[j : j+16], TokenIDs: tokens[j*bs : (j+16)*bs]}
 						if j > 0 {
 							ev.HasParent, ev.ParentHash = true, hashes[j-1]
 						}
@@ -124,8 +134,8 @@ func buildStreams(tb testing.TB, maxBlocks int, chains func(i int, add func(uint
 }
 
 // prompts returns realPrompts distinct 8k-token prompts of one kind:
-// "all" a conversation every stream holds whole, "half" the first 32
-// blocks of one followed by new text, "none" new text, "one" a
+// "all" a conversation every stream holds whole, "half" the first half
+// of one followed by new text, "none" new text, "one" a
 // conversation one stream holds (the others miss at its first block).
 func (r *realDirectory) prompts(kind string) ([][]uint32, int) {
 	rng := rand.New(rand.NewPCG(uint64(len(kind)), 99))
@@ -135,13 +145,13 @@ func (r *realDirectory) prompts(kind string) ([][]uint32, int) {
 		switch kind {
 		case "all":
 			out[p] = chainTokens(uint64(rng.IntN(r.shared)), nil)
-			want = realChain
+			want = r.chain
 		case "half":
 			t := chainTokens(uint64(rng.IntN(r.shared)), nil)
 			fresh := chainTokens(1<<62|uint64(p), nil)
-			copy(t[realChain/2*benchBlockSize:], fresh)
+			copy(t[r.chain/2*r.bs:], fresh)
 			out[p] = t
-			want = realChain / 2
+			want = r.chain / 2
 		case "none":
 			out[p] = chainTokens(1<<61|uint64(p), nil)
 		case "one":
@@ -162,10 +172,27 @@ func (r *realDirectory) prompts(kind string) ([][]uint32, int) {
 // then copied to the request's buffer, as its parser just wrote it. The
 // directory is built once per size and shared by the sub-benchmarks.
 func BenchmarkQueryRealSize(b *testing.B) {
-	for _, perStream := range []int{16384, 65536, 262144} {
+	benchQueryRealSize(b, benchBlockSize, []int{16384, 65536, 262144})
+}
+
+// BenchmarkQuerySmallBlocks is BenchmarkQueryRealSize with blocks of 16
+// tokens, vLLM's default --block-size: an 8k-token prompt is 512 blocks
+// to hash and look up, not 64. "perstream" and "all-under-writes" are
+// left out (the first takes milliseconds a query, the second's writer
+// sends 128-token blocks).
+func BenchmarkQuerySmallBlocks(b *testing.B) {
+	benchQueryRealSize(b, 16, []int{65536, 262144})
+}
+
+func benchQueryRealSize(b *testing.B, bs int, sizes []int) {
+	kinds := []string{"all", "half", "none", "one", "perstream", "all-cold"}
+	if bs != benchBlockSize {
+		kinds = []string{"all", "half", "none", "one", "all-cold"}
+	}
+	for _, perStream := range sizes {
 		b.Run(fmt.Sprintf("blocks=%d", perStream), func(b *testing.B) {
-			r := buildRealDirectory(b, perStream)
-			for _, kind := range []string{"all", "half", "none", "one", "perstream", "all-cold"} {
+			r := buildRealDirectoryOf(b, perStream, bs)
+			for _, kind := range kinds {
 				b.Run(kind, func(b *testing.B) {
 					pk := kind
 					if kind == "perstream" || kind == "all-cold" {
@@ -187,13 +214,13 @@ func BenchmarkQueryRealSize(b *testing.B) {
 							dst = r.d.Query(p, dst[:0])
 							return
 						}
-						keys = kvindex.KeysFor(p, benchBlockSize, 1024, keys[:0])
+						keys = kvindex.KeysFor(p, r.bs, 1024, keys[:0])
 						dst = dst[:0]
 						for _, s := range r.d.set.Load().streams {
 							s.mu.RLock()
 							m := s.idx.Match(keys)
 							s.mu.RUnlock()
-							dst = append(dst, Match{DeviceHitTokens: m.DeviceBlocks * benchBlockSize})
+							dst = append(dst, Match{DeviceHitTokens: m.DeviceBlocks * r.bs})
 						}
 					}
 					for i, p := range prompts[:8] {
@@ -205,8 +232,8 @@ func BenchmarkQueryRealSize(b *testing.B) {
 							}
 						}
 						switch {
-						case want >= 0 && dst[0].DeviceHitTokens != want*benchBlockSize:
-							b.Fatalf("prompt %d: %d tokens hit, want %d", i, dst[0].DeviceHitTokens, want*benchBlockSize)
+						case want >= 0 && dst[0].DeviceHitTokens != want*r.bs:
+							b.Fatalf("prompt %d: %d tokens hit, want %d", i, dst[0].DeviceHitTokens, want*r.bs)
 						case want < 0 && hits != 1:
 							b.Fatalf("prompt %d: %d streams hit, want 1", i, hits)
 						}
@@ -218,7 +245,7 @@ func BenchmarkQueryRealSize(b *testing.B) {
 					// eviction: a request's ids were just written by its
 					// parser, so they are in cache, while the table's records
 					// are not.
-					hot := make([]uint32, realChain*benchBlockSize)
+					hot := make([]uint32, realTokens)
 					for i := range b.N {
 						for j := 0; j < len(evict); j += 64 {
 							evict[j]++
@@ -232,7 +259,9 @@ func BenchmarkQueryRealSize(b *testing.B) {
 					reportLatency(b, lat)
 				})
 			}
-			b.Run("all-under-writes", func(b *testing.B) { queryUnderWrites(b, r, perStream) })
+			if bs == benchBlockSize {
+				b.Run("all-under-writes", func(b *testing.B) { queryUnderWrites(b, r, perStream) })
+			}
 			r = nil
 			runtime.GC()
 		})
@@ -359,7 +388,7 @@ func queryUnderWrites(b *testing.B, r *realDirectory, perStream int) {
 		}
 	}()
 	dst := make([]Match, 0, realStreams)
-	hot := make([]uint32, realChain*benchBlockSize)
+	hot := make([]uint32, realTokens)
 	lat := make([]time.Duration, 0, b.N)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -369,7 +398,7 @@ func queryUnderWrites(b *testing.B, r *realDirectory, perStream int) {
 		q0 := time.Now()
 		dst = r.d.Query(hot, dst[:0])
 		lat = append(lat, time.Since(q0))
-		if dst[1].DeviceHitTokens != realChain*benchBlockSize {
+		if dst[1].DeviceHitTokens != realTokens {
 			b.Fatalf("stream 1 hit %d tokens", dst[1].DeviceHitTokens)
 		}
 	}
@@ -418,7 +447,7 @@ func BenchmarkDecodeApplyShared(b *testing.B) {
 					b.Fatalf("index holds %d blocks, want %d", dev, perStream)
 				}
 				m := r.d.Query(chainTokens(0, nil), nil)
-				if m[0].DeviceHitTokens != 0 || m[1].DeviceHitTokens != realChain*benchBlockSize {
+				if m[0].DeviceHitTokens != 0 || m[1].DeviceHitTokens != realTokens {
 					b.Fatalf("after the swap: stream 0 hits %d tokens, stream 1 %d", m[0].DeviceHitTokens, m[1].DeviceHitTokens)
 				}
 			})
@@ -449,7 +478,7 @@ func BenchmarkMemoryPerReplica(b *testing.B) {
 					var before, after runtime.MemStats
 					runtime.GC()
 					runtime.ReadMemStats(&before)
-					d := buildStreams(b, fill.limit, func(i int, add func(uint64)) {
+					d := buildStreams(b, fill.limit, benchBlockSize, func(i int, add func(uint64)) {
 						for c := range perStream / realChain {
 							add(privateChain(i/rf, c))
 						}
