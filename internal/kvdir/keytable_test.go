@@ -144,10 +144,27 @@ func TestSharedTableAgainstPerStreamMatch(t *testing.T) {
 				// A batch of one to three events, as the syncer applies
 				// it: additions may reach the table only at its end, but
 				// no query in between may find more than the stream's
-				// own index holds (R-DIR-1).
-				for n := 1 + rng.IntN(3); n > 0 && s.idx != nil; n-- {
-					ev := m.event(rng)
-					if err := s.applyPublished(s.idx, ev, kvindex.Delta); err != nil {
+				// own index holds (R-DIR-1). Half the batches go in one
+				// run under one lock hold, the others an event a run,
+				// with a query after each.
+				evs := make([]kvevent.Event, 1+rng.IntN(3))
+				for e := range evs {
+					evs[e] = *m.event(rng)
+				}
+				run := len(evs)
+				if rng.IntN(2) == 0 {
+					run = 1
+				}
+				for e := 0; e < len(evs) && s.idx != nil; e += run {
+					part := evs[e:min(e+run, len(evs))]
+					n, err := s.applyPublished(s.idx, part, kvindex.Delta)
+					for _, ev := range part[:n] {
+						seen[ev.Kind.String()]++
+					}
+					if err != nil {
+						if n >= len(part) {
+							t.Fatalf("seed %d step %d: %d of %d events applied with error %v", seed, step, n, len(part), err)
+						}
 						// The syncer withdraws a view an event could not
 						// be applied to (R-REC-3).
 						s.flushKeys()
@@ -155,8 +172,13 @@ func TestSharedTableAgainstPerStreamMatch(t *testing.T) {
 						seen["fault"]++
 						break
 					}
-					seen[ev.Kind.String()]++
-					if n > 1 {
+					if n != len(part) {
+						t.Fatalf("seed %d step %d: %d of %d events applied", seed, step, n, len(part))
+					}
+					if len(part) > 1 {
+						seen["run of events"]++
+					}
+					if e+run < len(evs) {
 						if len(s.pending) > 0 {
 							seen["additions pending"]++
 						}
@@ -213,7 +235,7 @@ func TestSharedTableAgainstPerStreamMatch(t *testing.T) {
 				}
 			}
 		}
-		for _, c := range []string{"invalidate", "calibration", "fresh publish", "slot reuse", "fault", "hit", "host-only hit", "additions pending",
+		for _, c := range []string{"invalidate", "calibration", "fresh publish", "slot reuse", "fault", "hit", "host-only hit", "additions pending", "run of events",
 			kvevent.BlockStored.String(), kvevent.BlockRemoved.String(), kvevent.AllBlocksCleared.String()} {
 			if seen[c] == 0 {
 				t.Errorf("seed %d: random steps never produced %q", seed, c)

@@ -252,16 +252,18 @@ func (y *syncer) orderedApply(seq uint64, b *kvevent.Batch, fromReplay bool) {
 func (y *syncer) applyOrdered(b *kvevent.Batch) error {
 	h := &y.ord
 	defer y.s.flushKeys()
-	for i := range b.Events {
+	for i := 0; i < len(b.Events); {
+		var n int
 		var err error
 		if h.serving {
-			err = y.s.applyPublished(h.idx, &b.Events[i], kvindex.History)
-		} else {
-			err = h.idx.Apply(&b.Events[i], kvindex.History)
+			n, err = y.s.applyPublished(h.idx, b.Events[i:], kvindex.History)
+		} else if err = h.idx.Apply(&b.Events[i], kvindex.History); err == nil {
+			n = 1
 		}
 		if err != nil {
-			return fmt.Errorf("event %d (%v): %w", i, b.Events[i].Kind, y.limitErr(err))
+			return fmt.Errorf("event %d (%v): %w", i+n, b.Events[i+n].Kind, y.limitErr(err))
 		}
+		i += n
 	}
 	return nil
 }

@@ -357,8 +357,9 @@ func (w *steadyWriter) decode(tb testing.TB, f *prefillgen.Message, i int) {
 func (w *steadyWriter) step(tb testing.TB) {
 	w.decode(tb, w.msg, w.next)
 	w.next++
-	for e := range w.batch.Events {
-		if err := w.s.applyPublished(w.ix, &w.batch.Events[e], kvindex.Delta); err != nil {
+	for e := 0; e < len(w.batch.Events); {
+		n, err := w.s.applyPublished(w.ix, w.batch.Events[e:], kvindex.Delta)
+		if e += n; err != nil {
 			tb.Fatalf("message %d event %d: %v", w.next, e, err)
 		}
 	}

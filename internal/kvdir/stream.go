@@ -193,23 +193,43 @@ func (s *stream) flushKeys() {
 	s.dropped = false
 }
 
-// applyPublished applies ev to ix, the stream's published index, under
-// the stream lock. A change that may take a tier away from a key, or a
-// failure, is written to the shared table before it returns: a query
+// applyPublished applies the first events of evs to ix, the stream's
+// published index, under one hold of the stream lock, and returns how
+// many it applied; on failure n is the failing event's position. A
+// hold ends after the event that brings its blocks to runBlocks: a batch
+// of many small events (engines' decode steps, a block each) then costs
+// one lock round and one update of the query view per run, not per
+// event, and no hold lasts longer than a 64-block event's.
+//
+// A change that may take a tier away from a key, or a failure, is
+// written to the shared table before the next event applies: a query
 // must not find a block once its removal is applied. Additions wait in
-// pending, so that a batch of many small stores (engines' decode steps,
-// a block each) reaches the table in chunks whose cache misses overlap,
-// not one change at a time; the caller flushes them after its batch.
-func (s *stream) applyPublished(ix *kvindex.Index, ev *kvevent.Event, mode kvindex.Mode) error {
+// pending, so that they reach the table in chunks whose cache misses
+// overlap, not one change at a time; the caller flushes them after its
+// batch.
+func (s *stream) applyPublished(ix *kvindex.Index, evs []kvevent.Event, mode kvindex.Mode) (n int, err error) {
 	s.mu.Lock()
-	err := ix.Apply(ev, mode)
+	for blocks := 0; n < len(evs) && blocks < runBlocks; n++ {
+		ev := &evs[n]
+		if err = ix.Apply(ev, mode); err != nil {
+			break
+		}
+		blocks += max(1, len(ev.BlockHashes))
+		if s.dropped {
+			s.flushKeys()
+		}
+	}
 	s.syncView()
 	s.mu.Unlock()
-	if err != nil || s.dropped {
+	if err != nil {
 		s.flushKeys()
 	}
-	return err
+	return n, err
 }
+
+// runBlocks bounds the blocks of the events applyPublished applies under
+// one hold of the stream lock.
+const runBlocks = 64
 
 // match fills m with the stream's view, with the prefix found for it by
 // the walk over its key group's shared table (nil for a status query).

@@ -488,16 +488,15 @@ func checkRank(b *kvevent.Batch, spec StreamSpec) error {
 	return nil
 }
 
-// applyBatch applies b to the published index of s, one event per lock
-// hold so that a large batch never stalls queries for long.
+// applyBatch applies b to the published index of s, a run of at most
+// runBlocks blocks per lock hold so that a large batch never stalls
+// queries for long.
 func (y *syncer) applyBatch(s *stream, b *kvevent.Batch) error {
 	ix := s.idx // only this goroutine changes it
 	defer s.flushKeys()
-	for i := range b.Events {
-		if ix == nil {
-			break
-		}
-		if err := s.applyPublished(ix, &b.Events[i], kvindex.Delta); err != nil {
+	for i := 0; i < len(b.Events) && ix != nil; {
+		n, err := s.applyPublished(ix, b.Events[i:], kvindex.Delta)
+		if i += n; err != nil {
 			return fmt.Errorf("event %d (%v): %w", i, b.Events[i].Kind, y.limitErr(err))
 		}
 	}
