@@ -199,7 +199,8 @@ func (s *stream) flushKeys() {
 // hold ends after the event that brings its blocks to runBlocks: a batch
 // of many small events (engines' decode steps, a block each) then costs
 // one lock round and one update of the query view per run, not per
-// event, and no hold lasts longer than a 64-block event's.
+// event. A hold covers fewer than runBlocks blocks and one event more,
+// so it lasts little longer than one large event's alone.
 //
 // A change that may take a tier away from a key, or a failure, is
 // written to the shared table before the next event applies: a query

@@ -488,9 +488,9 @@ func checkRank(b *kvevent.Batch, spec StreamSpec) error {
 	return nil
 }
 
-// applyBatch applies b to the published index of s, a run of at most
-// runBlocks blocks per lock hold so that a large batch never stalls
-// queries for long.
+// applyBatch applies b to the published index of s in runs of events
+// that end once they reach runBlocks blocks, one lock hold each, so that
+// a large batch never stalls queries for long.
 func (y *syncer) applyBatch(s *stream, b *kvevent.Batch) error {
 	ix := s.idx // only this goroutine changes it
 	defer s.flushKeys()
