@@ -381,6 +381,22 @@ func (e *Engine) Prefill(dp int, tokens []uint32) (deviceHitTokens, hostHitToken
 	return deviceHitTokens, hostHitTokens, err
 }
 
+// PrefillBatch serves prompts on rank dp in one scheduler step: each as
+// Prefill serves it, in order, and everything that changed goes out as
+// one live batch. A decode step has this shape when every prompt is a
+// running request's, one block longer than at its last step: each
+// request that filled a block adds a BlockStored of that block alone,
+// with removals among them when the cache is full.
+func (e *Engine) PrefillBatch(dp int, prompts [][]uint32) error {
+	return e.do(dp, func(r *rank) error {
+		b := r.startBatch()
+		for _, p := range prompts {
+			r.cache.prefill(p, b)
+		}
+		return r.publish(b)
+	})
+}
+
 // StoreChain stores the full blocks of tokens on tier m as one chain from
 // the root, as one BlockStored with tokens, and returns the chain's
 // hashes. Storing on Host needs HostBlocks > 0.
