@@ -185,7 +185,7 @@ func (s *stream) observe(k kvindex.Key, dev, host, dropped bool) {
 // flushKeys writes the queued key changes to the shared table. Whoever
 // applies events to the published index calls it once they are applied,
 // whether they applied or one failed part way (applyPublished does it
-// for drops).
+// for drops at once).
 func (s *stream) flushKeys() {
 	if s.keys != nil {
 		s.keys.flush(s.slot, &s.pending)
@@ -202,12 +202,12 @@ func (s *stream) flushKeys() {
 // event. A hold covers fewer than runBlocks blocks and one event more,
 // so it lasts little longer than one large event's alone.
 //
-// A change that may take a tier away from a key, or a failure, is
-// written to the shared table before the next event applies: a query
-// must not find a block once its removal is applied. Additions wait in
-// pending, so that they reach the table in chunks whose cache misses
-// overlap, not one change at a time; the caller flushes them after its
-// batch.
+// A change that may take a tier away from a key is written to the
+// shared table before the next event applies: a query must not find a
+// block once its removal is applied. Additions wait in pending, so that
+// they reach the table in chunks whose cache misses overlap, not one
+// change at a time; the caller flushes them after its batch, also when
+// an event failed.
 func (s *stream) applyPublished(ix *kvindex.Index, evs []kvevent.Event, mode kvindex.Mode) (n int, err error) {
 	s.mu.Lock()
 	for blocks := 0; n < len(evs) && blocks < runBlocks; n++ {
@@ -222,9 +222,6 @@ func (s *stream) applyPublished(ix *kvindex.Index, evs []kvevent.Event, mode kvi
 	}
 	s.syncView()
 	s.mu.Unlock()
-	if err != nil {
-		s.flushKeys()
-	}
 	return n, err
 }
 
