@@ -312,19 +312,13 @@ func SnapshotsBetween(before, after []StreamState) (succeeded, failed uint64) {
 	for _, s := range before {
 		prev[key{s.Instance, s.DPRank}] = s
 	}
-	since := func(now, then uint64) uint64 {
-		if now < then {
-			return now
-		}
-		return now - then
-	}
 	for _, s := range after {
 		p := prev[key{s.Instance, s.DPRank}]
 		if s.SnapshotsSucceeded < p.SnapshotsSucceeded || s.SnapshotsFailed < p.SnapshotsFailed {
 			p = StreamState{}
 		}
-		succeeded += since(s.SnapshotsSucceeded, p.SnapshotsSucceeded)
-		failed += since(s.SnapshotsFailed, p.SnapshotsFailed)
+		succeeded += s.SnapshotsSucceeded - p.SnapshotsSucceeded
+		failed += s.SnapshotsFailed - p.SnapshotsFailed
 	}
 	return succeeded, failed
 }
