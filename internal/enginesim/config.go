@@ -322,7 +322,7 @@ func (c *Config) resolveHTTP() error {
 		}
 		off := *c.DiscoveryOffsets
 		if port == 0 {
-			if port, err = freeDiscoveryPort(host, c.DPSize, off.Event, off.Replay); err != nil {
+			if port, err = freeDiscoveryPort(host, c.DPSize, false, off.Event, off.Replay); err != nil {
 				return err
 			}
 			c.HTTPAddr = net.JoinHostPort(host, strconv.Itoa(port))

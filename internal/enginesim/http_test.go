@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -106,6 +107,32 @@ func TestFreeDiscoveryPortRDISC2(t *testing.T) {
 		if p, err := FreeDiscoveryPort(c.dp, c.ev, c.rp); err == nil {
 			t.Fatalf("dp %d offsets %d/%d gave port %d", c.dp, c.ev, c.rp, p)
 		}
+	}
+}
+
+// Rank servers at base+r bind their own HTTP ports: those are checked
+// with the derived ones (a port taken at base+1 once failed a test).
+func TestFreeRankServersPortChecksRankHTTPPorts(t *testing.T) {
+	got, err := discoveryPortOffsets(3, true, DefaultEventPortOffset, DefaultReplayPortOffset)
+	must(t, err)
+	want := []int{0, 10000, 30000, 10001, 30001, 1, 10002, 30002, 2}
+	if !slices.Equal(got, want) {
+		t.Fatalf("rank servers' offsets %v, want %v", got, want)
+	}
+	if got, err = discoveryPortOffsets(3, false, DefaultEventPortOffset, DefaultReplayPortOffset); err != nil || slices.Contains(got, 1) {
+		t.Fatalf("one engine's offsets %v (%v) include a rank's HTTP port", got, err)
+	}
+	if _, err := discoveryPortOffsets(2, true, 1, 100); err == nil {
+		t.Fatal("rank 0's events on rank 1's HTTP port accepted")
+	}
+	base, err := FreeRankServersPort(2, DefaultEventPortOffset, DefaultReplayPortOffset)
+	must(t, err)
+	for _, p := range []int{base, base + 1, base + 10000, base + 10001, base + 30000, base + 30001} {
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			t.Fatalf("port %d of base %d is not free: %v", p, base, err)
+		}
+		l.Close()
 	}
 }
 

@@ -89,9 +89,10 @@ func vllmEngine(t *testing.T, port int, cfg enginesim.Config) *enginesim.Engine 
 	return e
 }
 
+// freeBase finds ports for ranks per-rank servers at base+r.
 func freeBase(t *testing.T, ranks int) int {
 	t.Helper()
-	base, err := enginesim.FreeDiscoveryPort(ranks, enginesim.DefaultEventPortOffset, enginesim.DefaultReplayPortOffset)
+	base, err := enginesim.FreeRankServersPort(ranks, enginesim.DefaultEventPortOffset, enginesim.DefaultReplayPortOffset)
 	if err != nil {
 		t.Fatal(err)
 	}
