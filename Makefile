@@ -88,6 +88,7 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeMeta$$' -fuzztime $(FUZZTIME) ./internal/baidustd/
 	$(GO) test -run '^$$' -fuzz '^FuzzString$$' -fuzztime $(FUZZTIME) ./internal/jsonw/
 	$(GO) test -run '^$$' -fuzz '^FuzzAppendResponse$$' -fuzztime $(FUZZTIME) ./internal/xllmrpc/
+	$(GO) test -run '^$$' -fuzz '^FuzzSum$$' -fuzztime $(FUZZTIME) ./internal/blockhash/
 
 # proto regenerates the checked-in Go code of every .proto file with Debian's
 # protoc (protobuf-compiler) and the protoc-gen-go pinned as a tool in go.mod.

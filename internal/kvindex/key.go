@@ -3,7 +3,7 @@ package kvindex
 import (
 	"encoding/binary"
 
-	"github.com/zeebo/xxh3"
+	"github.com/kvcar/kvcar/internal/blockhash"
 )
 
 // Key is the XXH3-128 content key of a block: the hash of its parent's key
@@ -16,8 +16,9 @@ const KeyLen = 16
 
 // PutKey writes k in the byte order that chains a child's hash to its
 // parent: high 64 bits first, each half big-endian. This matches the
-// canonical XXH3-128 digest and the block hasher of xllm-service; it is the
-// only place that order is written down. dst must hold KeyLen bytes.
+// canonical XXH3-128 digest and the block hasher of xllm-service, and is
+// the order blockhash.SumAfter takes a parent's halves in (blockKey hands
+// them over as words). dst must hold KeyLen bytes.
 func PutKey(dst []byte, k Key) {
 	_ = dst[KeyLen-1]
 	binary.BigEndian.PutUint64(dst[0:8], k.Hi)
@@ -32,11 +33,13 @@ func (k Key) Bytes() [KeyLen]byte {
 }
 
 // Hasher computes content keys for one block size and seed. It owns the
-// scratch buffer (parent key followed by the block's tokens) so that
-// hashing never allocates. A Hasher is not safe for concurrent use.
+// seed's XXH3 secret, derived once, and a scratch buffer (for a short
+// block's parent key and ids, and for ids on machines where they are not
+// laid out as the key hashes them), so that hashing never allocates. A
+// Hasher is not safe for concurrent use.
 type Hasher struct {
 	blockSize int
-	seed      uint64
+	bh        blockhash.Hasher
 	buf       []byte
 }
 
@@ -48,7 +51,7 @@ func NewHasher(blockSize int, seed uint64) *Hasher {
 	}
 	return &Hasher{
 		blockSize: blockSize,
-		seed:      seed,
+		bh:        blockhash.New(seed),
 		buf:       make([]byte, KeyLen+4*blockSize),
 	}
 }
@@ -57,24 +60,24 @@ func NewHasher(blockSize int, seed uint64) *Hasher {
 func (h *Hasher) BlockSize() int { return h.blockSize }
 
 // Seed returns the hash seed.
-func (h *Hasher) Seed() uint64 { return h.seed }
+func (h *Hasher) Seed() uint64 { return h.bh.Seed() }
 
 // BlockKey returns the content key of one block. A root block (hasParent
 // false) hashes only its tokens; any other block hashes its parent's key
 // followed by its tokens. block must hold exactly BlockSize tokens.
 func (h *Hasher) BlockKey(parent Key, hasParent bool, block []uint32) Key {
-	return blockKey(h.buf, h.seed, parent, hasParent, block)
+	return blockKey(&h.bh, h.buf, parent, hasParent, block)
 }
 
 // Keys appends to dst[:0] the content keys of the full blocks of tokens; a
 // trailing partial block is ignored because the engine only caches full
 // blocks (R-IDX-3). It does not allocate when dst has enough capacity.
 func (h *Hasher) Keys(tokens []uint32, dst []Key) []Key {
-	return appendKeys(h.buf, h.seed, h.blockSize, tokens, dst[:0])
+	return appendKeys(&h.bh, h.buf, h.blockSize, tokens, dst[:0])
 }
 
 // maxStackBlock bounds the block size KeysFor hashes without a heap
-// buffer; engines use 16 to 256 tokens per block.
+// buffer where one is needed; engines use 16 to 256 tokens per block.
 const maxStackBlock = 1024
 
 // KeysFor is Hasher.Keys without a Hasher: it appends the keys of the full
@@ -91,30 +94,32 @@ func KeysFor(tokens []uint32, blockSize int, seed uint64, dst []Key) []Key {
 	} else {
 		buf = make([]byte, KeyLen+4*blockSize)
 	}
-	return appendKeys(buf, seed, blockSize, tokens, dst[:0])
+	bh := blockhash.New(seed)
+	return appendKeys(&bh, buf, blockSize, tokens, dst[:0])
 }
 
-func appendKeys(buf []byte, seed uint64, blockSize int, tokens []uint32, dst []Key) []Key {
+func appendKeys(bh *blockhash.Hasher, buf []byte, blockSize int, tokens []uint32, dst []Key) []Key {
 	n := len(tokens) / blockSize
 	var prev Key
 	for i := 0; i < n; i++ {
-		prev = blockKey(buf, seed, prev, i > 0, tokens[i*blockSize:(i+1)*blockSize])
+		prev = blockKey(bh, buf, prev, i > 0, tokens[i*blockSize:(i+1)*blockSize])
 		dst = append(dst, prev)
 	}
 	return dst
 }
 
-// blockKey hashes parent||tokens (or tokens alone for a root) through buf,
-// which must hold KeyLen+4*len(block) bytes. Tokens are encoded as 32-bit
-// little-endian integers, the engine's in-memory layout of int32 ids.
-func blockKey(buf []byte, seed uint64, parent Key, hasParent bool, block []uint32) Key {
-	PutKey(buf[:KeyLen], parent)
-	tok := buf[KeyLen : KeyLen+4*len(block)]
-	putTokens(tok, block)
-	in := buf[:KeyLen+len(tok)]
-	if !hasParent {
-		in = tok
+// blockKey hashes parent||tokens (or tokens alone for a root) through
+// buf, of KeyLen+4*len(block) bytes: its tail holds the ids where they
+// must be re-encoded, and the whole of it a short block's copy. Tokens are
+// hashed as 32-bit little-endian integers, the engine's in-memory layout
+// of int32 ids.
+func blockKey(bh *blockhash.Hasher, buf []byte, parent Key, hasParent bool, block []uint32) Key {
+	tok := tokenBytes(buf[KeyLen:], block)
+	var hi, lo uint64
+	if hasParent {
+		hi, lo = bh.SumAfter(buf, parent.Hi, parent.Lo, tok)
+	} else {
+		hi, lo = bh.Sum(buf, tok)
 	}
-	u := xxh3.Hash128Seed(in, seed)
-	return Key{Hi: u.Hi, Lo: u.Lo}
+	return Key{Hi: hi, Lo: lo}
 }

@@ -2,4 +2,9 @@
 
 package kvindex
 
-func putTokens(dst []byte, tokens []uint32) { putTokensPortable(dst, tokens) }
+// tokenBytes encodes tokens into dst, which must hold 4 bytes a token,
+// and returns the encoded part.
+func tokenBytes(dst []byte, tokens []uint32) []byte {
+	putTokensPortable(dst, tokens)
+	return dst[:4*len(tokens)]
+}

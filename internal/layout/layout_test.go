@@ -101,6 +101,8 @@ var layout = map[string]place{
 	"internal/jsonw": {layer: 0, forbid: slices.Concat(sockets, routing)},
 	// A processor hint and nothing else: it imports nothing of kvcar.
 	"internal/prefetch": {layer: 0, forbid: slices.Concat(sockets, routing)},
+	// XXH3 over bytes the index hands it: it imports nothing of kvcar.
+	"internal/blockhash": {layer: 0, forbid: slices.Concat(sockets, routing)},
 	// The Go runtime's monitor pace: environments in, environments out,
 	// and the program's restart; it opens nothing.
 	"internal/sysmon": {layer: 0, forbid: slices.Concat(sockets, routing)},
