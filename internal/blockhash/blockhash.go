@@ -80,6 +80,9 @@ func (h *Hasher) Sum(scratch, body []byte) (hi, lo uint64) {
 // written just before, which would stall the reads that follow.
 func (h *Hasher) SumAfter(scratch []byte, phi, plo uint64, body []byte) (hi, lo uint64) {
 	l := KeyLen + len(body)
+	if l <= 128 && len(body) >= 32 {
+		return h.midAfter(bits.ReverseBytes64(phi), bits.ReverseBytes64(plo), body)
+	}
 	if l <= midSizeMax {
 		if len(scratch) < l {
 			var in [midSizeMax]byte
@@ -101,6 +104,35 @@ func (h *Hasher) SumAfter(scratch []byte, phi, plo uint64, body []byte) (hi, lo 
 	binary.BigEndian.PutUint64(head[8:], plo)
 	return h.sum(scratch, head[:], body)
 }
+
+// midAfter is XXH3's path for 17 to 128 bytes over the 16 bytes whose
+// little-endian words are h0 and h1, then body (32 bytes or more, so
+// that no word read from the end starts in the head): pairs of words from
+// the start and from the end, the outermost first, read in place.
+func (h *Hasher) midAfter(h0, h1 uint64, body []byte) (hi, lo uint64) {
+	n := len(body)
+	l := uint64(KeyLen + n)
+	lo = l * prime64_1
+	end := body[n-32:]
+	mix := func(i int, a0, a1, b0, b1 uint64) {
+		hi += mulFold(b0^h.word(32*i+16), b1^h.word(32*i+24))
+		hi ^= a0 + a1
+		lo += mulFold(a0^h.word(32*i), a1^h.word(32*i+8))
+		lo ^= b0 + b1
+	}
+	if n > 80 {
+		mix(3, le(body[32:]), le(body[40:]), le(body[n-64:]), le(body[n-56:]))
+	}
+	if n > 48 {
+		mix(2, le(body[16:]), le(body[24:]), le(body[n-48:]), le(body[n-40:]))
+	}
+	mix(1, le(body[0:]), le(body[8:]), le(end[0:]), le(end[8:]))
+	mix(0, h0, h1, le(end[16:]), le(end[24:]))
+	hi, lo = lo*prime64_1+hi*prime64_4+(l-h.seed)*prime64_2, hi+lo
+	return -avalanche(hi), avalanche(lo)
+}
+
+func le(b []byte) uint64 { return binary.LittleEndian.Uint64(b) }
 
 // KeyLen is the length of the parent SumAfter chains to.
 const KeyLen = 16
