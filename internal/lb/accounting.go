@@ -2,8 +2,12 @@ package lb
 
 import (
 	"fmt"
+	"math/bits"
 	"sort"
 	"time"
+	"unsafe"
+
+	"github.com/zeebo/xxh3"
 
 	"github.com/kvcar/kvcar/internal/instance"
 )
@@ -403,22 +407,20 @@ func (st *instAcct) forget(r pendingRec) {
 // chainKeys appends to dst one key per full block of ids: a hash of the
 // block's tokens and the key of the block before it, so equal keys mean
 // equal prefixes (up to 64-bit collisions, which can only mislead a
-// routing preference, never a reported hit).
+// routing preference, never a reported hit). A block is hashed whole
+// (XXH3 over its ids' memory, which differs between byte orders but not
+// within a process, the keys' only scope), and only the mix with the
+// parent is a chain: a token-by-token chain took as long as the rest of
+// the decision.
 func chainKeys(ids []uint32, blockSize int, dst []uint64) []uint64 {
-	const (
-		offset = 14695981039346656037
-		prime  = 1099511628211
-	)
-	var parent uint64 = offset
+	parent := uint64(0x9e3779b97f4a7c15)
 	for b := 0; b+blockSize <= len(ids); b += blockSize {
-		h := parent ^ 0x9e3779b97f4a7c15
-		for _, t := range ids[b : b+blockSize] {
-			h ^= uint64(t)
-			h *= prime
-		}
+		blk := ids[b : b+blockSize]
+		h := xxh3.Hash(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(blk))), 4*len(blk)))
+		h ^= bits.RotateLeft64(parent*0xff51afd7ed558ccd, 31)
 		// Finalise so that neighbouring blocks spread.
 		h ^= h >> 33
-		h *= 0xff51afd7ed558ccd
+		h *= 0xc4ceb9fe1a85ec53
 		h ^= h >> 33
 		dst = append(dst, h)
 		parent = h

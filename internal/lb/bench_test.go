@@ -183,3 +183,14 @@ func benchAccounting(b *testing.B, pend bool) {
 		}
 	})
 }
+
+// BenchmarkChainKeys keys the 64 blocks of an 8,192-id prompt for
+// pending prefixes (--car_pending_prefixes), as a decision does.
+func BenchmarkChainKeys(b *testing.B) {
+	ids := tokens(8192)
+	var dst []uint64
+	b.ReportAllocs()
+	for range b.N {
+		dst = chainKeys(ids, DefaultAccountingBlockSize, dst[:0])
+	}
+}
