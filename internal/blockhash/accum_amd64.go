@@ -35,7 +35,7 @@ func stripesAfter(acc *[8]uint64, headed bool, h0, h1 uint64, body []byte, secre
 	}
 	flag, l := 0, len(body)
 	if headed {
-		flag, l = 1, l+KeyLen
+		flag, l = 1, l+keyLen
 	}
 	if l <= midSizeMax {
 		return false

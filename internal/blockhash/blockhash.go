@@ -25,9 +25,9 @@ const (
 	blockLen        = stripeLen * stripesPerBlock
 	// midSizeMax is the longest input hashed without the secret.
 	midSizeMax = 240
-	// MaxHead is the longest head Sum takes: it must fit in the first
+	// maxHead is the longest head sum takes: it must fit in the first
 	// stripe, the only one read from a copy.
-	MaxHead = stripeLen - 1
+	maxHead = stripeLen - 1
 )
 
 // defaultSecret is XXH3's default secret as little-endian words; a seed's
@@ -79,7 +79,7 @@ func (h *Hasher) Sum(scratch, body []byte) (hi, lo uint64) {
 // The parent goes from registers into the hash, not through memory
 // written just before, which would stall the reads that follow.
 func (h *Hasher) SumAfter(scratch []byte, phi, plo uint64, body []byte) (hi, lo uint64) {
-	l := KeyLen + len(body)
+	l := keyLen + len(body)
 	if l <= 128 && len(body) >= 32 {
 		return h.midAfter(bits.ReverseBytes64(phi), bits.ReverseBytes64(plo), body)
 	}
@@ -91,7 +91,7 @@ func (h *Hasher) SumAfter(scratch []byte, phi, plo uint64, body []byte) (hi, lo 
 		in := scratch[:l]
 		binary.BigEndian.PutUint64(in, phi)
 		binary.BigEndian.PutUint64(in[8:], plo)
-		copy(in[KeyLen:], body)
+		copy(in[keyLen:], body)
 		u := xxh3.Hash128Seed(in, h.seed)
 		return u.Hi, u.Lo
 	}
@@ -99,7 +99,7 @@ func (h *Hasher) SumAfter(scratch []byte, phi, plo uint64, body []byte) (hi, lo 
 	if stripesAfter(&acc, true, bits.ReverseBytes64(phi), bits.ReverseBytes64(plo), body, &h.secret) {
 		return h.merge(&acc, l)
 	}
-	var head [KeyLen]byte
+	var head [keyLen]byte
 	binary.BigEndian.PutUint64(head[:8], phi)
 	binary.BigEndian.PutUint64(head[8:], plo)
 	return h.sum(scratch, head[:], body)
@@ -111,7 +111,7 @@ func (h *Hasher) SumAfter(scratch []byte, phi, plo uint64, body []byte) (hi, lo 
 // the start and from the end, the outermost first, read in place.
 func (h *Hasher) midAfter(h0, h1 uint64, body []byte) (hi, lo uint64) {
 	n := len(body)
-	l := uint64(KeyLen + n)
+	l := uint64(keyLen + n)
 	lo = l * prime64_1
 	end := body[n-32:]
 	mix := func(i int, a0, a1, b0, b1 uint64) {
@@ -134,14 +134,14 @@ func (h *Hasher) midAfter(h0, h1 uint64, body []byte) (hi, lo uint64) {
 
 func le(b []byte) uint64 { return binary.LittleEndian.Uint64(b) }
 
-// KeyLen is the length of the parent SumAfter chains to.
-const KeyLen = 16
+// keyLen is the length of the parent SumAfter chains to.
+const keyLen = 16
 
 // sum is XXH3_128bits_withSeed(head || body, seed); head must be at most
-// MaxHead bytes.
+// maxHead bytes.
 func (h *Hasher) sum(scratch, head, body []byte) (hi, lo uint64) {
-	if len(head) > MaxHead {
-		panic("blockhash: head longer than MaxHead")
+	if len(head) > maxHead {
+		panic("blockhash: head longer than maxHead")
 	}
 	l := len(head) + len(body)
 	if l > midSizeMax {

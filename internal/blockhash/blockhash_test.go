@@ -35,7 +35,7 @@ func TestSumMatchesXXH3RIDX1(t *testing.T) {
 		if h.Seed() != seed {
 			t.Fatalf("seed %d reads %d", seed, h.Seed())
 		}
-		for _, hl := range []int{0, 1, 16, MaxHead} {
+		for _, hl := range []int{0, 1, 16, maxHead} {
 			head := randomBytes(r, hl)
 			for l := hl; l <= 2*blockLen+3*stripeLen+1; l++ {
 				body := randomBytes(r, l-hl)
@@ -63,7 +63,7 @@ func TestSumAfterMatchesXXH3(t *testing.T) {
 				t.Fatalf("seed %#x, %d bytes: %016x%016x, want %016x%016x", seed, n, hi, lo, want.Hi, want.Lo)
 			}
 			for _, p := range [][2]uint64{{r.Uint64(), r.Uint64()}, {0, 0}} {
-				var parent [KeyLen]byte
+				var parent [keyLen]byte
 				binary.BigEndian.PutUint64(parent[:8], p[0])
 				binary.BigEndian.PutUint64(parent[8:], p[1])
 				hi, lo := h.SumAfter(scratch[:n%midSizeMax], p[0], p[1], body)
@@ -86,14 +86,14 @@ func TestSumOfBlocksMatchesXXH3(t *testing.T) {
 			v := r.Uint32N(152064)
 			body[i], body[i+1], body[i+2], body[i+3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
 		}
-		scratch := make([]byte, KeyLen+len(body))
+		scratch := make([]byte, keyLen+len(body))
 		hi, lo := h.Sum(scratch, body)
 		if want := reference(1024, nil, body); hi != want.Hi || lo != want.Lo {
 			t.Fatalf("%d ids: %016x%016x, want %016x%016x", ids, hi, lo, want.Hi, want.Lo)
 		}
 		// A parent of zero bytes is a parent, not none.
 		for _, p := range [][2]uint64{{r.Uint64(), r.Uint64()}, {0, 0}, {0, 1}} {
-			var parent [KeyLen]byte
+			var parent [keyLen]byte
 			binary.BigEndian.PutUint64(parent[:8], p[0])
 			binary.BigEndian.PutUint64(parent[8:], p[1])
 			hi, lo := h.SumAfter(scratch, p[0], p[1], body)
@@ -111,7 +111,7 @@ func TestSumRefusesLongHead(t *testing.T) {
 		}
 	}()
 	h := New(0)
-	h.sum(nil, make([]byte, MaxHead+1), make([]byte, 300))
+	h.sum(nil, make([]byte, maxHead+1), make([]byte, 300))
 }
 
 // Every accumulate this processor can run gives the generic one's sums.
@@ -148,7 +148,7 @@ func TestStripesPathAgrees(t *testing.T) {
 	r := rand.New(rand.NewPCG(9, 10))
 	h := New(r.Uint64())
 	for _, headed := range []bool{false, true} {
-		head := randomBytes(r, KeyLen)
+		head := randomBytes(r, keyLen)
 		h0, h1 := binary.LittleEndian.Uint64(head), binary.LittleEndian.Uint64(head[8:])
 		if !headed {
 			head = nil
@@ -163,7 +163,7 @@ func TestStripesPathAgrees(t *testing.T) {
 		}
 	}
 	var acc [8]uint64
-	if stripesAfter(&acc, false, 0, 0, make([]byte, midSizeMax), &h.secret) || stripesAfter(&acc, true, 0, 0, make([]byte, midSizeMax-KeyLen), &h.secret) {
+	if stripesAfter(&acc, false, 0, 0, make([]byte, midSizeMax), &h.secret) || stripesAfter(&acc, true, 0, 0, make([]byte, midSizeMax-keyLen), &h.secret) {
 		t.Fatal("the vector path took a short input")
 	}
 }
@@ -172,8 +172,8 @@ func FuzzSum(f *testing.F) {
 	f.Add(uint64(1024), []byte("0123456789abcdef"), bytes.Repeat([]byte{7}, 512))
 	f.Add(uint64(0), []byte{}, bytes.Repeat([]byte{1}, 1500))
 	f.Fuzz(func(t *testing.T, seed uint64, head, body []byte) {
-		if len(head) > MaxHead {
-			head = head[:MaxHead]
+		if len(head) > maxHead {
+			head = head[:maxHead]
 		}
 		h := New(seed)
 		hi, lo := h.sum(nil, head, body)
@@ -202,13 +202,13 @@ func BenchmarkSum(b *testing.B) {
 			sink = hi ^ lo
 		})
 		b.Run(fmt.Sprintf("ids=%d/xxh3", ids), func(b *testing.B) {
-			buf := make([]byte, KeyLen+4*ids)
+			buf := make([]byte, keyLen+4*ids)
 			b.ReportAllocs()
 			var u xxh3.Uint128
 			for range b.N {
 				binary.BigEndian.PutUint64(buf, u.Hi)
 				binary.BigEndian.PutUint64(buf[8:], u.Lo)
-				copy(buf[KeyLen:], body)
+				copy(buf[keyLen:], body)
 				u = xxh3.Hash128Seed(buf, 1024)
 			}
 			sink = u.Hi ^ u.Lo
