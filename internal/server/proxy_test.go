@@ -165,8 +165,13 @@ func TestInferenceBodyLimits(t *testing.T) {
 // 503 and Retry-After; once they are released it is served.
 func TestInflightBudget(t *testing.T) {
 	engine, got := recordingEngine(t)
-	ts := routedServer(t, Options{MaxRequestBodyBytes: 2000, MaxInflightRequestBytes: 2001}, engine)
-	// A body that stops half way holds the budget while it is read.
+	srv := New(Options{MaxRequestBodyBytes: 2000, MaxInflightRequestBytes: 2001, Router: routerFor(t, engine)})
+	srv.SetReady(true)
+	ts := serveH1(t, srv.Handler(), HTTP1Options{})
+	// A body of unknown length that stops short of its end holds the
+	// budget for what it has sent while it is read. It sends 1,990 bytes,
+	// more than the budget leaves for a 14-byte body whatever buffer it is
+	// read into.
 	pr, pw := io.Pipe()
 	first := make(chan int, 1)
 	go func() {
@@ -179,20 +184,22 @@ func TestInflightBudget(t *testing.T) {
 		resp.Body.Close()
 		first <- resp.StatusCode
 	}()
-	if _, err := io.WriteString(pw, `{"prompt":[1,2,3`); err != nil {
+	if _, err := io.WriteString(pw, `{"prompt":[`+strings.Repeat("1,", 989)+"1"); err != nil {
 		t.Fatal(err)
 	}
-	var resp *http.Response
-	var b []byte
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, b = do(t, ts, http.MethodPost, CompletionsPath, strings.NewReader(`{"prompt":[4]}`))
-		if resp.StatusCode == http.StatusServiceUnavailable || time.Now().After(deadline) {
-			break
+	// Another request sent before the body is being read could take
+	// budget the stalled one then finds missing: wait until it holds.
+	for deadline := time.Now().Add(10 * time.Second); srv.proxy.budget.used.Load() < 1990; {
+		select {
+		case code := <-first:
+			t.Fatalf("the request meant to hold the budget ended, with %d", code)
+		case <-time.After(time.Millisecond):
 		}
-		<-got // served before the first request was being read
-		time.Sleep(10 * time.Millisecond)
+		if time.Now().After(deadline) {
+			t.Fatalf("the stalled request holds %d bytes of the budget", srv.proxy.budget.used.Load())
+		}
 	}
+	resp, b := do(t, ts, http.MethodPost, CompletionsPath, strings.NewReader(`{"prompt":[4]}`))
 	checkError(t, resp, b, http.StatusServiceUnavailable, "too many request bytes in flight")
 	if resp.Header.Get("Retry-After") == "" {
 		t.Error("503 without Retry-After")
