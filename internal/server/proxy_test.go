@@ -184,12 +184,13 @@ func TestInflightBudget(t *testing.T) {
 		resp.Body.Close()
 		first <- resp.StatusCode
 	}()
-	if _, err := io.WriteString(pw, `{"prompt":[`+strings.Repeat("1,", 989)+"1"); err != nil {
+	stalled := `{"prompt":[` + strings.Repeat("1,", 989) + "1"
+	if _, err := io.WriteString(pw, stalled); err != nil {
 		t.Fatal(err)
 	}
 	// Another request sent before the body is being read could take
 	// budget the stalled one then finds missing: wait until it holds.
-	for deadline := time.Now().Add(10 * time.Second); srv.proxy.budget.used.Load() < 1990; {
+	for deadline := time.Now().Add(10 * time.Second); srv.proxy.budget.used.Load() < int64(len(stalled)); {
 		select {
 		case code := <-first:
 			t.Fatalf("the request meant to hold the budget ended, with %d", code)
