@@ -419,11 +419,11 @@ func queryUnderWrites(b *testing.B, r *realDirectory, perStream int) {
 // table that 127 other streams of the same size fill (one core). The
 // prefill's blocks come as one event or as 64 of one block each, the
 // shape of a batch of engines' decode steps, each request filling a
-// block. The
-// stream's view is first replaced by one the generator filled, through
-// the calibration swap; replace-ms reports that swap. blocks/cpu-s counts
-// blocks per CPU second of the benchmark's thread, which other work on
-// shared cores does not inflate as it does the wall clock.
+// block. The stream's view is first replaced by one the generator
+// filled, through the calibration swap; replace-ms reports that swap.
+// blocks/cpu-s counts blocks per CPU second of the benchmark's thread,
+// which other work on shared cores does not inflate as it does the wall
+// clock.
 func BenchmarkDecodeApplyShared(b *testing.B) {
 	for _, perStream := range []int{16384, 262144} {
 		var r *realDirectory
