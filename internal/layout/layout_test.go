@@ -103,6 +103,9 @@ var layout = map[string]place{
 	"internal/prefetch": {layer: 0, forbid: slices.Concat(sockets, routing)},
 	// XXH3 over bytes the index hands it: it imports nothing of kvcar.
 	"internal/blockhash": {layer: 0, forbid: slices.Concat(sockets, routing)},
+	// A count of bytes held, for the HTTP and baidu_std servers: it
+	// opens nothing and imports nothing of kvcar.
+	"internal/budget": {layer: 0, forbid: slices.Concat(sockets, routing)},
 	// The Go runtime's monitor pace: environments in, environments out,
 	// and the program's restart; it opens nothing.
 	"internal/sysmon": {layer: 0, forbid: slices.Concat(sockets, routing)},

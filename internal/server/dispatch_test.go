@@ -455,7 +455,7 @@ func TestDispatchReleasesBudgetOnceSent(t *testing.T) {
 	if line, err := br.ReadString('\n'); err != nil || !strings.Contains(line, `"first"`) {
 		t.Fatalf("first chunk %q: %v", line, err)
 	}
-	if used := s.proxy.budget.used.Load(); used != 0 {
+	if used := s.proxy.budget.Used(); used != 0 {
 		t.Errorf("%d body bytes held while the answer streams", used)
 	}
 	close(finish)

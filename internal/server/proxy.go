@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/budget"
 	"github.com/kvcar/kvcar/internal/jsonw"
 	"github.com/kvcar/kvcar/internal/lb"
 	"github.com/kvcar/kvcar/internal/xllmrpc"
@@ -113,7 +114,7 @@ type proxy struct {
 	maxIDs        int
 	maxText       int
 	exposeHeaders bool
-	budget        *byteBudget
+	budget        *budget.Bytes
 	buffers       freeList[*inferenceBuffers]
 	// copyBufs are what bodies and answers are copied through.
 	copyBufs freeList[*copyBuf]
@@ -165,7 +166,6 @@ func newProxy(opts Options, maxIDs int, log *slog.Logger) *proxy {
 		maxIDs:        maxIDs,
 		maxText:       opts.MaxPromptTextBytes,
 		exposeHeaders: opts.ExposeRoutingHeaders,
-		budget:        &byteBudget{max: opts.MaxInflightRequestBytes},
 	}
 	if p.maxBody <= 0 {
 		p.maxBody = DefaultMaxRequestBodyBytes
@@ -173,11 +173,12 @@ func newProxy(opts Options, maxIDs int, log *slog.Logger) *proxy {
 	if p.maxText <= 0 {
 		p.maxText = DefaultMaxPromptTextBytes
 	}
-	if p.budget.max <= 0 {
-		p.budget.max = DefaultMaxInflightRequestBytes
+	inflight := opts.MaxInflightRequestBytes
+	if inflight <= 0 {
+		inflight = DefaultMaxInflightRequestBytes
 	}
 	// A body at the limit must fit, or it could never be served.
-	p.budget.max = max(p.budget.max, p.maxBody+1)
+	p.budget = budget.New(max(inflight, p.maxBody+1))
 	p.buffers = freeList[*inferenceBuffers]{maxBytes: maxPooledBytes,
 		newItem: func() *inferenceBuffers { return &inferenceBuffers{} }, size: (*inferenceBuffers).size}
 	p.copyBufs = freeList[*copyBuf]{maxBytes: maxPooledCopyBufs * readChunk,
@@ -188,7 +189,7 @@ func newProxy(opts Options, maxIDs int, log *slog.Logger) *proxy {
 // release gives back b's budget and keeps it for reuse, without the
 // buffers that grew too large to keep.
 func (p *proxy) release(b *inferenceBuffers) {
-	p.budget.give(b.held)
+	p.budget.Give(b.held)
 	b.held = 0
 	if cap(b.body) > maxPooledBody {
 		b.body = nil
@@ -248,7 +249,7 @@ func (s *Server) handleInference(w http.ResponseWriter, r *http.Request) {
 		// A body of known length is taken from the budget whole, before
 		// any of it is read; the extra byte is where its end is seen.
 		n := r.ContentLength + 1
-		if !p.budget.take(n) {
+		if !p.budget.Take(n) {
 			p.buffers.put(b)
 			busy(w)
 			return

@@ -190,14 +190,14 @@ func TestInflightBudget(t *testing.T) {
 	}
 	// Another request sent before the body is being read could take
 	// budget the stalled one then finds missing: wait until it holds.
-	for deadline := time.Now().Add(10 * time.Second); srv.proxy.budget.used.Load() < int64(len(stalled)); {
+	for deadline := time.Now().Add(10 * time.Second); srv.proxy.budget.Used() < int64(len(stalled)); {
 		select {
 		case code := <-first:
 			t.Fatalf("the request meant to hold the budget ended, with %d", code)
 		case <-time.After(time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the stalled request holds %d bytes of the budget", srv.proxy.budget.used.Load())
+			t.Fatalf("the stalled request holds %d bytes of the budget", srv.proxy.budget.Used())
 		}
 	}
 	resp, b := do(t, ts, http.MethodPost, CompletionsPath, strings.NewReader(`{"prompt":[4]}`))

@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/kvcar/kvcar/internal/budget"
 )
 
 // requestError is a rejected request: the status to send and a message
@@ -44,7 +46,7 @@ type scanner struct {
 	err   error
 
 	keep   bool
-	budget *byteBudget
+	budget *budget.Bytes
 	// held is what this body has taken from budget.
 	held int64
 }
@@ -107,7 +109,7 @@ func (s *scanner) nextKept() []byte {
 	}
 	p := s.buf[s.end:end]
 	if want := int64(s.end + len(p)); want > s.held {
-		if !s.budget.take(want - s.held) {
+		if !s.budget.Take(want - s.held) {
 			s.err = errBusy
 			return nil
 		}
