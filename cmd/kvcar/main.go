@@ -72,6 +72,7 @@ type flags struct {
 	portAlias        bool // the port came from the deprecated --port
 	rpcPort          int
 	rpcNetworks      string
+	rpcInflight      int64
 	advertiseHost    string
 	kvEventsConfig   string
 	internalAPIToken string
@@ -126,6 +127,7 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	fs.BoolVar(&f.insecureInternal, "insecure_internal_api", false, "allow internal listeners reachable from the network without a token (HTTP) or an allowed-network list (brpc)")
 	fs.StringVar(&f.rpcNetworks, "rpc_allowed_networks", "", "comma-separated CIDRs whose peers may connect to the rpc port (loopback always may); required when it is reachable from the network, unless --insecure_internal_api")
 	fs.IntVar(&f.rpcPort, "rpc_server_port", 8889, "brpc (baidu_std) port on --internal_host where xLLM engines send heartbeats and generations; 0 picks a free one")
+	fs.Int64Var(&f.rpcInflight, "rpc_max_inflight_bytes", baidustd.DefaultMaxInflightBytes, "bytes the rpc port's calls hold at once, frames as they arrive and messages decompressed (ELIMIT past it); at least brpc's largest body, 64 MiB")
 	fs.StringVar(&f.kvEventsConfig, "kv_events_config_file", "", "path of the KV events config JSON; empty disables the KV index")
 	fs.StringVar(&f.internalAPIToken, "internal_api_token", "", "when set, internal routes require this X-Internal-Token; visible in the process list, prefer --internal_api_token_file or "+tokenEnv)
 	fs.StringVar(&f.tokenFile, "internal_api_token_file", "", "file holding the internal API token (a trailing newline is ignored)")
@@ -170,6 +172,7 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 		{"--max_request_body_bytes", f.maxRequestBody, 1 << 10, 1 << 30},
 		{"--max_inflight_request_bytes", f.maxInflightRequest, f.maxRequestBody, 1 << 40},
 		{"--max_prompt_text_bytes", f.maxPromptText, 1, f.maxRequestBody},
+		{"--rpc_max_inflight_bytes", f.rpcInflight, baidustd.DefaultMaxBodySize, 1 << 40},
 	} {
 		if r.val < r.min || r.val > r.max {
 			return nil, fmt.Errorf("%s = %d: must be in [%d, %d]", r.name, r.val, r.min, r.max)
@@ -445,7 +448,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	steps := readinessSteps(reg, discovered)
 	// Not ready from the first request on, saying why (R-API-1).
 	srv.SetNotReady(steps[0].waitingFor)
-	rpcSrv := baidustd.NewServer(baidustd.ServerOptions{Identity: self, Logger: log})
+	rpcSrv := baidustd.NewServer(baidustd.ServerOptions{Identity: self, Logger: log, MaxInflightBytes: f.rpcInflight})
 	if err := xllmrpc.NewService(reg, outputs, log).Register(rpcSrv); err != nil {
 		return err
 	}

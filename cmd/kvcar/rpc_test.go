@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
 	"io"
 	"net"
 	"strconv"
@@ -37,6 +38,7 @@ func TestPortFlags(t *testing.T) {
 		{[]string{"--port=9001", "--http_server_port=9002"}, "--port is a deprecated alias", 0},
 		{[]string{"--port=70000"}, "--port = 70000", 0},
 		{[]string{"--rpc_server_port=-1"}, "--rpc_server_port = -1: must be in [0, 65535]", 0},
+		{[]string{"--rpc_max_inflight_bytes=1000"}, "--rpc_max_inflight_bytes = 1000: must be in [67108864, 1099511627776]", 0},
 	} {
 		f, err := parseFlags(c.args, io.Discard)
 		if c.want != "" {
@@ -101,4 +103,45 @@ func TestMasterIsTheRPCAddress(t *testing.T) {
 		getJSON(t, addr.internal, "/v1/internal/instances", &inst)
 		return len(inst.Instances) == 1 && inst.Instances[0].Waiting == 5 && inst.Instances[0].Usage == 0.5 && inst.Instances[0].Source == "heartbeat"
 	})
+}
+
+// --rpc_max_inflight_bytes bounds what the rpc port's calls hold: with it
+// at its least, 64 MiB, a frame half sent holds it all, a call on another
+// connection is answered ELIMIT, and once the half frame's connection
+// closes the same call is served.
+func TestRPCInflightBudget(t *testing.T) {
+	etcd := startEtcd(t)
+	rpcPort := freeTCPPort(t)
+	startKVCar(t, "--etcd_addr="+etcd.Endpoint(), "--rpc_server_port="+rpcPort, "--advertise_host=127.0.0.1",
+		"--rpc_max_inflight_bytes=67108864")
+	addr := "127.0.0.1:" + rpcPort
+	half, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer half.Close()
+	// A frame announcing brpc's largest body; past its first 32 MiB its
+	// buffer has grown to the whole 64 MiB.
+	head := binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32([]byte(baidustd.Magic), baidustd.DefaultMaxBodySize), 16)
+	if _, err := half.Write(append(head, make([]byte, 40<<20)...)); err != nil {
+		t.Fatal(err)
+	}
+	rc := baidustd.NewClient(addr, baidustd.ClientOptions{})
+	defer rc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	hello := func() error {
+		var st xservicepb.Status
+		return rc.CallProto(ctx, xllmpb.RPCService, xllmpb.MethodHello, &xservicepb.Empty{}, &st, nil)
+	}
+	var last error
+	waitUntil(t, "a call refused with ELIMIT", 10*time.Second, func() bool {
+		last = hello()
+		return baidustd.CodeOf(last) == baidustd.ELIMIT
+	})
+	if !strings.Contains(last.Error(), "does not fit in 67108864") {
+		t.Fatalf("ELIMIT text: %v", last)
+	}
+	half.Close()
+	waitUntil(t, "the call served once the half frame is gone", 10*time.Second, func() bool { return hello() == nil })
 }

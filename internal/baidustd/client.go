@@ -233,7 +233,8 @@ func decodeResponse(f Frame, limit uint32) callResult {
 			f.Meta.GetAttachmentSize(), len(f.Payload))}
 	}
 	if ct := f.Meta.GetCompressType(); ct != CompressNone {
-		if msg, ok = decompress(ct, msg, int(limit)); !ok {
+		var err error
+		if msg, _, err = decompress(ct, msg, int(limit), nil); err != nil {
 			return callResult{err: Errorf(ERESPONSE, "Fail to parse response message, CompressType=%s, response_size=%d",
 				compressName(ct), len(f.Payload))}
 		}

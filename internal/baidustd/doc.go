@@ -8,7 +8,9 @@
 // A frame is a 12-byte header, "PRPC" then body_size and meta_size as
 // big-endian uint32, followed by body_size bytes: meta_size bytes of
 // RpcMeta, the serialized message, and RpcMeta.attachment_size bytes of
-// attachment at the end. Every reader bounds body_size (MaxBodySize); a
+// attachment at the end. Every reader bounds body_size (MaxBodySize) and
+// grows a frame's buffer as its bytes arrive, so a header alone costs at
+// most a first chunk whatever body_size it announces; a
 // frame that breaks the framing (bad magic, oversize body, meta larger
 // than the body, an RpcMeta that does not parse) closes its connection
 // with a logged reason, as brpc closes it, and affects no other
@@ -28,9 +30,10 @@
 // (content_type, checksum_type, checksum_value). Errors are numbered and
 // worded as brpc numbers and words them (Errno, Error), prefixed with
 // "[<identity>]", the server's address. Per-call handler timeouts, a bound
-// on calls in flight per connection and on connections, idle connection
-// reaping and a graceful Shutdown bound what a peer can make the server
-// hold.
+// on calls in flight per connection and on connections, one on the bytes
+// all calls hold together (MaxInflightBytes: a call that does not fit is
+// answered ELIMIT and its connection serves on), idle connection reaping
+// and a graceful Shutdown bound what a peer can make the server hold.
 //
 // # Client
 //
@@ -41,6 +44,6 @@
 // next call dials again.
 //
 // The package knows nothing of the services carried: no xLLM names, no
-// routing. It owns its connections and goroutines; it must not import
-// other kvcar packages.
+// routing. It owns its connections and goroutines; of kvcar it imports
+// only the leaves sockio and budget.
 package baidustd

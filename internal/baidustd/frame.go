@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvcar/kvcar/internal/baidustd/metapb"
+	"github.com/kvcar/kvcar/internal/budget"
 )
 
 // HeaderSize is the size of a frame header: "PRPC", body_size, meta_size.
@@ -100,30 +101,99 @@ func ParseFrame(b []byte, maxBody uint32) (Frame, int, error) {
 	return f, end, nil
 }
 
-// ReadFrame reads one frame from r into a buffer of its own. The body
-// is allocated only after the header has passed ParseHeader, so a peer
-// cannot make it allocate more than maxBody.
+// ReadFrame reads one frame from r into a buffer of its own. The buffer
+// grows as the body arrives, never past the body_size that passed
+// ParseHeader: a peer cannot make it hold more than maxBody, nor more
+// than it has sent and a first chunk.
 func ReadFrame(r *bufio.Reader, maxBody uint32) (Frame, error) {
+	f, _, err := readFrame(r, maxBody, nil)
+	return f, err
+}
+
+// firstChunk is the most a frame's buffer starts with: a larger body is
+// read into a buffer that doubles as it arrives, so a header announcing
+// 64 MiB costs nothing until the bytes come.
+const firstChunk = 64 << 10
+
+// maxLooseMeta is the largest RpcMeta read outside the budget, to answer
+// a call the budget refused (a meta is tens of bytes).
+const maxLooseMeta = 4 << 10
+
+// overBudget is a frame whose bytes b did not fit: it was read to its
+// end and dropped, and meta says which call to refuse.
+type overBudget struct {
+	meta *metapb.RpcMeta
+	body uint32
+}
+
+func (e *overBudget) Error() string {
+	return fmt.Sprintf("baidu_std: a frame of %d bytes does not fit the in-flight budget", e.body)
+}
+
+// readFrame is ReadFrame taking every growth of the frame's buffer from
+// b before making it; held is what it took, for the caller to give back
+// once the frame is no longer used. On any error it holds nothing. When b
+// refuses, the rest of the body is read and dropped and the error is an
+// *overBudget, unless the meta neither was read nor is small enough to
+// read anyway, which is a *FrameError.
+func readFrame(r *bufio.Reader, maxBody uint32, b *budget.Bytes) (f Frame, held int64, err error) {
 	var h [HeaderSize]byte
 	if _, err := io.ReadFull(r, h[:]); err != nil {
-		return Frame{}, err
+		return Frame{}, 0, err
 	}
 	body, metaSize, err := ParseHeader(h[:], maxBody)
 	if err != nil {
-		return Frame{}, err
+		return Frame{}, 0, err
 	}
-	buf := make([]byte, body)
-	if _, err := io.ReadFull(r, buf); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
+	var buf []byte
+	for len(buf) < int(body) {
+		next := min(int(body), max(2*cap(buf), firstChunk))
+		if !b.Take(int64(next - cap(buf))) {
+			b.Give(held)
+			return Frame{}, 0, dropFrame(r, buf, body, metaSize)
 		}
-		return Frame{}, err
+		held += int64(next - cap(buf))
+		grown := make([]byte, next)
+		n := copy(grown, buf)
+		if _, err := io.ReadFull(r, grown[n:]); err != nil {
+			b.Give(held)
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return Frame{}, 0, err
+		}
+		buf = grown
 	}
-	f := Frame{Meta: &metapb.RpcMeta{}, Payload: buf[metaSize:]}
+	f = Frame{Meta: &metapb.RpcMeta{}, Payload: buf[metaSize:]}
 	if err := DecodeMeta(buf[:metaSize], f.Meta); err != nil {
-		return Frame{}, err
+		b.Give(held)
+		return Frame{}, 0, err
 	}
-	return f, nil
+	return f, held, nil
+}
+
+// dropFrame reads and drops the rest of a frame of which buf has been
+// read, keeping only its meta for the *overBudget it returns.
+func dropFrame(r *bufio.Reader, buf []byte, body, metaSize uint32) error {
+	if int(metaSize) > len(buf) {
+		if metaSize > maxLooseMeta {
+			return frameErrorf("an RpcMeta of %d bytes does not fit the in-flight budget", metaSize)
+		}
+		m := make([]byte, metaSize)
+		copy(m, buf)
+		if _, err := io.ReadFull(r, m[len(buf):]); err != nil {
+			return err
+		}
+		buf = m
+	}
+	meta := &metapb.RpcMeta{}
+	if err := DecodeMeta(buf[:metaSize], meta); err != nil {
+		return err
+	}
+	if _, err := r.Discard(int(body) - len(buf)); err != nil {
+		return err
+	}
+	return &overBudget{meta: meta, body: body}
 }
 
 // AppendFrame appends a whole frame to dst: the header, meta, msg and

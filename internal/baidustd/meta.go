@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"compress/gzip"
 	"compress/zlib"
+	"errors"
 	"fmt"
 	"io"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvcar/kvcar/internal/baidustd/metapb"
+	"github.com/kvcar/kvcar/internal/budget"
 )
 
 // brpc's CompressType values.
@@ -35,32 +37,57 @@ func compressName(t int32) string {
 	return "unknown"
 }
 
-// decompress undoes compress type t on b, producing at most limit bytes.
-// It supports none, gzip and zlib; ok is false for the others and for
-// data that does not decompress within limit.
-func decompress(t int32, b []byte, limit int) ([]byte, bool) {
+// decompress undoes compress type t on b, producing at most limit bytes,
+// each growth of its output taken from bud first; held is what it took
+// (0 for none, whose output is b). It supports none, gzip and zlib; the
+// error is errCompress for the others and for data that does not
+// decompress within limit, errBudget when bud refuses.
+func decompress(t int32, b []byte, limit int, bud *budget.Bytes) (out []byte, held int64, err error) {
 	var r io.ReadCloser
-	var err error
 	switch t {
 	case CompressNone:
-		return b, true
+		return b, 0, nil
 	case CompressGzip:
 		r, err = gzip.NewReader(bytes.NewReader(b))
 	case CompressZlib:
 		r, err = zlib.NewReader(bytes.NewReader(b))
 	default:
-		return nil, false
+		return nil, 0, errCompress
 	}
 	if err != nil {
-		return nil, false
+		return nil, 0, errCompress
 	}
 	defer r.Close()
-	out, err := io.ReadAll(io.LimitReader(r, int64(limit)+1))
-	if err != nil || len(out) > limit {
-		return nil, false
+	for {
+		if len(out) == cap(out) {
+			next := min(limit+1, max(2*cap(out), 4<<10))
+			if next == cap(out) {
+				bud.Give(held)
+				return nil, 0, errCompress // past limit
+			}
+			if !bud.Take(int64(next - cap(out))) {
+				bud.Give(held)
+				return nil, 0, errBudget
+			}
+			held += int64(next - cap(out))
+			out = append(make([]byte, 0, next), out...)
+		}
+		n, err := r.Read(out[len(out):cap(out)])
+		out = out[:len(out)+n]
+		if err == io.EOF {
+			return out, held, nil
+		}
+		if err != nil {
+			bud.Give(held)
+			return nil, 0, errCompress
+		}
 	}
-	return out, true
 }
+
+var (
+	errCompress = errors.New("baidu_std: message does not decompress within the limit")
+	errBudget   = errors.New("baidu_std: decompressed message does not fit the in-flight budget")
+)
 
 // extended reports whether m carries the fields newer brpc adds to every
 // RpcMeta (content_type, checksum_type, checksum_value); a response

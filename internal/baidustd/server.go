@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvcar/kvcar/internal/baidustd/metapb"
+	"github.com/kvcar/kvcar/internal/budget"
 	"github.com/kvcar/kvcar/internal/sockio"
 )
 
@@ -29,6 +30,9 @@ const (
 	DefaultWriteTimeout     = 10 * time.Second
 	DefaultMaxConns         = 4096
 	DefaultMaxCallsPerConn  = 1024
+	// DefaultMaxInflightBytes is the default of MaxInflightBytes: two
+	// frames of the largest body brpc takes by default.
+	DefaultMaxInflightBytes = 2 * DefaultMaxBodySize
 )
 
 // workerIdle is how long a connection's worker goroutine waits for its
@@ -41,8 +45,9 @@ const workerIdle = time.Second
 // ErrServerClosed is returned by Serve after Shutdown or Close.
 var ErrServerClosed = errors.New("baidu_std: server closed")
 
-// Request is one call as a handler sees it. Message and Attachment are
-// the handler's to keep.
+// Request is one call as a handler sees it. Message and Attachment count
+// against the server's MaxInflightBytes until the handler returns: a
+// handler that keeps them longer keeps a copy.
 type Request struct {
 	Service    string
 	Method     string
@@ -92,6 +97,12 @@ type ServerOptions struct {
 	// it the connection is not read until one finishes
 	// (DefaultMaxCallsPerConn).
 	MaxCallsPerConn int
+	// MaxInflightBytes bounds the bytes all calls hold at once: their
+	// frames, taken as they arrive, and their decompressed messages, until
+	// their handlers return (DefaultMaxInflightBytes; at least
+	// MaxBodySize). A call that does not fit is answered ELIMIT, its
+	// frame read to its end and dropped; its connection serves on.
+	MaxInflightBytes int64
 	// Logger receives connection problems; nil discards them.
 	Logger *slog.Logger
 }
@@ -118,6 +129,11 @@ func (o *ServerOptions) setDefaults() {
 	if o.MaxCallsPerConn <= 0 {
 		o.MaxCallsPerConn = DefaultMaxCallsPerConn
 	}
+	if o.MaxInflightBytes <= 0 {
+		o.MaxInflightBytes = DefaultMaxInflightBytes
+	}
+	// A frame at the limit must fit, or it could never be served.
+	o.MaxInflightBytes = max(o.MaxInflightBytes, int64(o.MaxBodySize))
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -128,6 +144,8 @@ func (o *ServerOptions) setDefaults() {
 type Server struct {
 	opts ServerOptions
 	log  *slog.Logger
+	// inflight is what the calls hold (MaxInflightBytes).
+	inflight *budget.Bytes
 
 	// services maps a full service name to its methods; short maps a
 	// service name without its package to the full one, for clients
@@ -152,6 +170,7 @@ func NewServer(opts ServerOptions) *Server {
 	return &Server{
 		opts:      opts,
 		log:       opts.Logger,
+		inflight:  budget.New(opts.MaxInflightBytes),
 		services:  make(map[string]map[string]Handler),
 		short:     make(map[string]string),
 		base:      base,
@@ -224,7 +243,7 @@ func (s *Server) serveConn(c net.Conn, r *bufio.Reader) {
 	if identity == "" {
 		identity = c.LocalAddr().String()
 	}
-	sc := &serverConn{s: s, c: c, r: r, identity: identity, sem: make(chan struct{}, s.opts.MaxCallsPerConn), work: make(chan Frame)}
+	sc := &serverConn{s: s, c: c, r: r, identity: identity, sem: make(chan struct{}, s.opts.MaxCallsPerConn), work: make(chan inbound)}
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -315,7 +334,7 @@ type serverConn struct {
 	identity string
 	sem      chan struct{} // one token per call in flight
 	calls    sync.WaitGroup
-	work     chan Frame // a call for an idle worker; closed when serve ends
+	work     chan inbound // a call for an idle worker; closed when serve ends
 	workers  sync.WaitGroup
 	active   atomic.Int32
 	stopping atomic.Bool
@@ -349,7 +368,12 @@ func (sc *serverConn) serve() {
 			return
 		}
 		_ = sc.c.SetReadDeadline(time.Now().Add(s.opts.FrameReadTimeout))
-		f, err := ReadFrame(sc.r, s.opts.MaxBodySize)
+		f, held, err := readFrame(sc.r, s.opts.MaxBodySize, s.inflight)
+		var over *overBudget
+		if errors.As(err, &over) {
+			sc.refuse(over)
+			continue
+		}
 		if err != nil {
 			if !sc.stopping.Load() {
 				s.log.Warn("baidu_std connection closed: cannot read a frame", "remote", sc.c.RemoteAddr(), "err", err)
@@ -361,27 +385,47 @@ func (sc *serverConn) serve() {
 		sc.sem <- struct{}{}
 		sc.active.Add(1)
 		sc.calls.Add(1)
+		in := inbound{f: f, held: held}
 		select {
-		case sc.work <- f:
+		case sc.work <- in:
 		default:
 			sc.workers.Add(1)
-			go sc.worker(f)
+			go sc.worker(in)
 		}
 	}
 }
 
-// worker runs call f, then the calls serve hands it, until it has waited
-// workerIdle for one or serve has ended.
-func (sc *serverConn) worker(f Frame) {
+// inbound is a call read off the connection and what its frame holds of
+// the in-flight budget.
+type inbound struct {
+	f    Frame
+	held int64
+}
+
+// refuse answers the call of a frame the in-flight budget could not
+// hold. It runs on the reading goroutine, as brpc answers a call it
+// cannot take before any handler runs.
+func (sc *serverConn) refuse(over *overBudget) {
+	b := sc.s.inflight
+	sc.s.log.Warn("baidu_std call refused: requests in flight at the limit", "remote", sc.c.RemoteAddr(),
+		"body_bytes", over.body, "max_inflight_bytes", b.Max())
+	sc.respondError(over.meta.GetCorrelationId(), extended(over.meta), ELIMIT, true,
+		fmt.Sprintf("Reached server's limit on request bytes in flight: a frame of %d bytes does not fit in %d; retry later",
+			over.body, b.Max()))
+}
+
+// worker runs call in, then the calls serve hands it, until it has
+// waited workerIdle for one or serve has ended.
+func (sc *serverConn) worker(in inbound) {
 	defer sc.workers.Done()
 	idle := time.NewTimer(workerIdle)
 	defer idle.Stop()
 	for {
-		sc.call(f)
+		sc.call(in)
 		idle.Reset(workerIdle)
 		var ok bool
 		select {
-		case f, ok = <-sc.work:
+		case in, ok = <-sc.work:
 			if !ok {
 				return
 			}
@@ -428,13 +472,16 @@ func (sc *serverConn) waitFrame() string {
 	}
 }
 
-func (sc *serverConn) call(f Frame) {
+func (sc *serverConn) call(in inbound) {
+	s := sc.s
+	held := in.held
 	defer func() {
+		s.inflight.Give(held)
 		sc.active.Add(-1)
 		<-sc.sem
 		sc.calls.Done()
 	}()
-	s := sc.s
+	f := in.f
 	meta := f.Meta
 	cid := meta.GetCorrelationId()
 	ext := extended(meta)
@@ -454,12 +501,19 @@ func (sc *serverConn) call(f Frame) {
 		return
 	}
 	if ctype := meta.GetCompressType(); ctype != CompressNone {
-		var ok bool
-		if msg, ok = decompress(ctype, msg, int(s.opts.MaxBodySize)); !ok {
+		out, n, err := decompress(ctype, msg, int(s.opts.MaxBodySize), s.inflight)
+		switch {
+		case errors.Is(err, errBudget):
+			sc.respondError(cid, ext, ELIMIT, true, fmt.Sprintf(
+				"Reached server's limit on request bytes in flight: request_size=%d decompressed (CompressType=%s) does not fit in %d; retry later",
+				len(f.Payload), compressName(ctype), s.inflight.Max()))
+			return
+		case err != nil:
 			sc.respondError(cid, ext, EREQUEST, true, fmt.Sprintf("Fail to parse request message, CompressType=%s, request_size=%d",
 				compressName(ctype), len(f.Payload)))
 			return
 		}
+		msg, held = out, held+n
 	}
 	rm := meta.GetRequest()
 	req := &Request{
