@@ -7,15 +7,22 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/descriptorpb"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kvcar/kvcar/internal/baidustd/metapb"
 
 	"github.com/kvcar/kvcar/internal/budget"
 	"github.com/kvcar/kvcar/internal/testlog"
@@ -242,4 +249,122 @@ func TestRefusedFrameWithAHugeMetaClosesItsConnection(t *testing.T) {
 	if !strings.Contains(logs.String(), "does not fit the in-flight budget") {
 		t.Fatalf("no reason logged:\n%s", logs.String())
 	}
+}
+
+// decodeCost bounds what decoding allocates: for messages of every shape
+// (nested and repeated messages, strings, bytes, packed and unpacked
+// scalars, maps, unknown fields, and the empty repeated elements that
+// decode to a hundred times their wire bytes), the heap a decode grows
+// by, measured over many copies, stays under the bound, and for real
+// messages within a few times of it.
+func TestDecodeCostBoundsTheDecode(t *testing.T) {
+	empties := &descriptorpb.FileDescriptorProto{}
+	for range 20000 {
+		empties.MessageType = append(empties.MessageType, &descriptorpb.DescriptorProto{})
+	}
+	rich := &descriptorpb.FileDescriptorProto{Name: proto.String("kvcar/test.proto"), Package: proto.String("kvcar.test"),
+		Dependency: []string{"a.proto", "b.proto"}, PublicDependency: []int32{0, 1}, WeakDependency: []int32{1}}
+	for i := range 200 {
+		m := &descriptorpb.DescriptorProto{Name: proto.String(fmt.Sprintf("Message%d", i))}
+		for j := range 8 {
+			m.Field = append(m.Field, &descriptorpb.FieldDescriptorProto{Name: proto.String(fmt.Sprintf("field_%d", j)),
+				Number: proto.Int32(int32(j + 1)), Label: descriptorpb.FieldDescriptorProto_LABEL_REPEATED.Enum(),
+				Type: descriptorpb.FieldDescriptorProto_TYPE_INT64.Enum(), JsonName: proto.String(fmt.Sprintf("field%d", j))})
+		}
+		m.ReservedRange = []*descriptorpb.DescriptorProto_ReservedRange{{Start: proto.Int32(100), End: proto.Int32(200)}}
+		rich.MessageType = append(rich.MessageType, m)
+	}
+	st, err := structpb.NewStruct(map[string]any{"ids": []any{1.0, 2.0, 3.0}, "name": "kvcar", "nested": map[string]any{"a": true, "b": nil}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 500 {
+		st.Fields[fmt.Sprintf("k%d", i)] = structpb.NewStringValue(strings.Repeat("v", i%40))
+	}
+	meta := requestMeta(testSvc, "Echo", 42, &CallOptions{LogID: 7, RequestID: "req-1"}, true)
+	meta.AuthenticationData = bytes.Repeat([]byte{1}, 300)
+	withUnknown, _ := proto.Marshal(meta)
+	withUnknown = protowire.AppendTag(withUnknown, 999, protowire.BytesType)
+	withUnknown = protowire.AppendBytes(withUnknown, make([]byte, 1000))
+	packed, _ := proto.Marshal(&descriptorpb.SourceCodeInfo{Location: []*descriptorpb.SourceCodeInfo_Location{
+		{Path: make([]int32, 5000), Span: []int32{1, 2, 3}}}})
+
+	for _, c := range []struct {
+		name      string
+		msg       proto.Message
+		wire      []byte
+		realistic bool
+	}{
+		{"empty repeated messages", empties, nil, false},
+		{"a rich descriptor", rich, nil, true},
+		{"a struct with maps", st, nil, true},
+		{"an RpcMeta with an unknown field", &metapb.RpcMeta{}, withUnknown, true},
+		{"packed scalars", &descriptorpb.SourceCodeInfo{}, packed, false},
+	} {
+		wire := c.wire
+		if wire == nil {
+			if wire, err = proto.Marshal(c.msg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		bound, ok := newDecodeCost(c.msg.ProtoReflect().Descriptor()).of(wire)
+		if !ok {
+			t.Fatalf("%s: the wire did not parse", c.name)
+		}
+		const copies = 20
+		kept := make([]proto.Message, copies)
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		for i := range kept {
+			kept[i] = c.msg.ProtoReflect().New().Interface()
+			if err := proto.Unmarshal(wire, kept[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		runtime.KeepAlive(kept)
+		used := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / copies
+		t.Logf("%s: %d wire bytes, %d decoded, bound %d", c.name, len(wire), used, bound)
+		if used > bound {
+			t.Errorf("%s: a decode took %d bytes, over the bound %d", c.name, used, bound)
+		}
+		if c.realistic && bound > 4*used {
+			t.Errorf("%s: the bound %d is over 4 times the %d a decode took", c.name, bound, used)
+		}
+	}
+	if _, ok := newDecodeCost((&metapb.RpcMeta{}).ProtoReflect().Descriptor()).of([]byte{0x0a, 0x05, 1}); ok {
+		t.Error("a truncated message parsed")
+	}
+}
+
+// A message that would decode past the budget is answered ELIMIT
+// undecoded, though its frame fits; the same call with a message of
+// ordinary shape and size is served.
+func TestUnaryRefusesADecodePastTheBudget(t *testing.T) {
+	var decoded atomic.Int32
+	addr, srv := startServer(t, ServerOptions{Identity: "h:1", MaxBodySize: 1 << 20, MaxInflightBytes: 16 << 20}, map[string]Handler{
+		"File": Unary(func(_ context.Context, f *descriptorpb.FileDescriptorProto) (*descriptorpb.FileDescriptorProto, error) {
+			decoded.Add(1)
+			return &descriptorpb.FileDescriptorProto{Name: proto.String(fmt.Sprint(len(f.MessageType)))}, nil
+		}),
+	})
+	c := newClient(t, addr, ClientOptions{})
+	ctx := ctxT(t, 10*time.Second)
+	bomb := &descriptorpb.FileDescriptorProto{}
+	for range 400 << 10 / 2 { // 400 KiB of empty elements: tens of MiB decoded
+		bomb.MessageType = append(bomb.MessageType, &descriptorpb.DescriptorProto{})
+	}
+	var resp descriptorpb.FileDescriptorProto
+	err := c.CallProto(ctx, testSvc, "File", bomb, &resp, nil)
+	wantELIMIT(t, err, "Reached server's limit on request bytes in flight: request_size=409600 may decode to ", "which do not fit; retry later")
+	if decoded.Load() != 0 {
+		t.Fatal("the refused message was decoded")
+	}
+	bomb.MessageType = bomb.MessageType[:1000]
+	if err := c.CallProto(ctx, testSvc, "File", bomb, &resp, nil); err != nil || resp.GetName() != "1000" {
+		t.Fatalf("an ordinary message: %v %v", resp.GetName(), err)
+	}
+	waitUsed(t, srv, 0)
 }

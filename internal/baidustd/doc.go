@@ -31,9 +31,11 @@
 // worded as brpc numbers and words them (Errno, Error), prefixed with
 // "[<identity>]", the server's address. Per-call handler timeouts, a bound
 // on calls in flight per connection and on connections, one on the bytes
-// all calls hold together (MaxInflightBytes: a call that does not fit is
-// answered ELIMIT and its connection serves on), idle connection reaping
-// and a graceful Shutdown bound what a peer can make the server hold.
+// all calls hold together (MaxInflightBytes: frames, decompressed
+// messages and, for Unary handlers, a bound on what the message decodes
+// to, read off the wire first; a call that does not fit is answered
+// ELIMIT and its connection serves on), idle connection reaping and a
+// graceful Shutdown bound what a peer can make the server hold.
 //
 // # Client
 //

@@ -56,6 +56,21 @@ type Request struct {
 	Message    []byte // the serialized request, decompressed
 	Attachment []byte
 	RemoteAddr net.Addr
+
+	// budget is the server's in-flight budget, held what the handler
+	// took of it (hold) for the rest of the call.
+	budget *budget.Bytes
+	held   int64
+}
+
+// hold takes n more bytes of the in-flight budget for the rest of the
+// call, and reports whether they fitted.
+func (r *Request) hold(n int64) bool {
+	if !r.budget.Take(n) {
+		return false
+	}
+	r.held += n
+	return true
 }
 
 // Response is a handler's successful answer.
@@ -98,10 +113,11 @@ type ServerOptions struct {
 	// (DefaultMaxCallsPerConn).
 	MaxCallsPerConn int
 	// MaxInflightBytes bounds the bytes all calls hold at once: their
-	// frames, taken as they arrive, and their decompressed messages, until
-	// their handlers return (DefaultMaxInflightBytes; at least
-	// MaxBodySize). A call that does not fit is answered ELIMIT, its
-	// frame read to its end and dropped; its connection serves on.
+	// frames, taken as they arrive, their decompressed messages, and what
+	// a Unary handler's message may decode to, until their handlers return
+	// (DefaultMaxInflightBytes; at least MaxBodySize). A call that does
+	// not fit is answered ELIMIT (a frame refused is read to its end and
+	// dropped); its connection serves on.
 	MaxInflightBytes int64
 	// Logger receives connection problems; nil discards them.
 	Logger *slog.Logger
@@ -518,7 +534,7 @@ func (sc *serverConn) call(in inbound) {
 	rm := meta.GetRequest()
 	req := &Request{
 		Service: rm.GetServiceName(), Method: rm.GetMethodName(), LogID: rm.GetLogId(), RequestID: rm.GetRequestId(),
-		Message: msg, Attachment: att, RemoteAddr: sc.c.RemoteAddr(),
+		Message: msg, Attachment: att, RemoteAddr: sc.c.RemoteAddr(), budget: s.inflight,
 	}
 	timeout := s.opts.HandlerTimeout
 	if t := rm.GetTimeoutMs(); t > 0 {
@@ -538,6 +554,9 @@ func (sc *serverConn) call(in inbound) {
 		}
 	})
 	resp, err := sc.run(ctx, h, req)
+	// The call waited for its handler, even past its timeout: what the
+	// handler took is given back with the frame.
+	held += req.held
 	if !t.Stop() {
 		<-fired
 	}
@@ -627,13 +646,20 @@ func (sc *serverConn) respond(meta *metapb.RpcMeta, msg, att []byte) {
 
 // Unary adapts a typed function to a Handler: the request message is
 // decoded into a new Req (EREQUEST when it does not parse, worded as
-// brpc words it) and the response encoded.
+// brpc words it) and the response encoded. What the decode can allocate
+// is taken from the server's in-flight budget first (see decodeCost): a
+// message that would decode past it is answered ELIMIT undecoded.
 func Unary[Req any, PReq interface {
 	*Req
 	proto.Message
 }, Resp proto.Message](fn func(ctx context.Context, req PReq) (Resp, error)) Handler {
+	costs := newDecodeCost(PReq(new(Req)).ProtoReflect().Descriptor())
 	return func(ctx context.Context, r *Request) (Response, error) {
 		req := PReq(new(Req))
+		if n, ok := costs.of(r.Message); ok && !r.hold(n) {
+			return Response{}, Errorf(ELIMIT, "Reached server's limit on request bytes in flight: request_size=%d "+
+				"may decode to %d bytes, which do not fit; retry later", len(r.Message), n)
+		}
 		if err := proto.Unmarshal(r.Message, req); err != nil {
 			return Response{}, Errorf(EREQUEST, "Fail to parse request message, CompressType=none, request_size=%d",
 				len(r.Message)+len(r.Attachment))

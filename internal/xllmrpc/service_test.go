@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -311,6 +312,21 @@ func TestGenerationsDelivered(t *testing.T) {
 	}
 	if c.outputs.Len() != 0 {
 		t.Fatalf("%d requests left waiting", c.outputs.Len())
+	}
+}
+
+// A Generations call whose message would decode to more than the rpc
+// port's calls may hold is answered ELIMIT undecoded: 4 MiB of empty
+// generations, 2 bytes each on the wire, decode to some 280 MB, past the
+// default 128 MiB. Real calls (the recorded ones above) cost a few times
+// their bytes.
+func TestGenerationsDecodeBounded(t *testing.T) {
+	c := startCluster(t, "127.0.0.1:28600")
+	wire := bytes.Repeat([]byte{0x0a, 0x00}, 2<<20) // gens (1): empty, 2M times
+	_, err := c.client(t).Call(ctxT(t), xllmpb.RPCService, xllmpb.MethodGenerations, wire, nil)
+	var e *baidustd.Error
+	if !errors.As(err, &e) || e.Code != baidustd.ELIMIT || !strings.Contains(e.Text, "request_size=4194304 may decode to") {
+		t.Fatalf("got %v, want ELIMIT", err)
 	}
 }
 
