@@ -158,8 +158,10 @@ func TestInflightBudgetRefusesWithELIMIT(t *testing.T) {
 	hold()
 	_, err = c.Call(ctx, testSvc, "Echo", big, nil)
 	wantELIMIT(t, err, refused, "")
-	if !strings.Contains(logs.String(), "requests in flight at the limit") {
-		t.Errorf("no refusal logged:\n%s", logs.String())
+	// Two refusals within the minute: the first one logged, with its
+	// count, and no more.
+	if got := logs.String(); strings.Count(got, "requests in flight at the limit") != 1 || !strings.Contains(got, "refused_total=1") {
+		t.Errorf("refusals logged:\n%s", got)
 	}
 
 	release()

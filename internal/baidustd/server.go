@@ -162,6 +162,11 @@ type Server struct {
 	log  *slog.Logger
 	// inflight is what the calls hold (MaxInflightBytes).
 	inflight *budget.Bytes
+	// refused counts the calls answered ELIMIT; lastRefusalLog is when
+	// one was last logged (Unix nanoseconds), at most once a minute, so a
+	// peer cannot flood the log.
+	refused        atomic.Int64
+	lastRefusalLog atomic.Int64
 
 	// services maps a full service name to its methods; short maps a
 	// service name without its package to the full one, for clients
@@ -423,11 +428,22 @@ type inbound struct {
 // cannot take before any handler runs.
 func (sc *serverConn) refuse(over *overBudget) {
 	b := sc.s.inflight
-	sc.s.log.Warn("baidu_std call refused: requests in flight at the limit", "remote", sc.c.RemoteAddr(),
-		"body_bytes", over.body, "max_inflight_bytes", b.Max())
+	sc.noteRefusal()
 	sc.respondError(over.meta.GetCorrelationId(), extended(over.meta), ELIMIT, true,
 		fmt.Sprintf("Reached server's limit on request bytes in flight: a frame of %d bytes does not fit in %d; retry later",
 			over.body, b.Max()))
+}
+
+// noteRefusal counts a call answered ELIMIT and logs it, with the count
+// so far, unless another was logged within the minute.
+func (sc *serverConn) noteRefusal() {
+	s := sc.s
+	n := s.refused.Add(1)
+	now := time.Now().UnixNano()
+	if last := s.lastRefusalLog.Load(); now-last >= int64(time.Minute) && s.lastRefusalLog.CompareAndSwap(last, now) {
+		s.log.Warn("baidu_std call refused: requests in flight at the limit", "remote", sc.c.RemoteAddr(),
+			"max_inflight_bytes", s.inflight.Max(), "refused_total", n)
+	}
 }
 
 // worker runs call in, then the calls serve hands it, until it has
@@ -520,6 +536,7 @@ func (sc *serverConn) call(in inbound) {
 		out, n, err := decompress(ctype, msg, int(s.opts.MaxBodySize), s.inflight)
 		switch {
 		case errors.Is(err, errBudget):
+			sc.noteRefusal()
 			sc.respondError(cid, ext, ELIMIT, true, fmt.Sprintf(
 				"Reached server's limit on request bytes in flight: request_size=%d decompressed (CompressType=%s) does not fit in %d; retry later",
 				len(f.Payload), compressName(ctype), s.inflight.Max()))
@@ -566,6 +583,9 @@ func (sc *serverConn) call(in inbound) {
 	if err != nil {
 		var e *Error
 		if errors.As(err, &e) {
+			if e.Code == ELIMIT {
+				sc.noteRefusal()
+			}
 			sc.respondError(cid, ext, e.Code, true, e.Text)
 		} else {
 			sc.respondError(cid, ext, EINTERNAL, false, err.Error())
