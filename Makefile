@@ -86,6 +86,7 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzSplit$$' -fuzztime $(FUZZTIME) ./internal/tokenizer/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseFrame$$' -fuzztime $(FUZZTIME) ./internal/baidustd/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeMeta$$' -fuzztime $(FUZZTIME) ./internal/baidustd/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeCost$$' -fuzztime $(FUZZTIME) ./internal/baidustd/
 	$(GO) test -run '^$$' -fuzz '^FuzzString$$' -fuzztime $(FUZZTIME) ./internal/jsonw/
 	$(GO) test -run '^$$' -fuzz '^FuzzAppendResponse$$' -fuzztime $(FUZZTIME) ./internal/xllmrpc/
 	$(GO) test -run '^$$' -fuzz '^FuzzSum$$' -fuzztime $(FUZZTIME) ./internal/blockhash/

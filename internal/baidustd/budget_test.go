@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"reflect"
 	"runtime"
 	"strings"
 	"sync"
@@ -309,9 +310,10 @@ func TestDecodeCostBoundsTheDecode(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		bound, ok := newDecodeCost(c.msg.ProtoReflect().Descriptor()).of(wire)
-		if !ok {
-			t.Fatalf("%s: the wire did not parse", c.name)
+		costs := newDecodeCost(c.msg.ProtoReflect().Descriptor())
+		bound := costs.of(wire)
+		if walked, ok := costs.root.cost(wire, 0); !ok || walked != bound {
+			t.Fatalf("%s: the walk gave %d, %v", c.name, walked, ok)
 		}
 		const copies = 20
 		kept := make([]proto.Message, copies)
@@ -336,8 +338,17 @@ func TestDecodeCostBoundsTheDecode(t *testing.T) {
 			t.Errorf("%s: the bound %d is over 4 times the %d a decode took", c.name, bound, used)
 		}
 	}
-	if _, ok := newDecodeCost((&metapb.RpcMeta{}).ProtoReflect().Descriptor()).of([]byte{0x0a, 0x05, 1}); ok {
+	// Bytes the walk cannot read are charged the most any bytes can
+	// cost: for FileDescriptorProto, an empty DescriptorProto's struct
+	// for every 2 bytes.
+	costs := newDecodeCost(empties.ProtoReflect().Descriptor())
+	truncated := []byte{0x0a, 0x05, 1}
+	if _, ok := costs.root.cost(truncated, 0); ok {
 		t.Error("a truncated message parsed")
+	}
+	element := int64(reflect.TypeFor[descriptorpb.DescriptorProto]().Size()) + slotCost
+	if got, least := costs.of(truncated), costs.root.size+int64(len(truncated))*element/2; got < least {
+		t.Errorf("a truncated message charged %d, want at least %d", got, least)
 	}
 }
 

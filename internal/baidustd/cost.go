@@ -19,6 +19,10 @@ import (
 // every unknown field its bytes, each rounded up for the allocator.
 type decodeCost struct {
 	root *costMsg
+	// perByte bounds what any wire byte can decode to in this tree: the
+	// charge of a message the walk cannot read, which the decode should
+	// refuse, in case it does not.
+	perByte int64
 }
 
 // costMsg is what the walk knows of one message type.
@@ -52,7 +56,13 @@ const (
 
 // newDecodeCost makes the tree of md and of every message it can hold.
 func newDecodeCost(md protoreflect.MessageDescriptor) *decodeCost {
-	return &decodeCost{root: costTree(md, make(map[protoreflect.FullName]*costMsg))}
+	seen := make(map[protoreflect.FullName]*costMsg)
+	c := &decodeCost{root: costTree(md, seen), perByte: max(slotCost, headerCost/2)}
+	for _, m := range seen {
+		// An element of it is at least 2 bytes: its tag and a zero length.
+		c.perByte = max(c.perByte, (m.size+slotCost+mapEntryCost)/2)
+	}
+	return c
 }
 
 func costTree(md protoreflect.MessageDescriptor, seen map[protoreflect.FullName]*costMsg) *costMsg {
@@ -100,11 +110,14 @@ func (m *costMsg) field(n protowire.Number) *costField {
 // of a small one (33 bytes take 48).
 func allocSize(n int64) int64 { return n + n/4 + 16 }
 
-// of returns the bound for b decoded as the tree's message; ok is false
-// for bytes that do not parse as a message, which the decode then
-// refuses.
-func (c *decodeCost) of(b []byte) (total int64, ok bool) {
-	return c.root.cost(b, 0)
+// of returns the bound for b decoded as the tree's message. For bytes
+// that do not parse as one, which the decode then refuses, it charges
+// the most any bytes can cost.
+func (c *decodeCost) of(b []byte) int64 {
+	if total, ok := c.root.cost(b, 0); ok {
+		return total
+	}
+	return c.root.size + c.perByte*int64(len(b))
 }
 
 func (m *costMsg) cost(b []byte, depth int) (int64, bool) {

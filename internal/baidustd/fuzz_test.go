@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/descriptorpb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvcar/kvcar/internal/baidustd/metapb"
 )
@@ -115,6 +117,46 @@ func FuzzDecodeMeta(f *testing.F) {
 		var m2 metapb.RpcMeta
 		if err := DecodeMeta(enc, &m2); err != nil || !proto.Equal(&m, &m2) {
 			t.Fatalf("round trip: %v", err)
+		}
+	})
+}
+
+// The decode's bound is never skipped for a message that decodes: every
+// input proto.Unmarshal takes as a FileDescriptorProto (nested and
+// repeated messages, strings, scalars, unknown fields) or a Struct (maps
+// of recursive values), the walk reads too, and never charges less than
+// the message's own wire size.
+func FuzzDecodeCost(f *testing.F) {
+	for _, s := range goldenSeeds(f) {
+		if fr, _, err := ParseFrame(s, DefaultMaxBodySize); err == nil {
+			f.Add(fr.Payload)
+		}
+	}
+	rich, _ := proto.Marshal(&descriptorpb.FileDescriptorProto{Name: proto.String("a.proto"),
+		MessageType: []*descriptorpb.DescriptorProto{{Name: proto.String("M"), Field: []*descriptorpb.FieldDescriptorProto{{Number: proto.Int32(1)}}}}})
+	f.Add(rich)
+	st, _ := structpb.NewStruct(map[string]any{"a": []any{1.0, "x", map[string]any{"b": nil}}})
+	sb, _ := proto.Marshal(st)
+	f.Add(sb)
+	targets := []proto.Message{&descriptorpb.FileDescriptorProto{}, &structpb.Struct{}}
+	costs := make([]*decodeCost, len(targets))
+	for i, m := range targets {
+		costs[i] = newDecodeCost(m.ProtoReflect().Descriptor())
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		for i, m := range targets {
+			m := m.ProtoReflect().New().Interface()
+			if proto.Unmarshal(b, m) != nil {
+				costs[i].of(b) // must not panic
+				continue
+			}
+			n, ok := costs[i].root.cost(b, 0)
+			if !ok {
+				t.Fatalf("%T decodes %x but the walk cannot read it", m, b)
+			}
+			if n < int64(len(b)) {
+				t.Fatalf("%T of %d bytes charged %d", m, len(b), n)
+			}
 		}
 	})
 }

@@ -676,7 +676,7 @@ func Unary[Req any, PReq interface {
 	costs := newDecodeCost(PReq(new(Req)).ProtoReflect().Descriptor())
 	return func(ctx context.Context, r *Request) (Response, error) {
 		req := PReq(new(Req))
-		if n, ok := costs.of(r.Message); ok && !r.hold(n) {
+		if n := costs.of(r.Message); !r.hold(n) {
 			return Response{}, Errorf(ELIMIT, "Reached server's limit on request bytes in flight: request_size=%d "+
 				"may decode to %d bytes, which do not fit; retry later", len(r.Message), n)
 		}
