@@ -117,7 +117,8 @@ type ServerOptions struct {
 	// a Unary handler's message may decode to, until their handlers return
 	// (DefaultMaxInflightBytes; at least MaxBodySize). A call that does
 	// not fit is answered ELIMIT (a frame refused is read to its end and
-	// dropped); its connection serves on.
+	// dropped), which brpc's default retry policy retries; its
+	// connection serves on.
 	MaxInflightBytes int64
 	// Logger receives connection problems; nil discards them.
 	Logger *slog.Logger
