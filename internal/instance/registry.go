@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strings"
@@ -137,6 +138,10 @@ type Registry struct {
 	orderStale bool
 	version    uint64
 	lastEpoch  uint64
+	// lastMetaGen is the last Instance.MetaGen given. It starts at
+	// random, so that two registries in one process do not give the
+	// same numbers to different Metas.
+	lastMetaGen uint64
 }
 
 // entry is an instance with the bookkeeping the state machine needs.
@@ -185,6 +190,7 @@ func New(opts Options) (*Registry, error) {
 		entries:       make(map[string]*entry),
 		synced:        make(map[string]syncedLoad),
 		warned:        make(map[string]int64),
+		lastMetaGen:   rand.Uint64() >> 1, // room to count up
 	}
 	if r.stallAfter <= r.progressEvery {
 		return nil, fmt.Errorf("instance: WatchStallTimeout %v must exceed WatchProgressInterval %v", r.stallAfter, r.progressEvery)

@@ -238,6 +238,19 @@ func TestReplacementAndRefresh(t *testing.T) {
 	if got := reg.Snapshot().Version; got != v+1 {
 		t.Errorf("version went from %d to %d; the repeated PUT must not publish", v, got)
 	}
+	// A Meta keeps its MetaGen through heartbeats and repeated PUTs; each
+	// registration has its own, in the briefs too.
+	snap := reg.Snapshot()
+	again, _ := snap.Lookup(name)
+	marker, _ := snap.Lookup("127.0.0.1:8199")
+	if first.MetaGen == 0 || again.MetaGen != first.MetaGen || marker.MetaGen == first.MetaGen || marker.MetaGen == 0 {
+		t.Errorf("MetaGens: first %d, after a heartbeat and the same PUT %d, another instance %d", first.MetaGen, again.MetaGen, marker.MetaGen)
+	}
+	for i, b := range snap.Briefs() {
+		if b.MetaGen != snap.Instances[i].MetaGen {
+			t.Errorf("brief %d has MetaGen %d, its instance %d", i, b.MetaGen, snap.Instances[i].MetaGen)
+		}
+	}
 
 	// Same incarnation, new DP size: refreshed, load kept.
 	put(t, cli, key, engineMeta(name, Prefill, "p1").with("dp_size", 4).json(t))
@@ -245,12 +258,19 @@ func TestReplacementAndRefresh(t *testing.T) {
 	if !in.HasLoad || in.Load.WaitingRequests != 3 || !in.Registered.Equal(first.Registered) {
 		t.Errorf("refresh reset the instance: %+v", in)
 	}
+	if in.MetaGen == first.MetaGen || in.MetaGen == marker.MetaGen {
+		t.Errorf("a changed Meta kept MetaGen %d", in.MetaGen)
+	}
+	refreshed := in.MetaGen
 
 	// New incarnation: a fresh instance.
 	put(t, cli, key, engineMeta(name, Prefill, "p2").json(t))
 	in = waitInst(t, reg.Registry, name, "new incarnation", func(i Instance) bool { return i.Incarnation() == "p2" })
 	if in.HasLoad || in.LoadSource != LoadNone || in.Meta.DPSize != 1 || !in.Registered.After(first.Registered) {
 		t.Errorf("replacement kept state of the old process: %+v", in)
+	}
+	if in.MetaGen == refreshed || in.MetaGen == first.MetaGen {
+		t.Errorf("a new incarnation kept MetaGen %d", in.MetaGen)
 	}
 	if err := reg.Heartbeat(Heartbeat{Name: name, IncarnationID: "p1"}); !errors.Is(err, ErrStaleIncarnation) {
 		t.Errorf("heartbeat of the replaced process: %v, want ErrStaleIncarnation", err)

@@ -63,6 +63,7 @@ func (r *Registry) register(t Type, meta Meta, kv *mvccpb.KeyValue, now time.Tim
 		epoch:  r.nextEpoch(),
 		inst: Instance{
 			Meta:       meta,
+			MetaGen:    r.nextMetaGen(),
 			Type:       t,
 			State:      Active,
 			StateSince: now,
@@ -104,7 +105,7 @@ func (r *Registry) refresh(e *entry, t Type, meta Meta, kv *mvccpb.KeyValue, now
 		return // the same registration again, e.g. from a re-list
 	}
 	e.key, e.value = key, kv.Value
-	e.inst.Meta = meta
+	e.inst.Meta, e.inst.MetaGen = meta, r.nextMetaGen()
 	if e.inst.Type != t {
 		e.inst.Type = t
 		e.inst.Role = r.roleFor(t, e)
@@ -136,6 +137,11 @@ func (r *Registry) applyDelete(name, key string, prev []byte) {
 	e.epoch = r.nextEpoch()
 	r.log.Info("instance key deleted, probing health", "instance", name)
 	r.startProbe(name, e.epoch)
+}
+
+func (r *Registry) nextMetaGen() uint64 {
+	r.lastMetaGen++
+	return r.lastMetaGen
 }
 
 func (r *Registry) nextEpoch() uint64 {

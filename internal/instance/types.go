@@ -143,6 +143,13 @@ func (s LoadSource) String() string {
 // Instance is the registry's view of one engine instance.
 type Instance struct {
 	Meta Meta
+	// MetaGen names Meta's value in its registry: two Instances of one
+	// registry with the same MetaGen have the same Meta, so a reader
+	// that derived something from Meta can tell it still holds by this
+	// word alone. The registry gives every registration and every change
+	// of one a new MetaGen; 0, as in an Instance made by hand, promises
+	// nothing.
+	MetaGen uint64
 	// Type is the type of the key the instance is registered under.
 	Type Type
 	// Role is what a MIX instance currently plays, Prefill or Decode;
@@ -245,11 +252,12 @@ func (s *Snapshot) Briefs() []Brief {
 }
 
 // Brief is what the routing policies read of every instance of a snapshot
-// when they look for candidates, packed into 32 bytes: a scan of a fleet
+// when they look for candidates, packed into 40 bytes: a scan of a fleet
 // reads a few contiguous cache lines instead of a line or two of every
 // Instance, which a decision finding the caches cold pays a miss for.
 type Brief struct {
 	WaitingRequests uint64 // Load.WaitingRequests
+	MetaGen         uint64 // the Instance's
 	BackendType     string // Meta.BackendType
 	typ, role       int8
 	state           int8
@@ -261,7 +269,7 @@ type Brief struct {
 func AppendBriefs(dst []Brief, ins []Instance) []Brief {
 	for i := range ins {
 		in := &ins[i]
-		dst = append(dst, Brief{WaitingRequests: in.Load.WaitingRequests, BackendType: in.Meta.BackendType,
+		dst = append(dst, Brief{WaitingRequests: in.Load.WaitingRequests, MetaGen: in.MetaGen, BackendType: in.Meta.BackendType,
 			typ: small(int(in.Type)), role: small(int(in.Role)), state: small(int(in.State)), HasLoad: in.HasLoad, LoadValid: in.LoadValid})
 	}
 	return dst

@@ -18,7 +18,11 @@ import (
 // pick. The "-cold" kinds evict the caches (ColdBytes written) before
 // each decision, untimed, as a router's sparse decisions find the
 // directory and the snapshot; the prompt is then copied to the request's
-// buffer, as its parser just wrote it. p50 and p99 per decision.
+// buffer, as its parser just wrote it. The "-next" kinds decide each time
+// on the registry's next snapshot, as after a load report (the instances
+// copied, their MetaGens kept), made before the eviction; "-unnamed"
+// ones on snapshots without MetaGens, whose instances CAR then compares.
+// p50 and p99 per decision.
 func BenchmarkDecisionRealSize(b *testing.B) {
 	d, prompts := kvdir.RealSizeDirectory(b, 16384)
 	snap := snapshotOf(d)
@@ -27,19 +31,30 @@ func BenchmarkDecisionRealSize(b *testing.B) {
 		b.Fatal(err)
 	}
 	car.SetPrefixView(d)
-	for _, kind := range []string{"all", "one", "none", "all-cold", "one-cold", "none-cold"} {
+	unnamed := instance.NewSnapshot(slices.Clone(snap.Instances), snap.Version, true)
+	for i := range unnamed.Instances {
+		unnamed.Instances[i].MetaGen = 0
+	}
+	unnamed = instance.NewSnapshot(unnamed.Instances, snap.Version, true)
+	for _, kind := range []string{"all", "one", "none", "all-cold", "one-cold", "none-cold",
+		"all-cold-next", "none-cold-next", "all-cold-next-unnamed", "none-cold-next-unnamed"} {
 		b.Run(kind, func(b *testing.B) {
-			ps := prompts(strings.TrimSuffix(kind, "-cold"))
+			base, rest, _ := strings.Cut(kind, "-")
+			ps := prompts(base)
 			var evict []byte
-			if strings.HasSuffix(kind, "-cold") {
+			if strings.HasPrefix(rest, "cold") {
 				evict = make([]byte, kvdir.ColdBytes)
 			}
+			from := snap
+			if strings.HasSuffix(kind, "-unnamed") {
+				from = unnamed
+			}
 			req := lb.Request{TokenIDs: make([]uint32, len(ps[0]))}
-			check, err := car.Route(lb.Request{TokenIDs: ps[0]}, snap)
+			check, err := car.Route(lb.Request{TokenIDs: ps[0]}, from)
 			if err != nil {
 				b.Fatal(err)
 			}
-			if kind != "none" && kind != "none-cold" && check.HitRatio != 1 {
+			if base != "none" && check.HitRatio != 1 {
 				b.Fatalf("warm-up decision: %+v, want a whole hit", check)
 			}
 			lat := make([]time.Duration, 0, b.N)
@@ -47,6 +62,10 @@ func BenchmarkDecisionRealSize(b *testing.B) {
 			i := 0
 			for b.Loop() {
 				b.StopTimer()
+				use := snap
+				if strings.Contains(kind, "-next") {
+					use = instance.NewSnapshot(slices.Clone(from.Instances), from.Version+uint64(i)+1, true)
+				}
 				for j := 0; j < len(evict); j += 64 {
 					evict[j]++
 				}
@@ -54,7 +73,7 @@ func BenchmarkDecisionRealSize(b *testing.B) {
 				i++
 				b.StartTimer()
 				t0 := time.Now()
-				if _, err := car.Route(req, snap); err != nil {
+				if _, err := car.Route(req, use); err != nil {
 					b.Fatal(err)
 				}
 				lat = append(lat, time.Since(t0))
@@ -66,14 +85,15 @@ func BenchmarkDecisionRealSize(b *testing.B) {
 
 // snapshotOf is a registry snapshot of d's instances, DEFAULT with
 // valid loads of empty queues and the incarnations their streams follow, its strings
-// its own and its briefs made, as the registry makes them.
+// its own, its Metas named and its briefs made, as the registry makes them.
 func snapshotOf(d *kvdir.Directory) *instance.Snapshot {
 	var ins []instance.Instance
 	for _, m := range d.Query(nil, nil) {
 		name := strings.Clone(m.InstanceName)
 		ins = append(ins, instance.Instance{
-			Meta: instance.Meta{Name: name, IncarnationID: strings.Clone(m.Incarnation), DPSize: 1, BackendType: "xllm"},
-			Type: instance.Default, Role: instance.Default, State: instance.Active, HasLoad: true, LoadValid: true,
+			Meta:    instance.Meta{Name: name, IncarnationID: strings.Clone(m.Incarnation), DPSize: 1, BackendType: "xllm"},
+			MetaGen: uint64(len(ins) + 1),
+			Type:    instance.Default, Role: instance.Default, State: instance.Active, HasLoad: true, LoadValid: true,
 		})
 	}
 	slices.SortFunc(ins, func(a, b instance.Instance) int { return strings.Compare(a.Meta.Name, b.Meta.Name) })

@@ -275,6 +275,76 @@ func TestCARJoinFollowsTheFleet(t *testing.T) {
 	}
 }
 
+// The join as the registry's snapshots let CAR keep it: each Meta named
+// by a MetaGen, a new one with every registration or change of one. The
+// same fleet as above, each step's changed instances given new MetaGens
+// (as the registry gives them) and the others their old ones, routes as
+// a CAR with nothing kept would.
+func TestCARJoinFollowsTheFleetByMetaGen(t *testing.T) {
+	view := newMatches(match("a", 0, 500, 0), match("a", 1, 300, 0), match("b", 0, 700, 0))
+	gen := uint64(100)
+	named := func(in instance.Instance) instance.Instance {
+		gen++
+		in.MetaGen = gen
+		return in
+	}
+	a, b := named(withDP(loaded("a", F, 0, 0), 2)), named(loaded("b", F, 9, 0))
+	base := snapshot(a, b)
+	// next is the registry's next snapshot: edit changes the instances,
+	// and those whose Meta it changed (renamed) get new MetaGens.
+	next := func(s *instance.Snapshot, edit func(in []instance.Instance), renamed ...int) *instance.Snapshot {
+		ins := slices.Clone(s.Instances)
+		edit(ins)
+		for _, i := range renamed {
+			ins[i] = named(ins[i])
+		}
+		return instance.NewSnapshot(ins, s.Version+1, true)
+	}
+	loads := next(base, func(in []instance.Instance) { in[1].Load.WaitingRequests = 0 })
+	newInc := next(loads, func(in []instance.Instance) { in[0].Meta.IncarnationID = "inc-a-2" }, 0)
+	oldInc := next(newInc, func(in []instance.Instance) { in[0].Meta.IncarnationID = "inc-a" }, 0)
+	kept := mustCAR(t, 1, 0.5, view)
+	for _, st := range []struct {
+		name  string
+		snap  *instance.Snapshot
+		wantA float64
+	}{
+		{"first", base, 0.3},
+		{"next snapshot, loads changed", loads, 0.3},
+		{"a new incarnation", newInc, 0},
+		{"its loads changed", next(newInc, func(in []instance.Instance) { in[1].Load.WaitingRequests = 4 }), 0},
+		{"the old one back", oldInc, 0.3},
+		{"one DP rank", next(oldInc, func(in []instance.Instance) { in[0].Meta.DPSize = 1 }, 0), 0.5},
+		{"an instance before a", snapshot(named(loaded("0", F, 9, 0)), a, b), 0.3},
+		{"b gone", snapshot(a), 0.3},
+		{"back to the first", base, 0.3},
+	} {
+		d := route(t, kept, Request{TokenIDs: tokens(1000)}, st.snap)
+		fresh := route(t, mustCAR(t, 1, 0.5, view), Request{TokenIDs: tokens(1000)}, st.snap)
+		if d != fresh {
+			t.Fatalf("%s: decision %+v with the kept join, %+v with a new one", st.name, d, fresh)
+		}
+		want := max(st.wantA, 0.7)
+		if len(st.snap.Instances) == 1 {
+			want = st.wantA
+		}
+		wantFloat(t, st.name+": HitRatio", d.HitRatio, want)
+	}
+
+	// The MetaGens alone decide: a snapshot that keeps every MetaGen keeps
+	// the join without reading the instances, so a Meta changed without a
+	// new MetaGen, which the registry never publishes, goes unseen.
+	// With a alone, its ratio is the decision's.
+	alone := snapshot(a)
+	unseen := next(alone, func(in []instance.Instance) { in[0].Meta.IncarnationID = "inc-a-3" })
+	wantFloat(t, "a alone: HitRatio", route(t, kept, Request{TokenIDs: tokens(1000)}, alone).HitRatio, 0.3)
+	wantFloat(t, "a Meta changed under its MetaGen: HitRatio", route(t, kept, Request{TokenIDs: tokens(1000)}, unseen).HitRatio, 0.3)
+	wantFloat(t, "the same, with nothing kept: HitRatio", route(t, mustCAR(t, 1, 0.5, view), Request{TokenIDs: tokens(1000)}, unseen).HitRatio, 0)
+	// A new MetaGen for the same Meta is checked and kept.
+	wantFloat(t, "a new MetaGen, the same Meta: HitRatio",
+		route(t, kept, Request{TokenIDs: tokens(1000)}, next(alone, func([]instance.Instance) {}, 0)).HitRatio, 0.3)
+}
+
 // R-CAR-7: the allocation-free identity check agrees with
 // Instance.Incarnation.
 func TestSameIncarnationAgreesWithInstance(t *testing.T) {

@@ -15,13 +15,17 @@ import (
 // for each; the join changes only when an instance or stream comes, goes
 // or changes identity, so CAR keeps it between decisions and checks it
 // against a new snapshot by the identity of those strings, not their
-// bytes.
+// bytes; or, where the registry names its Metas (Instance.MetaGen), by
+// those names alone, read from the briefs a decision reads anyway, so
+// that the snapshot a load report brings costs no scan of the instances.
 type carJoin struct {
 	layout *kvdir.Layout
 	// snap is the snapshot the join was last found valid for; ids what
-	// the spans depend on of each of its instances.
+	// the spans depend on of each of its instances, and gens their
+	// MetaGens, nil unless every one is known (non-zero).
 	snap  *instance.Snapshot
 	ids   []memberID
+	gens  []uint64
 	spans []span
 }
 
@@ -67,8 +71,13 @@ func (c *CAR) joinFor(snap *instance.Snapshot, layout *kvdir.Layout) *carJoin {
 		if j.snap == snap {
 			return j
 		}
+		if j.sameGens(snap) {
+			j = &carJoin{layout: layout, snap: snap, ids: j.ids, gens: j.gens, spans: j.spans}
+			c.join.Store(j)
+			return j
+		}
 		if j.validFor(snap) {
-			j = &carJoin{layout: layout, snap: snap, ids: j.ids, spans: j.spans}
+			j = &carJoin{layout: layout, snap: snap, ids: j.ids, gens: gensOf(snap), spans: j.spans}
 			c.join.Store(j)
 			return j
 		}
@@ -76,6 +85,38 @@ func (c *CAR) joinFor(snap *instance.Snapshot, layout *kvdir.Layout) *carJoin {
 	j = buildJoin(snap, layout)
 	c.join.Store(j)
 	return j
+}
+
+// sameGens reports whether every instance of snap has the MetaGen the
+// join recorded, in the same place: then each has the Meta the spans
+// were found with.
+func (j *carJoin) sameGens(snap *instance.Snapshot) bool {
+	bs := snap.Briefs()
+	if j.gens == nil || len(bs) != len(j.gens) {
+		return false
+	}
+	for i := range bs {
+		if bs[i].MetaGen != j.gens[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// gensOf returns the MetaGens of snap's instances, nil unless the
+// snapshot has its briefs and every one is known.
+func gensOf(snap *instance.Snapshot) []uint64 {
+	bs := snap.Briefs()
+	if bs == nil {
+		return nil
+	}
+	gens := make([]uint64, len(bs))
+	for i := range bs {
+		if gens[i] = bs[i].MetaGen; gens[i] == 0 {
+			return nil
+		}
+	}
+	return gens
 }
 
 func (j *carJoin) validFor(snap *instance.Snapshot) bool {
@@ -94,7 +135,8 @@ func (j *carJoin) validFor(snap *instance.Snapshot) bool {
 // buildJoin walks the snapshot's instances and the layout's streams
 // together, both sorted by instance name.
 func buildJoin(snap *instance.Snapshot, layout *kvdir.Layout) *carJoin {
-	j := &carJoin{layout: layout, snap: snap, ids: make([]memberID, len(snap.Instances)), spans: make([]span, len(snap.Instances))}
+	j := &carJoin{layout: layout, snap: snap, ids: make([]memberID, len(snap.Instances)), gens: gensOf(snap),
+		spans: make([]span, len(snap.Instances))}
 	ss := layout.Streams
 	k := 0
 	for i := range snap.Instances {
