@@ -1,6 +1,7 @@
 package lb
 
 import (
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/kvcar/kvcar/internal/instance"
@@ -22,8 +23,9 @@ type carJoin struct {
 	layout *kvdir.Layout
 	// snap is the snapshot the join was last found valid for; ids what
 	// the spans depend on of each of its instances, and gens their
-	// MetaGens, nil unless every one is known (non-zero).
-	snap  *instance.Snapshot
+	// MetaGens, nil unless every one is known (non-zero). A snapshot with
+	// the same MetaGens replaces snap in place: the join is the same.
+	snap  atomic.Pointer[instance.Snapshot]
 	ids   []memberID
 	gens  []uint64
 	spans []span
@@ -68,16 +70,16 @@ func sameString(a, b string) bool {
 func (c *CAR) joinFor(snap *instance.Snapshot, layout *kvdir.Layout) *carJoin {
 	j := c.join.Load()
 	if j != nil && j.layout == layout {
-		if j.snap == snap {
+		if j.snap.Load() == snap {
 			return j
 		}
 		if j.sameGens(snap) {
-			j = &carJoin{layout: layout, snap: snap, ids: j.ids, gens: j.gens, spans: j.spans}
-			c.join.Store(j)
+			j.snap.Store(snap)
 			return j
 		}
 		if j.validFor(snap) {
-			j = &carJoin{layout: layout, snap: snap, ids: j.ids, gens: gensOf(snap), spans: j.spans}
+			j = &carJoin{layout: layout, ids: j.ids, gens: gensOf(snap), spans: j.spans}
+			j.snap.Store(snap)
 			c.join.Store(j)
 			return j
 		}
@@ -135,8 +137,9 @@ func (j *carJoin) validFor(snap *instance.Snapshot) bool {
 // buildJoin walks the snapshot's instances and the layout's streams
 // together, both sorted by instance name.
 func buildJoin(snap *instance.Snapshot, layout *kvdir.Layout) *carJoin {
-	j := &carJoin{layout: layout, snap: snap, ids: make([]memberID, len(snap.Instances)), gens: gensOf(snap),
+	j := &carJoin{layout: layout, ids: make([]memberID, len(snap.Instances)), gens: gensOf(snap),
 		spans: make([]span, len(snap.Instances))}
+	j.snap.Store(snap)
 	ss := layout.Streams
 	k := 0
 	for i := range snap.Instances {
