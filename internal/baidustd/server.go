@@ -57,8 +57,8 @@ type Request struct {
 	Attachment []byte
 	RemoteAddr net.Addr
 
-	// budget is the server's in-flight budget, held what the handler
-	// took of it (hold) for the rest of the call.
+	// budget is the server's in-flight budget; held is what the handler
+	// took of it (hold), given back when the call ends.
 	budget *budget.Bytes
 	held   int64
 }
