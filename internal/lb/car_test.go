@@ -236,12 +236,7 @@ func TestCARJoinFollowsTheFleet(t *testing.T) {
 		}
 		return next
 	}
-	kept := mustCAR(t, 1, 0.5, view)
-	steps := []struct {
-		name  string
-		snap  *instance.Snapshot
-		wantA float64 // a's hit ratio; b's is 0.7 while it is there
-	}{
+	routeSteps(t, view, []joinStep{
 		{"first", base, 0.3},
 		{"same snapshot", base, 0.3},
 		{"next snapshot, loads changed", copyOf(base, func(in []instance.Instance) { in[1].Load.WaitingRequests = 0 }), 0.3},
@@ -257,7 +252,23 @@ func TestCARJoinFollowsTheFleet(t *testing.T) {
 		{"an instance before a", snapshot(loaded("0", F, 9, 0), a, b), 0.3},
 		{"b gone", snapshot(a), 0.3},
 		{"back to the first", base, 0.3},
-	}
+	})
+}
+
+// joinStep is a snapshot a kept join meets, and a's hit ratio there; b's
+// is 0.7 while it is there.
+type joinStep struct {
+	name  string
+	snap  *instance.Snapshot
+	wantA float64
+}
+
+// routeSteps routes each step's snapshot in turn with one CAR over view,
+// and checks that each decision is what a CAR with nothing kept decides,
+// with a's hit ratio as the step wants; it returns the CAR.
+func routeSteps(t *testing.T, view PrefixView, steps []joinStep) *CAR {
+	t.Helper()
+	kept := mustCAR(t, 1, 0.5, view)
 	for _, st := range steps {
 		d := route(t, kept, Request{TokenIDs: tokens(1000)}, st.snap)
 		fresh := route(t, mustCAR(t, 1, 0.5, view), Request{TokenIDs: tokens(1000)}, st.snap)
@@ -273,6 +284,7 @@ func TestCARJoinFollowsTheFleet(t *testing.T) {
 			t.Fatalf("%s: routed to %s, want a", st.name, d.Prefill)
 		}
 	}
+	return kept
 }
 
 // The join as the registry's snapshots let CAR keep it: each Meta named
@@ -303,12 +315,7 @@ func TestCARJoinFollowsTheFleetByMetaGen(t *testing.T) {
 	loads := next(base, func(in []instance.Instance) { in[1].Load.WaitingRequests = 0 })
 	newInc := next(loads, func(in []instance.Instance) { in[0].Meta.IncarnationID = "inc-a-2" }, 0)
 	oldInc := next(newInc, func(in []instance.Instance) { in[0].Meta.IncarnationID = "inc-a" }, 0)
-	kept := mustCAR(t, 1, 0.5, view)
-	for _, st := range []struct {
-		name  string
-		snap  *instance.Snapshot
-		wantA float64
-	}{
+	kept := routeSteps(t, view, []joinStep{
 		{"first", base, 0.3},
 		{"next snapshot, loads changed", loads, 0.3},
 		{"a new incarnation", newInc, 0},
@@ -318,18 +325,7 @@ func TestCARJoinFollowsTheFleetByMetaGen(t *testing.T) {
 		{"an instance before a", snapshot(named(loaded("0", F, 9, 0)), a, b), 0.3},
 		{"b gone", snapshot(a), 0.3},
 		{"back to the first", base, 0.3},
-	} {
-		d := route(t, kept, Request{TokenIDs: tokens(1000)}, st.snap)
-		fresh := route(t, mustCAR(t, 1, 0.5, view), Request{TokenIDs: tokens(1000)}, st.snap)
-		if d != fresh {
-			t.Fatalf("%s: decision %+v with the kept join, %+v with a new one", st.name, d, fresh)
-		}
-		want := max(st.wantA, 0.7)
-		if len(st.snap.Instances) == 1 {
-			want = st.wantA
-		}
-		wantFloat(t, st.name+": HitRatio", d.HitRatio, want)
-	}
+	})
 
 	// The MetaGens alone decide: a snapshot that keeps every MetaGen keeps
 	// the join without reading the instances, so a Meta changed without a
