@@ -256,8 +256,9 @@ func TestRefusedFrameWithAHugeMetaClosesItsConnection(t *testing.T) {
 
 // decodeCost bounds what decoding allocates: for messages of every shape
 // (nested and repeated messages, strings, bytes, packed and unpacked
-// scalars, maps, unknown fields, and the empty repeated elements that
-// decode to a hundred times their wire bytes), the heap a decode grows
+// scalars, maps, unknown fields, scalars sent where a message belongs,
+// and the empty repeated elements that decode to a hundred times their
+// wire bytes), the heap a decode grows
 // by, measured over many copies, stays under the bound, and for real
 // messages within a few times of it.
 func TestDecodeCostBoundsTheDecode(t *testing.T) {
@@ -291,6 +292,13 @@ func TestDecodeCostBoundsTheDecode(t *testing.T) {
 	withUnknown = protowire.AppendBytes(withUnknown, make([]byte, 1000))
 	packed, _ := proto.Marshal(&descriptorpb.SourceCodeInfo{Location: []*descriptorpb.SourceCodeInfo_Location{
 		{Path: make([]int32, 5000), Span: []int32{1, 2, 3}}}})
+	// message_type (4, a message) sent as 10-byte varints: the decode
+	// keeps each as unknown bytes.
+	var mismatched []byte
+	for range 2000 {
+		mismatched = protowire.AppendTag(mismatched, 4, protowire.VarintType)
+		mismatched = protowire.AppendVarint(mismatched, 1<<63)
+	}
 
 	for _, c := range []struct {
 		name      string
@@ -303,6 +311,7 @@ func TestDecodeCostBoundsTheDecode(t *testing.T) {
 		{"a struct with maps", st, nil, true},
 		{"an RpcMeta with an unknown field", &metapb.RpcMeta{}, withUnknown, true},
 		{"packed scalars", &descriptorpb.SourceCodeInfo{}, packed, false},
+		{"scalars where a message belongs", &descriptorpb.FileDescriptorProto{}, mismatched, false},
 	} {
 		wire := c.wire
 		if wire == nil {

@@ -141,7 +141,7 @@ func (m *costMsg) cost(b []byte, depth int) (int64, bool) {
 			total += 2 * int64(n+l) // kept as unknown bytes, in a growing slice
 			continue
 		}
-		cost, ok := f.cost(num, typ, val, depth)
+		cost, ok := f.cost(num, typ, val, 2*int64(n+l), depth)
 		if !ok {
 			return 0, false
 		}
@@ -151,8 +151,9 @@ func (m *costMsg) cost(b []byte, depth int) (int64, bool) {
 }
 
 // cost is the bound for one occurrence of f on the wire, its value val
-// of wire type typ.
-func (f *costField) cost(num protowire.Number, typ protowire.Type, val []byte, depth int) (int64, bool) {
+// of wire type typ; raw is what the occurrence costs kept as unknown
+// bytes, as the decode keeps a scalar whose wire type is not its field's.
+func (f *costField) cost(num protowire.Number, typ protowire.Type, val []byte, raw int64, depth int) (int64, bool) {
 	switch typ {
 	case protowire.StartGroupType:
 		inner, n := protowire.ConsumeGroup(num, val)
@@ -163,7 +164,7 @@ func (f *costField) cost(num protowire.Number, typ protowire.Type, val []byte, d
 		return cost + slotCost, ok
 	case protowire.BytesType:
 	default:
-		return slotCost, true // one scalar
+		return max(slotCost, raw), true // one scalar
 	}
 	inner, n := protowire.ConsumeBytes(val)
 	if n < 0 {
