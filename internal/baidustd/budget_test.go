@@ -324,7 +324,9 @@ func TestDecodeCostBoundsTheDecode(t *testing.T) {
 		if walked, ok := costs.root.cost(wire, 0); !ok || walked != bound {
 			t.Fatalf("%s: the walk gave %d, %v", c.name, walked, ok)
 		}
-		const copies = 20
+		// Enough copies to decode a megabyte or more, so that anything
+		// else the process allocates meanwhile is noise next to them.
+		copies := max(20, 1<<20/len(wire))
 		kept := make([]proto.Message, copies)
 		var before, after runtime.MemStats
 		runtime.GC()
@@ -338,7 +340,7 @@ func TestDecodeCostBoundsTheDecode(t *testing.T) {
 		runtime.GC()
 		runtime.ReadMemStats(&after)
 		runtime.KeepAlive(kept)
-		used := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / copies
+		used := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / int64(copies)
 		t.Logf("%s: %d wire bytes, %d decoded, bound %d", c.name, len(wire), used, bound)
 		if used > bound {
 			t.Errorf("%s: a decode took %d bytes, over the bound %d", c.name, used, bound)
