@@ -139,6 +139,9 @@ type accounting struct {
 	// tickets numbers decisions, for Release.
 	tickets  uint64
 	seenSnap *instance.Snapshot
+	// seenGens are seenSnap's MetaGens, nil unless it had its briefs and
+	// every one was known (see gensOf).
+	seenGens []uint64
 }
 
 // instAcct is one instance's accounting. registered tells its
@@ -233,7 +236,21 @@ func (a *accounting) sync(snap *instance.Snapshot) {
 	if snap == a.seenSnap || snap == nil || (snap.Version == a.seenVersion && a.seenSnap != nil) {
 		return
 	}
+	same := sameGens(a.seenGens, snap)
 	a.seenSnap, a.seenVersion = snap, snap.Version
+	if same {
+		// The same registrations in the same places (a new MetaGen comes
+		// with every one), so every instance tracked is still there and
+		// of the same incarnation: only its state may have changed, and
+		// the briefs say it without a lookup by name.
+		for i, b := range snap.Briefs() {
+			if !b.Schedulable() {
+				delete(a.insts, snap.Instances[i].Meta.Name)
+			}
+		}
+		return
+	}
+	a.seenGens = gensOf(snap)
 	for name, st := range a.insts {
 		in, ok := lookupInstance(snap, name)
 		if !ok || !in.Schedulable() || !in.Registered.Equal(st.registered) {

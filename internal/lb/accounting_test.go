@@ -1,6 +1,7 @@
 package lb
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -261,6 +262,60 @@ func TestAccountingForgetsInstances(t *testing.T) {
 			if n := c.acct.pendingBlocks(in, chainKeys(tokens(64), 16, nil), c.acct.since(clock.now())); n != 0 {
 				t.Fatalf("%d blocks pending on the new incarnation", n)
 			}
+		}
+	}
+}
+
+// The same with snapshots whose instances carry MetaGens, as the
+// registry's do: a snapshot with the same MetaGens is checked from its
+// briefs alone, so an instance turned SUSPECT there is forgotten, one
+// whose load changed is kept; a new incarnation or a removal changes the
+// MetaGens and is found by name; a Meta changed under the same
+// registration (a new MetaGen) keeps the accounting.
+func TestAccountingForgetsInstancesByMetaGen(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		edit   func(ins []instance.Instance, i int) []instance.Instance
+		forgot bool
+	}{
+		{"suspect", func(ins []instance.Instance, i int) []instance.Instance {
+			ins[i].State = instance.Suspect
+			return ins
+		}, true},
+		{"loads changed", func(ins []instance.Instance, i int) []instance.Instance {
+			ins[i].Load.WaitingRequests = 7
+			return ins
+		}, false},
+		{"new incarnation", func(ins []instance.Instance, i int) []instance.Instance {
+			ins[i].Registered, ins[i].MetaGen = time.Unix(1, 0), 99
+			return ins
+		}, true},
+		{"removed", func(ins []instance.Instance, i int) []instance.Instance {
+			return append(ins[:i:i], ins[i+1:]...)
+		}, true},
+		{"meta refreshed", func(ins []instance.Instance, i int) []instance.Instance {
+			ins[i].Meta.DPSize, ins[i].MetaGen = 1, 98
+			return ins
+		}, false},
+	} {
+		clock := newClock()
+		view := newMatches(match("a", 0, 0, 0), match("b", 0, 0, 0))
+		c := acctCAR(t, 0.5, view, clock, func(o *AccountingOptions) { o.Dispatched = true })
+		ins := fleet(clock, "a", "b")
+		ins[0].MetaGen, ins[1].MetaGen = 1, 2
+		snap := snapshot(ins...)
+		d := route(t, c, Request{TokenIDs: tokens(64)}, snap)
+		if c.acct.insts[d.Prefill] == nil {
+			t.Fatalf("%s: no accounting for the chosen instance", tc.name)
+		}
+		i := 0
+		if d.Prefill == "b" {
+			i = 1
+		}
+		next := instance.NewSnapshot(tc.edit(slices.Clone(snap.Instances), i), snap.Version+1, true)
+		c.acct.sync(next)
+		if _, kept := c.acct.insts[d.Prefill]; kept == tc.forgot {
+			t.Fatalf("%s: %s kept its accounting: %v", tc.name, d.Prefill, kept)
 		}
 	}
 }

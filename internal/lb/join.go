@@ -92,13 +92,17 @@ func (c *CAR) joinFor(snap *instance.Snapshot, layout *kvdir.Layout) *carJoin {
 // sameGens reports whether every instance of snap has the MetaGen the
 // join recorded, in the same place: then each has the Meta the spans
 // were found with.
-func (j *carJoin) sameGens(snap *instance.Snapshot) bool {
+func (j *carJoin) sameGens(snap *instance.Snapshot) bool { return sameGens(j.gens, snap) }
+
+// sameGens reports whether snap's instances have MetaGens gens, in that
+// order; never when gens is nil (unknown).
+func sameGens(gens []uint64, snap *instance.Snapshot) bool {
 	bs := snap.Briefs()
-	if j.gens == nil || len(bs) != len(j.gens) {
+	if gens == nil || len(bs) != len(gens) {
 		return false
 	}
 	for i := range bs {
-		if bs[i].MetaGen != j.gens[i] {
+		if bs[i].MetaGen != gens[i] {
 			return false
 		}
 	}
