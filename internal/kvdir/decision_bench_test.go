@@ -21,7 +21,9 @@ import (
 // buffer, as its parser just wrote it. The "-next" kinds decide each time
 // on the registry's next snapshot, as after a load report (the instances
 // copied, their MetaGens kept), made before the eviction; "-unnamed"
-// ones on snapshots without MetaGens, whose instances CAR then compares.
+// ones on snapshots without MetaGens, whose instances CAR then compares;
+// "-acct" ones with CAR's dispatch accounting on, as
+// --car_dispatch_accounting --car_dispatch_token_weight=0.5 turn it on.
 // p50 and p99 per decision.
 func BenchmarkDecisionRealSize(b *testing.B) {
 	d, prompts := kvdir.RealSizeDirectory(b, 16384)
@@ -31,19 +33,36 @@ func BenchmarkDecisionRealSize(b *testing.B) {
 		b.Fatal(err)
 	}
 	car.SetPrefixView(d)
+	acct, err := lb.NewCAR(lb.DefaultCARPrefillLambda, lb.DefaultCARHostHitWeight)
+	if err != nil {
+		b.Fatal(err)
+	}
+	o := lb.DefaultAccountingOptions()
+	o.Dispatched, o.TokenWeight = true, 0.5
+	if err := acct.EnableAccounting(o); err != nil {
+		b.Fatal(err)
+	}
+	acct.SetPrefixView(d)
 	unnamed := instance.NewSnapshot(slices.Clone(snap.Instances), snap.Version, true)
 	for i := range unnamed.Instances {
 		unnamed.Instances[i].MetaGen = 0
 	}
 	unnamed = instance.NewSnapshot(unnamed.Instances, snap.Version, true)
 	for _, kind := range []string{"all", "one", "none", "all-cold", "one-cold", "none-cold",
-		"all-cold-next", "none-cold-next", "all-cold-next-unnamed", "none-cold-next-unnamed"} {
+		"all-cold-next", "none-cold-next", "all-cold-next-unnamed", "none-cold-next-unnamed",
+		"none-cold-acct", "none-cold-next-acct", "none-acct"} {
 		b.Run(kind, func(b *testing.B) {
 			base, rest, _ := strings.Cut(kind, "-")
 			ps := prompts(base)
 			var evict []byte
 			if strings.HasPrefix(rest, "cold") {
 				evict = make([]byte, kvdir.ColdBytes)
+			}
+			car := car
+			if strings.HasSuffix(kind, "-acct") {
+				car = acct
+				kind = strings.TrimSuffix(kind, "-acct")
+				base, rest, _ = strings.Cut(kind, "-")
 			}
 			from := snap
 			if strings.HasSuffix(kind, "-unnamed") {
