@@ -147,22 +147,19 @@ func readFrame(r *bufio.Reader, maxBody uint32, b *budget.Bytes) (f Frame, held 
 	}
 	var buf []byte
 	for len(buf) < int(body) {
-		next := min(int(body), max(2*cap(buf), firstChunk))
-		if !b.Take(int64(next - cap(buf))) {
+		var ok bool
+		if buf, ok = grow(buf, firstChunk, int(body), b, &held); !ok {
 			b.Give(held)
 			return Frame{}, 0, dropFrame(r, buf, body, metaSize)
 		}
-		held += int64(next - cap(buf))
-		grown := make([]byte, next)
-		n := copy(grown, buf)
-		if _, err := io.ReadFull(r, grown[n:]); err != nil {
+		if _, err := io.ReadFull(r, buf[len(buf):cap(buf)]); err != nil {
 			b.Give(held)
 			if err == io.EOF {
 				err = io.ErrUnexpectedEOF
 			}
 			return Frame{}, 0, err
 		}
-		buf = grown
+		buf = buf[:cap(buf)]
 	}
 	f = Frame{Meta: &metapb.RpcMeta{}, Payload: buf[metaSize:]}
 	if err := DecodeMeta(buf[:metaSize], f.Meta); err != nil {
@@ -170,6 +167,19 @@ func readFrame(r *bufio.Reader, maxBody uint32, b *budget.Bytes) (f Frame, held 
 		return Frame{}, 0, err
 	}
 	return f, held, nil
+}
+
+// grow returns buf, its bytes kept, with room for twice its room or
+// first bytes, whichever is more, but at most limit (which must exceed
+// its room). The added room is taken from b first and added to *held;
+// when b refuses it, grow returns buf as it was and false.
+func grow(buf []byte, first, limit int, b *budget.Bytes, held *int64) ([]byte, bool) {
+	next := min(limit, max(2*cap(buf), first))
+	if !b.Take(int64(next - cap(buf))) {
+		return buf, false
+	}
+	*held += int64(next - cap(buf))
+	return append(make([]byte, 0, next), buf...), true
 }
 
 // dropFrame reads and drops the rest of a frame of which buf has been

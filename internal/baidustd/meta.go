@@ -60,17 +60,15 @@ func decompress(t int32, b []byte, limit int, bud *budget.Bytes) (out []byte, he
 	defer r.Close()
 	for {
 		if len(out) == cap(out) {
-			next := min(limit+1, max(2*cap(out), 4<<10))
-			if next == cap(out) {
+			if cap(out) > limit {
 				bud.Give(held)
 				return nil, 0, errCompress // past limit
 			}
-			if !bud.Take(int64(next - cap(out))) {
+			var ok bool
+			if out, ok = grow(out, 4<<10, limit+1, bud, &held); !ok {
 				bud.Give(held)
 				return nil, 0, errBudget
 			}
-			held += int64(next - cap(out))
-			out = append(make([]byte, 0, next), out...)
 		}
 		n, err := r.Read(out[len(out):cap(out)])
 		out = out[:len(out)+n]

@@ -428,11 +428,18 @@ type inbound struct {
 // hold. It runs on the reading goroutine, as brpc answers a call it
 // cannot take before any handler runs.
 func (sc *serverConn) refuse(over *overBudget) {
-	b := sc.s.inflight
+	sc.refuseCall(over.meta.GetCorrelationId(), extended(over.meta),
+		fmt.Sprintf("a frame of %d bytes does not fit in %d", over.body, sc.s.inflight.Max()))
+}
+
+// limitReached begins the text of every call refused for the in-flight
+// budget.
+const limitReached = "Reached server's limit on request bytes in flight"
+
+// refuseCall answers call cid ELIMIT, saying what did not fit.
+func (sc *serverConn) refuseCall(cid int64, ext bool, what string) {
 	sc.noteRefusal()
-	sc.respondError(over.meta.GetCorrelationId(), extended(over.meta), ELIMIT, true,
-		fmt.Sprintf("Reached server's limit on request bytes in flight: a frame of %d bytes does not fit in %d; retry later",
-			over.body, b.Max()))
+	sc.respondError(cid, ext, ELIMIT, true, limitReached+": "+what+"; retry later")
 }
 
 // noteRefusal counts a call answered ELIMIT and logs it, with the count
@@ -537,9 +544,7 @@ func (sc *serverConn) call(in inbound) {
 		out, n, err := decompress(ctype, msg, int(s.opts.MaxBodySize), s.inflight)
 		switch {
 		case errors.Is(err, errBudget):
-			sc.noteRefusal()
-			sc.respondError(cid, ext, ELIMIT, true, fmt.Sprintf(
-				"Reached server's limit on request bytes in flight: request_size=%d decompressed (CompressType=%s) does not fit in %d; retry later",
+			sc.refuseCall(cid, ext, fmt.Sprintf("request_size=%d decompressed (CompressType=%s) does not fit in %d",
 				len(f.Payload), compressName(ctype), s.inflight.Max()))
 			return
 		case err != nil:
@@ -678,8 +683,8 @@ func Unary[Req any, PReq interface {
 	return func(ctx context.Context, r *Request) (Response, error) {
 		req := PReq(new(Req))
 		if n := costs.of(r.Message); !r.hold(n) {
-			return Response{}, Errorf(ELIMIT, "Reached server's limit on request bytes in flight: request_size=%d "+
-				"may decode to %d bytes, which do not fit; retry later", len(r.Message), n)
+			return Response{}, Errorf(ELIMIT, "%s: request_size=%d may decode to %d bytes, which do not fit; retry later",
+				limitReached, len(r.Message), n)
 		}
 		if err := proto.Unmarshal(r.Message, req); err != nil {
 			return Response{}, Errorf(EREQUEST, "Fail to parse request message, CompressType=none, request_size=%d",
