@@ -28,41 +28,40 @@ import (
 func BenchmarkDecisionRealSize(b *testing.B) {
 	d, prompts := kvdir.RealSizeDirectory(b, 16384)
 	snap := snapshotOf(d)
-	car, err := lb.NewCAR(lb.DefaultCARPrefillLambda, lb.DefaultCARHostHitWeight)
-	if err != nil {
-		b.Fatal(err)
+	newCAR := func(o lb.AccountingOptions) *lb.CAR {
+		c, err := lb.NewCAR(lb.DefaultCARPrefillLambda, lb.DefaultCARHostHitWeight)
+		if err == nil {
+			err = c.EnableAccounting(o)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.SetPrefixView(d)
+		return c
 	}
-	car.SetPrefixView(d)
-	acct, err := lb.NewCAR(lb.DefaultCARPrefillLambda, lb.DefaultCARHostHitWeight)
-	if err != nil {
-		b.Fatal(err)
-	}
+	plain := newCAR(lb.DefaultAccountingOptions())
 	o := lb.DefaultAccountingOptions()
 	o.Dispatched, o.TokenWeight = true, 0.5
-	if err := acct.EnableAccounting(o); err != nil {
-		b.Fatal(err)
+	accounted := newCAR(o)
+	ins := slices.Clone(snap.Instances)
+	for i := range ins {
+		ins[i].MetaGen = 0
 	}
-	acct.SetPrefixView(d)
-	unnamed := instance.NewSnapshot(slices.Clone(snap.Instances), snap.Version, true)
-	for i := range unnamed.Instances {
-		unnamed.Instances[i].MetaGen = 0
-	}
-	unnamed = instance.NewSnapshot(unnamed.Instances, snap.Version, true)
+	unnamed := instance.NewSnapshot(ins, snap.Version, true)
 	for _, kind := range []string{"all", "one", "none", "all-cold", "one-cold", "none-cold",
 		"all-cold-next", "none-cold-next", "all-cold-next-unnamed", "none-cold-next-unnamed",
 		"none-cold-acct", "none-cold-next-acct", "none-acct"} {
 		b.Run(kind, func(b *testing.B) {
+			car := plain
+			kind, acct := strings.CutSuffix(kind, "-acct")
+			if acct {
+				car = accounted
+			}
 			base, rest, _ := strings.Cut(kind, "-")
 			ps := prompts(base)
 			var evict []byte
 			if strings.HasPrefix(rest, "cold") {
 				evict = make([]byte, kvdir.ColdBytes)
-			}
-			car := car
-			if strings.HasSuffix(kind, "-acct") {
-				car = acct
-				kind = strings.TrimSuffix(kind, "-acct")
-				base, rest, _ = strings.Cut(kind, "-")
 			}
 			from := snap
 			if strings.HasSuffix(kind, "-unnamed") {
@@ -81,7 +80,7 @@ func BenchmarkDecisionRealSize(b *testing.B) {
 			i := 0
 			for b.Loop() {
 				b.StopTimer()
-				use := snap
+				use := from
 				if strings.Contains(kind, "-next") {
 					use = instance.NewSnapshot(slices.Clone(from.Instances), from.Version+uint64(i)+1, true)
 				}

@@ -241,14 +241,7 @@ func TestAccountingForgetsInstances(t *testing.T) {
 			o.Dispatched, o.PendingPrefixes, o.BlockSize = true, true, 16
 		})
 		snap := snapshot(fleet(clock, "a", "b")...)
-		d := route(t, c, Request{TokenIDs: tokens(64)}, snap)
-		if c.acct.insts[d.Prefill] == nil {
-			t.Fatalf("%s: no accounting for the chosen instance", tc.name)
-		}
-		i := 0
-		if d.Prefill == "b" {
-			i = 1
-		}
+		d, i := routeTracked(t, c, snap, tc.name)
 		next := snapshot(fleet(clock, "a", "b")...)
 		next.Version = snap.Version + 1
 		tc.edit(next, i)
@@ -304,20 +297,25 @@ func TestAccountingForgetsInstancesByMetaGen(t *testing.T) {
 		ins := fleet(clock, "a", "b")
 		ins[0].MetaGen, ins[1].MetaGen = 1, 2
 		snap := snapshot(ins...)
-		d := route(t, c, Request{TokenIDs: tokens(64)}, snap)
-		if c.acct.insts[d.Prefill] == nil {
-			t.Fatalf("%s: no accounting for the chosen instance", tc.name)
-		}
-		i := 0
-		if d.Prefill == "b" {
-			i = 1
-		}
+		d, i := routeTracked(t, c, snap, tc.name)
 		next := instance.NewSnapshot(tc.edit(slices.Clone(snap.Instances), i), snap.Version+1, true)
 		c.acct.sync(next)
 		if _, kept := c.acct.insts[d.Prefill]; kept == tc.forgot {
 			t.Fatalf("%s: %s kept its accounting: %v", tc.name, d.Prefill, kept)
 		}
 	}
+}
+
+// routeTracked routes a 64-id prompt on snap and returns the decision
+// and the chosen instance's place in snap, failing unless CAR keeps
+// accounting for it.
+func routeTracked(t *testing.T, c *CAR, snap *instance.Snapshot, what string) (Decision, int) {
+	t.Helper()
+	d := route(t, c, Request{TokenIDs: tokens(64)}, snap)
+	if c.acct.insts[d.Prefill] == nil {
+		t.Fatalf("%s: no accounting for the chosen instance", what)
+	}
+	return d, slices.IndexFunc(snap.Instances, func(in instance.Instance) bool { return in.Meta.Name == d.Prefill })
 }
 
 // Every structure a client can grow is bounded by its flag.
