@@ -167,6 +167,9 @@ func TestInflightBudgetRefusesWithELIMIT(t *testing.T) {
 
 	release()
 	held.Wait()
+	// A call's answer reaches its client before the call gives its
+	// bytes back: wait for nothing to be held.
+	waitUsed(t, srv, 0)
 	if r, err := c.Call(ctx, testSvc, "Echo", big, nil); err != nil || len(r.Message) != len(big) {
 		t.Fatalf("the big call once nothing is held: %d bytes, %v", len(r.Message), err)
 	}
@@ -214,6 +217,7 @@ func TestDecompressedBytesCountAgainstTheBudget(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
+	waitUsed(t, srv, 0) // given back after the answer went out
 	m = requestMeta(testSvc, "Echo", 2, nil, false)
 	m.CompressType = proto.Int32(CompressGzip)
 	resp, payload := rawCall(t, addr, m, gz.Bytes())
