@@ -3,6 +3,7 @@ package lb
 import (
 	"fmt"
 	"math/bits"
+	"slices"
 	"sort"
 	"time"
 	"unsafe"
@@ -134,7 +135,12 @@ type accounting struct {
 	base time.Time
 	// insts holds the instances CAR dispatched to, by name; pruned to the
 	// snapshot's instances whenever the snapshot changes.
-	insts       map[string]*instAcct
+	insts map[string]*instAcct
+	// at holds the same states by position in seenSnap.Instances (nil
+	// where there is none), so a decision finds a candidate's state from
+	// its index: a lookup by name read the candidate's Instance, its name
+	// and the map's groups, each a cache miss in a sparse decision.
+	at          []*instAcct
 	seenVersion uint64
 	// tickets numbers decisions, for Release.
 	tickets  uint64
@@ -144,15 +150,23 @@ type accounting struct {
 	seenGens []uint64
 }
 
-// instAcct is one instance's accounting. registered tells its
-// incarnation apart from a later one under the same name.
+// instAcct is one instance's accounting. Its first fields are those a
+// decision reads of every candidate, so that one with nothing
+// outstanding costs it one line.
 type instAcct struct {
-	registered time.Time
+	// oldest and newest are the times of the ring's oldest and newest
+	// dispatch, valid while it holds any: a decision reads the ring
+	// only when a dispatch has expired or one is after the load report.
+	oldest, newest int64
+	// liveTokens sums the tokens of the live records.
+	liveTokens float64
 	// dispatches is a ring in dispatch order (times and tickets only
 	// grow).
 	dispatches ring[dispatchRec]
-	// liveTokens sums the tokens of the live records.
-	liveTokens float64
+	// name and registered tell the instance's incarnation apart from a
+	// later one under the same name.
+	name       string
+	registered time.Time
 	// pending maps a block's chain key to when it stops counting; order
 	// is the ring of insertions that bounds it.
 	pending map[uint64]int64
@@ -231,7 +245,8 @@ func (a *accounting) since(t time.Time) int64 { return int64(t.Sub(a.base)) }
 
 // sync forgets the instances that left the snapshot, became SUSPECT or
 // were replaced by another incarnation, so nothing is counted for them
-// again (and never over a new process's empty cache).
+// again (and never over a new process's empty cache), and places the
+// others' states at their positions in snap.
 func (a *accounting) sync(snap *instance.Snapshot) {
 	if snap == a.seenSnap || snap == nil || (snap.Version == a.seenVersion && a.seenSnap != nil) {
 		return
@@ -240,26 +255,33 @@ func (a *accounting) sync(snap *instance.Snapshot) {
 	a.seenSnap, a.seenVersion = snap, snap.Version
 	if same {
 		// The same registrations in the same places (a new MetaGen comes
-		// with every one), so every instance tracked is still there and
-		// of the same incarnation: only its state may have changed, and
-		// the briefs say it without a lookup by name.
+		// with every one), so every instance tracked is still there, at
+		// its position and of the same incarnation: only its state may
+		// have changed, and the briefs say it.
 		for i, b := range snap.Briefs() {
-			if !b.Schedulable() {
-				delete(a.insts, snap.Instances[i].Meta.Name)
+			if st := a.at[i]; st != nil && !b.Schedulable() {
+				delete(a.insts, st.name)
+				a.at[i] = nil
 			}
 		}
 		return
 	}
 	a.seenGens = gensOf(snap)
+	a.at = slices.Grow(a.at[:0], len(snap.Instances))[:len(snap.Instances)]
+	clear(a.at)
 	for name, st := range a.insts {
-		in, ok := lookupInstance(snap, name)
-		if !ok || !in.Schedulable() || !in.Registered.Equal(st.registered) {
+		i, ok := lookupInstance(snap, name)
+		if !ok || !snap.Instances[i].Schedulable() || !snap.Instances[i].Registered.Equal(st.registered) {
 			delete(a.insts, name)
+			continue
 		}
+		a.at[i] = st
 	}
 }
 
-func lookupInstance(snap *instance.Snapshot, name string) (*instance.Instance, bool) {
+// lookupInstance returns the position of the instance named name in
+// snap, whose instances are sorted by name, and whether it is there.
+func lookupInstance(snap *instance.Snapshot, name string) (int, bool) {
 	lo, hi := 0, len(snap.Instances)
 	for lo < hi {
 		m := int(uint(lo+hi) >> 1)
@@ -269,61 +291,96 @@ func lookupInstance(snap *instance.Snapshot, name string) (*instance.Instance, b
 			hi = m
 		}
 	}
-	if lo < len(snap.Instances) && snap.Instances[lo].Meta.Name == name {
-		return &snap.Instances[lo], true
-	}
-	return nil, false
+	return lo, lo < len(snap.Instances) && snap.Instances[lo].Meta.Name == name
 }
 
-// state returns in's accounting if it is of in's incarnation.
-func (a *accounting) state(in *instance.Instance) *instAcct {
-	st := a.insts[in.Meta.Name]
-	if st == nil || !st.registered.Equal(in.Registered) {
-		return nil
-	}
-	return st
-}
-
-func (a *accounting) stateOrNew(in *instance.Instance) *instAcct {
-	if st := a.state(in); st != nil {
+// stateOrNew returns the state of in, at position i of the snapshot
+// last synced, making it if there is none.
+func (a *accounting) stateOrNew(i int, in *instance.Instance) *instAcct {
+	if st := a.at[i]; st != nil {
 		return st
 	}
-	st := &instAcct{registered: in.Registered}
+	st := &instAcct{name: in.Meta.Name, registered: in.Registered}
 	st.dispatches.cap = a.opts.MaxPendingDispatches
 	st.order.cap = a.opts.MaxPendingBlocks
-	a.insts[in.Meta.Name] = st
+	a.insts[st.name] = st
+	a.at[i] = st
 	return st
 }
 
-// outstanding returns, for in, the requests CAR sent it that its latest
-// load report cannot include (dispatched after LoadUpdated −
-// HeartbeatLag), and the uncached prompt tokens of the requests sent it
-// that have not ended (been released); both only of dispatches less
-// than DispatchMaxAge old, older records are dropped. A load report
-// carries no tokens, so it supersedes only the count.
-func (a *accounting) outstanding(in *instance.Instance, now int64) (reqs, toks float64) {
-	st := a.state(in)
+// outstanding returns, for in (whose state is st, nil if none), the
+// requests CAR sent it that its latest load report cannot include
+// (dispatched after LoadUpdated − HeartbeatLag), and the uncached
+// prompt tokens of the requests sent it that have not ended (been
+// released); both only of dispatches less than DispatchMaxAge old,
+// older records are dropped. A load report carries no tokens, so it
+// supersedes only the count.
+func (a *accounting) outstanding(st *instAcct, in *instance.Instance, now int64) (reqs, toks float64) {
 	if st == nil {
 		return 0, 0
 	}
-	d := &st.dispatches
 	old := now - int64(a.opts.DispatchMaxAge)
+	if st.dispatches.size > 0 && st.oldest <= old {
+		st.expire(old)
+	}
+	if st.dispatches.size == 0 {
+		st.liveTokens = 0 // a sum of nothing, whatever the float drift
+		return 0, 0
+	}
+	cut := old
+	// The Instance is read only when a dispatch could count.
+	if st.newest > cut && !in.LoadUpdated.IsZero() {
+		cut = max(cut, a.since(in.LoadUpdated)-int64(a.opts.HeartbeatLag))
+	}
+	if st.liveTokens < 0.5 { // float drift of an empty sum
+		st.liveTokens = 0
+	}
+	return float64(st.after(cut)), st.liveTokens
+}
+
+// expire drops the dispatches made at or before old.
+func (st *instAcct) expire(old int64) {
+	d := &st.dispatches
 	for d.size > 0 && d.front().at <= old {
 		st.drop(*d.front())
 		d.pop()
 	}
-	cut := old
-	if !in.LoadUpdated.IsZero() {
-		cut = max(cut, a.since(in.LoadUpdated)-int64(a.opts.HeartbeatLag))
+	if d.size > 0 {
+		st.oldest = d.front().at
 	}
-	// Times only grow along the ring, so the dispatches after cut are a
-	// suffix: a binary search keeps a decision's cost independent of how
-	// many dispatches a burst left in the ring.
-	reqs = float64(d.size - d.search(func(r *dispatchRec) bool { return r.at > cut }))
-	if st.liveTokens < 0.5 { // float drift of an empty sum
-		st.liveTokens = 0
+}
+
+// after counts the dispatches made after cut. Times only grow along
+// the ring, so they are a suffix; it is found from the newest end by
+// doubling steps, then halving, so a decision's cost grows with the
+// logarithm of the count and reads the ring only near its end, not
+// with how many dispatches a burst left in it.
+func (st *instAcct) after(cut int64) int {
+	d := &st.dispatches
+	switch {
+	case d.size == 0 || st.newest <= cut:
+		return 0
+	case st.oldest > cut:
+		return d.size
 	}
-	return reqs, st.liveTokens
+	// at(lo) ≤ cut < at(hi).
+	lo, hi := 0, d.size-1
+	for step := 1; hi-step > 0; step *= 2 {
+		if d.at(hi-step).at <= cut {
+			lo = hi - step
+			break
+		}
+		hi -= step
+	}
+	for hi-lo > 1 {
+		m := int(uint(lo+hi) >> 1)
+		if d.at(m).at <= cut {
+			lo = m
+		} else {
+			hi = m
+		}
+	}
+	return d.size - hi
 }
 
 // drop takes a record leaving the ring out of the live sum.
@@ -333,11 +390,11 @@ func (st *instAcct) drop(r dispatchRec) {
 	}
 }
 
-func (a *accounting) recordDispatch(in *instance.Instance, now int64, uncached float64, ticket uint64) {
-	st := a.stateOrNew(in)
+func (st *instAcct) recordDispatch(now int64, uncached float64, ticket uint64) {
 	if old, full := st.dispatches.push(dispatchRec{at: now, tokens: uncached, ticket: ticket, live: true}); full {
 		st.drop(old)
 	}
+	st.oldest, st.newest = st.dispatches.front().at, now
 	st.liveTokens += uncached
 }
 
@@ -359,9 +416,9 @@ func (a *accounting) release(name string, ticket uint64) {
 	}
 }
 
-// pendingBlocks is the number of leading blocks of keys pending on in.
-func (a *accounting) pendingBlocks(in *instance.Instance, keys []uint64, now int64) int {
-	st := a.state(in)
+// pendingBlocks is the number of leading blocks of keys pending on the
+// instance whose state is st (nil if none).
+func (st *instAcct) pendingBlocks(keys []uint64, now int64) int {
 	if st == nil || len(st.pending) == 0 {
 		return 0
 	}
@@ -375,37 +432,29 @@ func (a *accounting) pendingBlocks(in *instance.Instance, keys []uint64, now int
 	return n
 }
 
-// confirm forgets the first n pending blocks of keys on in: the engine's
-// events have reported them, so the directory answers for them from now
-// on, including when the engine later evicts them.
-func (a *accounting) confirm(in *instance.Instance, keys []uint64) {
-	st := a.state(in)
-	if st == nil {
-		return
-	}
+// confirm forgets the pending blocks keys: the engine's events have
+// reported them, so the directory answers for them from now on,
+// including when the engine later evicts them.
+func (st *instAcct) confirm(keys []uint64) {
 	for _, k := range keys {
 		delete(st.pending, k)
 	}
 }
 
-// addPending remembers keys as pending on in until now+PendingTimeout,
+// addPending remembers keys as pending until now+PendingTimeout,
 // shallowest first; a prompt longer than MaxPendingBlocks blocks keeps
 // its first MaxPendingBlocks, the ones a later prompt can share.
-func (a *accounting) addPending(in *instance.Instance, keys []uint64, now int64) {
-	if len(keys) == 0 {
-		return
-	}
-	st := a.stateOrNew(in)
+func (st *instAcct) addPending(keys []uint64, now int64, timeout time.Duration) {
 	if st.pending == nil {
 		st.pending = make(map[uint64]int64)
 	}
-	exp := now + int64(a.opts.PendingTimeout)
+	exp := now + int64(timeout)
 	// Drop what expired, so the map holds live entries only.
 	for st.order.size > 0 && st.order.front().expires <= now {
 		st.forget(*st.order.front())
 		st.order.pop()
 	}
-	keys = keys[:min(len(keys), a.opts.MaxPendingBlocks)]
+	keys = keys[:min(len(keys), st.order.cap)]
 	for _, k := range keys {
 		st.pending[k] = exp
 		if old, full := st.order.push(pendingRec{key: k, expires: exp}); full {
@@ -461,7 +510,7 @@ func (a *accounting) queueCosts(cands []candidate, now int64) {
 	var maxQ, maxT float64
 	for i := range cands {
 		c := &cands[i]
-		r, t := a.outstanding(c.inst, now)
+		r, t := a.outstanding(a.at[c.idx], c.inst, now)
 		c.score, c.tie = float64(c.waiting)+r, t
 		maxQ, maxT = max(maxQ, c.score), max(maxT, t)
 	}
@@ -492,13 +541,14 @@ func (a *accounting) pendingHits(s *scratch, inputTokens int, now int64) {
 	input := float64(inputTokens)
 	for i := range s.p {
 		p := &s.p[i]
-		n := a.pendingBlocks(p.inst, s.keys, now)
+		st := a.at[p.idx]
+		n := st.pendingBlocks(s.keys, now)
 		if n == 0 {
 			continue
 		}
 		ph := clamp01(float64(n*a.opts.BlockSize) / input)
 		if p.known >= ph {
-			a.confirm(p.inst, s.keys[:n])
+			st.confirm(s.keys[:n])
 			continue
 		}
 		p.hit = max(p.hit, ph)
@@ -524,12 +574,14 @@ func (c *CAR) pendingKeys(tokenIDs []uint32, s *scratch) bool {
 // it.
 func (a *accounting) record(p *candidate, input int, keys []uint64, now int64, ticket uint64) {
 	if a.opts.Dispatched {
-		a.recordDispatch(p.inst, now, float64(input)*(1-p.hit), ticket)
+		a.stateOrNew(p.idx, p.inst).recordDispatch(now, float64(input)*(1-p.hit), ticket)
 	}
 	if a.opts.PendingPrefixes && len(keys) > 0 {
 		// The blocks the directory already reports there need no
 		// pending entry.
 		known := min(int(p.known*float64(input))/a.opts.BlockSize, len(keys))
-		a.addPending(p.inst, keys[known:], now)
+		if keys = keys[known:]; len(keys) > 0 {
+			a.stateOrNew(p.idx, p.inst).addPending(keys, now, a.opts.PendingTimeout)
+		}
 	}
 }

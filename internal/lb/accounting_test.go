@@ -1,6 +1,8 @@
 package lb
 
 import (
+	"math"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -102,7 +104,7 @@ func TestAccountingQueueTerm(t *testing.T) {
 
 	acct := c.acct
 	now := acct.since(clock.now())
-	r, tok := acct.outstanding(&snap.Instances[1], now)
+	r, tok := acct.outstanding(acct.at[1], &snap.Instances[1], now)
 	if r != 2 || tok != 400 {
 		t.Fatalf("b outstanding = %v requests, %v tokens; want 2, 400", r, tok)
 	}
@@ -120,13 +122,15 @@ func TestAccountingHeartbeatSupersedes(t *testing.T) {
 	o.HeartbeatLag = 5 * time.Millisecond
 	o.DispatchMaxAge = time.Second
 	acct := newAccounting(o)
+	acct.sync(snapshot(in))
+	st := acct.stateOrNew(0, &in)
 	for _, ms := range []int{0, 10, 20} {
-		acct.recordDispatch(&in, acct.since(clock.at(time.Duration(ms)*time.Millisecond)), 1, uint64(ms+1))
+		st.recordDispatch(acct.since(clock.at(time.Duration(ms)*time.Millisecond)), 1, uint64(ms+1))
 	}
 	now := acct.since(clock.at(30 * time.Millisecond))
 	check := func(what string, want float64) {
 		t.Helper()
-		if r, _ := acct.outstanding(&in, now); r != want {
+		if r, _ := acct.outstanding(st, &in, now); r != want {
 			t.Fatalf("%s: %v outstanding, want %v", what, r, want)
 		}
 	}
@@ -136,10 +140,88 @@ func TestAccountingHeartbeatSupersedes(t *testing.T) {
 	in.LoadUpdated = clock.at(25 * time.Millisecond) // supersedes t ≤ 20 ms
 	check("report at 25 ms", 0)
 
-	acct.recordDispatch(&in, acct.since(clock.at(40*time.Millisecond)), 1, 41)
+	st.recordDispatch(acct.since(clock.at(40*time.Millisecond)), 1, 41)
 	check("dispatch after the report", 1)
 	now = acct.since(clock.at(1040 * time.Millisecond))
 	check("past the max age", 0)
+}
+
+// An instance's accounting against a plain list of its dispatches,
+// through random dispatches, load reports, releases and clock steps: the
+// ring wraps and overflows its cap, the counts come from the suffix
+// search and the expiry from the oldest and newest times, so every path
+// of outstanding is checked against the definition in the package doc.
+func TestAccountingMatchesAList(t *testing.T) {
+	type rec struct {
+		at     int64
+		tokens float64
+		ticket uint64
+		live   bool
+	}
+	for seed := range uint64(20) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		clock := newClock()
+		o := DefaultAccountingOptions()
+		o.Dispatched, o.Now = true, clock.now
+		o.HeartbeatLag = time.Duration(rng.IntN(20)) * time.Millisecond
+		o.DispatchMaxAge = time.Duration(20+rng.IntN(200)) * time.Millisecond
+		o.MaxPendingDispatches = 1 + rng.IntN(64)
+		acct := newAccounting(o)
+		in := registeredAt(loaded("a", instance.Default, 0, 0), clock.at(-time.Hour), time.Time{})
+		acct.sync(snapshot(in))
+		st := acct.stateOrNew(0, &in)
+		var list []rec
+		ticket := uint64(0)
+		for step := range 3000 {
+			// Whole milliseconds, so that times meet the cuts exactly.
+			clock.advance(time.Duration(rng.IntN(3)) * time.Millisecond)
+			now := acct.since(clock.now())
+			switch op := rng.IntN(10); {
+			case op < 5:
+				ticket++
+				tok := float64(rng.IntN(4000)) / 4
+				st.recordDispatch(now, tok, ticket)
+				if list = append(list, rec{now, tok, ticket, true}); len(list) > o.MaxPendingDispatches {
+					list = list[1:]
+				}
+			case op < 6:
+				in.LoadUpdated = clock.at(-time.Duration(rng.IntN(40)) * time.Millisecond)
+			case op < 8 && ticket > 0:
+				tk := ticket - uint64(rng.IntN(int(min(ticket, 80))))
+				acct.release("a", tk)
+				for i := range list {
+					if list[i].ticket == tk {
+						list[i].live = false
+					}
+				}
+			}
+			old := now - int64(o.DispatchMaxAge)
+			for len(list) > 0 && list[0].at <= old {
+				list = list[1:]
+			}
+			cut := old
+			if !in.LoadUpdated.IsZero() {
+				cut = max(cut, acct.since(in.LoadUpdated)-int64(o.HeartbeatLag))
+			}
+			wantReqs, wantToks := 0.0, 0.0
+			for _, r := range list {
+				if r.at > cut {
+					wantReqs++
+				}
+				if r.live {
+					wantToks += r.tokens
+				}
+			}
+			reqs, toks := acct.outstanding(st, &in, now)
+			if reqs != wantReqs || math.Abs(toks-wantToks) > 1e-6 {
+				t.Fatalf("seed %d step %d: %v requests, %v tokens; the list says %v, %v (%d dispatches held)",
+					seed, step, reqs, toks, wantReqs, wantToks, st.dispatches.size)
+			}
+			if st.dispatches.size != len(list) {
+				t.Fatalf("seed %d step %d: the ring holds %d dispatches, the list %d", seed, step, st.dispatches.size, len(list))
+			}
+		}
+	}
 }
 
 // A request with the prefix of one routed a moment ago goes to the same
@@ -246,13 +328,13 @@ func TestAccountingForgetsInstances(t *testing.T) {
 		next.Version = snap.Version + 1
 		tc.edit(next, i)
 		c.acct.sync(next)
+		wantPlaces(t, c.acct, next)
 		if _, ok := c.acct.insts[d.Prefill]; ok {
 			t.Fatalf("%s: %s keeps its accounting", tc.name, d.Prefill)
 		}
 		if tc.name == "new incarnation" {
 			// The new process is routed to as an empty cache with no queue.
-			in := &next.Instances[i]
-			if n := c.acct.pendingBlocks(in, chainKeys(tokens(64), 16, nil), c.acct.since(clock.now())); n != 0 {
+			if n := c.acct.at[i].pendingBlocks(chainKeys(tokens(64), 16, nil), c.acct.since(clock.now())); n != 0 {
 				t.Fatalf("%d blocks pending on the new incarnation", n)
 			}
 		}
@@ -300,9 +382,52 @@ func TestAccountingForgetsInstancesByMetaGen(t *testing.T) {
 		d, i := routeTracked(t, c, snap, tc.name)
 		next := instance.NewSnapshot(tc.edit(slices.Clone(snap.Instances), i), snap.Version+1, true)
 		c.acct.sync(next)
+		wantPlaces(t, c.acct, next)
 		if _, kept := c.acct.insts[d.Prefill]; kept == tc.forgot {
 			t.Fatalf("%s: %s kept its accounting: %v", tc.name, d.Prefill, kept)
 		}
+	}
+}
+
+// An instance's accounting follows it to its new place when another
+// joins before it, and every state sits at its instance's place after
+// each change of the fleet.
+func TestAccountingFollowsMovedInstances(t *testing.T) {
+	clock := newClock()
+	view := newMatches(match("a", 0, 0, 0), match("b", 0, 0, 0))
+	c := acctCAR(t, 0.5, view, clock, func(o *AccountingOptions) { o.Dispatched = true })
+	snap := snapshot(fleet(clock, "a", "b")...)
+	d, _ := routeTracked(t, c, snap, "before the join")
+	wantPlaces(t, c.acct, snap)
+	for v, names := range [][]string{{"0", "a", "b"}, {"0", "00", "a", "b"}, {"a", "b"}, {"b"}} {
+		next := snapshot(fleet(clock, names...)...)
+		next.Version = snap.Version + uint64(v) + 1
+		c.acct.sync(next)
+		wantPlaces(t, c.acct, next)
+		i, ok := lookupInstance(next, d.Prefill)
+		if !ok {
+			continue
+		}
+		if r, _ := c.acct.outstanding(c.acct.at[i], &next.Instances[i], c.acct.since(clock.now())); r != 1 {
+			t.Fatalf("fleet %v: %s has %v requests outstanding at place %d, want 1", names, d.Prefill, r, i)
+		}
+	}
+}
+
+// wantPlaces fails unless the accounting's states by place are those of
+// snap's instances by name.
+func wantPlaces(t *testing.T, a *accounting, snap *instance.Snapshot) {
+	t.Helper()
+	if len(a.at) != len(snap.Instances) {
+		t.Fatalf("%d places for %d instances", len(a.at), len(snap.Instances))
+	}
+	for i := range snap.Instances {
+		if name := snap.Instances[i].Meta.Name; a.at[i] != a.insts[name] {
+			t.Fatalf("place %d (%s) holds %p, the name %p", i, name, a.at[i], a.insts[name])
+		}
+	}
+	if n := len(slices.DeleteFunc(slices.Clone(a.at), func(st *instAcct) bool { return st == nil })); n != len(a.insts) {
+		t.Fatalf("%d states placed, %d named", n, len(a.insts))
 	}
 }
 
@@ -336,7 +461,7 @@ func TestAccountingBounded(t *testing.T) {
 	if n := len(st.pending); n > 7 {
 		t.Fatalf("%d pending blocks, want at most 7", n)
 	}
-	if r, _ := c.acct.outstanding(&snap.Instances[0], c.acct.since(clock.now())); r != 5 {
+	if r, _ := c.acct.outstanding(st, &snap.Instances[0], c.acct.since(clock.now())); r != 5 {
 		t.Fatalf("%v outstanding dispatches, want the cap 5", r)
 	}
 	if len(st.dispatches.buf) > 5 || len(st.order.buf) > 7 {
@@ -437,9 +562,10 @@ func TestAccountingReleaseEndsTokens(t *testing.T) {
 		snap.Instances[i].LoadUpdated = clock.now()
 	}
 	clock.advance(time.Millisecond)
-	in1, _ := lookupInstance(snap, d1.Prefill)
+	i1, _ := lookupInstance(snap, d1.Prefill)
+	in1 := &snap.Instances[i1]
 	now := c.acct.since(clock.now())
-	if r, tok := c.acct.outstanding(in1, now); r != 0 || tok != 1000 {
+	if r, tok := c.acct.outstanding(c.acct.at[i1], in1, now); r != 0 || tok != 1000 {
 		t.Fatalf("after the report: %v requests, %v tokens; want 0, 1000", r, tok)
 	}
 	d3 := route(t, c, Request{PromptTokens: 10}, snap)
@@ -448,11 +574,11 @@ func TestAccountingReleaseEndsTokens(t *testing.T) {
 	c.Release(d1)
 	c.Release(Decision{Prefill: d1.Prefill, Ticket: 999})
 	c.Release(Decision{Prefill: "gone", Ticket: d1.Ticket})
-	if r, tok := c.acct.outstanding(in1, c.acct.since(clock.now())); r != 0 || tok != 0 {
+	if r, tok := c.acct.outstanding(c.acct.at[i1], in1, c.acct.since(clock.now())); r != 0 || tok != 0 {
 		t.Fatalf("after release: %v requests, %v tokens; want 0, 0", r, tok)
 	}
-	in2, _ := lookupInstance(snap, d2.Prefill)
-	if _, tok := c.acct.outstanding(in2, c.acct.since(clock.now())); tok != 20 {
+	i2, _ := lookupInstance(snap, d2.Prefill)
+	if _, tok := c.acct.outstanding(c.acct.at[i2], &snap.Instances[i2], c.acct.since(clock.now())); tok != 20 {
 		t.Fatalf("the other instance: %v tokens, want 20", tok)
 	}
 	// Released tokens no longer weigh: the 1000-token instance wins now.

@@ -130,7 +130,7 @@ func (s *scratch) collect(snap *instance.Snapshot, needLoad bool) {
 	if snap == nil {
 		return
 	}
-	// The briefs, not the Instances: a scan reads 32 contiguous bytes of
+	// The briefs, not the Instances: a scan reads 40 contiguous bytes of
 	// each instance rather than lines of 400-byte structures.
 	bs := snap.Briefs()
 	if bs == nil {
