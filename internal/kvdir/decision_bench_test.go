@@ -20,11 +20,11 @@ import (
 // directory and the snapshot; the prompt is then copied to the request's
 // buffer, as its parser just wrote it. The "-next" kinds decide each time
 // on the registry's next snapshot, as after a load report (the instances
-// copied, their MetaGens kept), made before the eviction; "-unnamed"
-// ones on snapshots without MetaGens, whose instances CAR then compares;
-// "-acct" ones with CAR's dispatch accounting on, as
-// --car_dispatch_accounting --car_dispatch_token_weight=0.5 turn it on.
-// p50 and p99 per decision.
+// copied, their MetaGens kept, their loads just updated), made before
+// the eviction; "-unnamed" ones on snapshots without MetaGens, whose
+// instances CAR then compares; "-acct" ones with CAR's dispatch
+// accounting on, as --car_dispatch_accounting
+// --car_dispatch_token_weight=0.5 turn it on. p50 and p99 per decision.
 func BenchmarkDecisionRealSize(b *testing.B) {
 	d, prompts := kvdir.RealSizeDirectory(b, 16384)
 	snap := snapshotOf(d)
@@ -82,7 +82,11 @@ func BenchmarkDecisionRealSize(b *testing.B) {
 				b.StopTimer()
 				use := from
 				if strings.Contains(kind, "-next") {
-					use = instance.NewSnapshot(slices.Clone(from.Instances), from.Version+uint64(i)+1, true)
+					ins := slices.Clone(from.Instances)
+					for j := range ins {
+						ins[j].LoadUpdated = time.Now()
+					}
+					use = instance.NewSnapshot(ins, from.Version+uint64(i)+1, true)
 				}
 				for j := 0; j < len(evict); j += 64 {
 					evict[j]++
@@ -112,6 +116,7 @@ func snapshotOf(d *kvdir.Directory) *instance.Snapshot {
 			Meta:    instance.Meta{Name: name, IncarnationID: strings.Clone(m.Incarnation), DPSize: 1, BackendType: "xllm"},
 			MetaGen: uint64(len(ins) + 1),
 			Type:    instance.Default, Role: instance.Default, State: instance.Active, HasLoad: true, LoadValid: true,
+			LoadUpdated: time.Now(),
 		})
 	}
 	slices.SortFunc(ins, func(a, b instance.Instance) int { return strings.Compare(a.Meta.Name, b.Meta.Name) })
