@@ -64,6 +64,8 @@ type options struct {
 	// kvcarCPUs and driverCPUs, when set, keep kvcar and this driver
 	// (its etcd, engines and clients) on CPUs of their own.
 	kvcarCPUs, driverCPUs devcluster.CPUList
+	// kvcarArgs are further kvcar flags, as --car_dispatch_accounting.
+	kvcarArgs []string
 }
 
 func main() {
@@ -107,10 +109,12 @@ func parse(args []string) (options, error) {
 	fs.DurationVar(&o.resync, "resync_interval", config.Default().ResyncInterval, "kvcar's resync_interval_ms: the period of each stream's calibration snapshot (0: none; else at least 1s)")
 	fs.DurationVar(&o.noise, "noise", 2*time.Second, "how long a busy thread records this machine's interruptions on kvcar's CPUs, before kvcar starts and again after it stops, the bound of the decision's latency (0: not at all)")
 	fs.Var(&o.kvcarCPUs, "kvcar_cpus", "CPUs kvcar runs on, as taskset lists them (\"1\", \"2-3\"); empty: any")
+	extra := fs.String("kvcar_args", "", "further kvcar flags, space separated (e.g. --car_dispatch_accounting)")
 	fs.Var(&o.driverCPUs, "driver_cpus", "CPUs this driver (etcd, the emulated engines, the clients) runs on; empty: any")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
+	o.kvcarArgs = strings.Fields(*extra)
 	if o.streams < 1 || o.streams > 128 {
 		return o, fmt.Errorf("--streams = %d: must be in [1, 128]", o.streams)
 	}
@@ -301,7 +305,7 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 	began := time.Now()
 	kv, err := devcluster.StartKVCar(devcluster.KVCarOptions{
 		Binary: o.kvcar, Port: o.port, InternalPort: o.internalPort, Etcd: etcd.Endpoints(), ConfigFile: cfgPath,
-		Args:   []string{"--log_level=warn", "--load_balance_policy=CAR", "--expose_routing_headers"},
+		Args:   append([]string{"--log_level=warn", "--load_balance_policy=CAR", "--expose_routing_headers"}, o.kvcarArgs...),
 		Stdout: out, Stderr: out, CPUs: o.kvcarCPUs,
 	})
 	if err != nil {

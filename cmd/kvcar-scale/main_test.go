@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"slices"
 	"strings"
 	"testing"
 
@@ -121,5 +122,15 @@ func TestParseRejectsBadFlags(t *testing.T) {
 		if _, err := parse(args); err == nil {
 			t.Errorf("%v accepted", args)
 		}
+	}
+}
+
+func TestParseKVCarArgs(t *testing.T) {
+	o, err := parse([]string{"--kvcar_args= --car_dispatch_accounting  --car_dispatch_token_weight=0.5 "})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"--car_dispatch_accounting", "--car_dispatch_token_weight=0.5"}; !slices.Equal(o.kvcarArgs, want) {
+		t.Fatalf("kvcar's further flags %q, want %q", o.kvcarArgs, want)
 	}
 }
