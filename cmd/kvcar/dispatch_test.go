@@ -87,24 +87,36 @@ func (f *xllmFleet) served(id string) (enginesim.EngineUsage, bool) {
 // inFlight reads kvcar_xllm_requests_in_flight from /metrics.
 func (f *xllmFleet) inFlight(t *testing.T) string {
 	t.Helper()
-	resp, err := http.Get("http://" + f.internal + "/metrics")
+	return gauge(t, f.internal, "kvcar_xllm_requests_in_flight")
+}
+
+// gauge reads a metric without labels from the /metrics of the internal
+// listener at addr.
+func gauge(t *testing.T, addr, name string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "kvcar_xllm_requests_in_flight "); ok {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
 			return v
 		}
 	}
-	t.Fatalf("no kvcar_xllm_requests_in_flight in /metrics")
+	t.Fatalf("no %s in /metrics", name)
 	return ""
 }
 
+// waitNoneInFlight waits until no request waits for output, and checks
+// that the output queued for them all was let go.
 func (f *xllmFleet) waitNoneInFlight(t *testing.T) {
 	t.Helper()
 	waitUntil(t, "no request left waiting for xLLM output", 5*time.Second, func() bool { return f.inFlight(t) == "0" })
+	if q := gauge(t, f.internal, "kvcar_xllm_queued_output_bytes"); q != "0" {
+		t.Fatalf("with no request in flight, %s bytes of output queued", q)
+	}
 }
 
 type answer struct {
@@ -202,7 +214,10 @@ func ctxFor(t *testing.T) context.Context {
 // and streamed, with usage (cached tokens included) and finish reasons.
 // A vLLM engine in the same fleet keeps the HTTP relay.
 func TestDispatchToXLLMEngines(t *testing.T) {
-	f := startFleet(t, "--load_balance_policy=CAR")
+	f := startFleet(t, "--load_balance_policy=CAR", "--rpc_max_queued_output_bytes=8388608")
+	if got := gauge(t, f.internal, "kvcar_xllm_queued_output_limit_bytes"); got != "8.388608e+06" {
+		t.Fatalf("the output queues' bound is %s, want the flag's 8388608", got)
+	}
 	xl := f.engine(t, enginesim.TypeDefault, false, nil)
 	ctx := ctxFor(t)
 

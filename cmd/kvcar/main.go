@@ -73,6 +73,7 @@ type flags struct {
 	rpcPort          int
 	rpcNetworks      string
 	rpcInflight      int64
+	rpcQueuedOutput  int64
 	advertiseHost    string
 	kvEventsConfig   string
 	internalAPIToken string
@@ -128,6 +129,7 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	fs.StringVar(&f.rpcNetworks, "rpc_allowed_networks", "", "comma-separated CIDRs whose peers may connect to the rpc port (loopback always may); required when it is reachable from the network, unless --insecure_internal_api")
 	fs.IntVar(&f.rpcPort, "rpc_server_port", 8889, "brpc (baidu_std) port on --internal_host where xLLM engines send heartbeats and generations; 0 picks a free one")
 	fs.Int64Var(&f.rpcInflight, "rpc_max_inflight_bytes", baidustd.DefaultMaxInflightBytes, "bytes the rpc port's calls hold at once, frames as they arrive and messages decompressed (ELIMIT past it); at least brpc's largest body, 64 MiB")
+	fs.Int64Var(&f.rpcQueuedOutput, "rpc_max_queued_output_bytes", xllmrpc.DefaultMaxAllQueuedOutputBytes, "bytes the xLLM engines' output holds, decoded, queued for all requests at once (a request whose output does not fit fails); at least one request's queue, 4 MiB")
 	fs.StringVar(&f.kvEventsConfig, "kv_events_config_file", "", "path of the KV events config JSON; empty disables the KV index")
 	fs.StringVar(&f.internalAPIToken, "internal_api_token", "", "when set, internal routes require this X-Internal-Token; visible in the process list, prefer --internal_api_token_file or "+tokenEnv)
 	fs.StringVar(&f.tokenFile, "internal_api_token_file", "", "file holding the internal API token (a trailing newline is ignored)")
@@ -173,6 +175,7 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 		{"--max_inflight_request_bytes", f.maxInflightRequest, f.maxRequestBody, 1 << 40},
 		{"--max_prompt_text_bytes", f.maxPromptText, 1, f.maxRequestBody},
 		{"--rpc_max_inflight_bytes", f.rpcInflight, baidustd.DefaultMaxBodySize, 1 << 40},
+		{"--rpc_max_queued_output_bytes", f.rpcQueuedOutput, xllmrpc.DefaultMaxQueuedOutputBytes, 1 << 40},
 	} {
 		if r.val < r.min || r.val > r.max {
 			return nil, fmt.Errorf("%s = %d: must be in [%d, %d]", r.name, r.val, r.min, r.max)
@@ -417,7 +420,7 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 
 	// Requests for xLLM engines go over baidu_std, their output comes back
 	// through the rpc port's Generations into outputs.
-	outputs := xllmrpc.NewOutputs(0)
+	outputs := xllmrpc.NewOutputs(0, f.rpcQueuedOutput)
 	disp, err := xllmrpc.NewDispatcher(xllmrpc.DispatcherOptions{Self: self, Outputs: outputs, Registry: reg, Logger: log})
 	if err != nil {
 		return err
@@ -426,6 +429,12 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	metricsReg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvcar_xllm_requests_in_flight",
 		Help: "Requests sent to xLLM engines over baidu_std whose output kvcar still waits for."},
 		func() float64 { return float64(outputs.Len()) }))
+	metricsReg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvcar_xllm_queued_output_bytes",
+		Help: "Bytes the xLLM engines' output holds, decoded, queued for requests whose clients have not taken it yet."},
+		func() float64 { return float64(outputs.QueuedBytes()) }))
+	metricsReg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvcar_xllm_queued_output_limit_bytes",
+		Help: "The bound on kvcar_xllm_queued_output_bytes (--rpc_max_queued_output_bytes)."},
+		func() float64 { return float64(outputs.MaxQueuedBytes()) }))
 
 	opts := server.Options{InternalAPIToken: token, Logger: log, Heartbeats: reg, Dispatcher: disp,
 		Router: registryRouter{policy: policy, reg: reg}, Metrics: metricsReg,

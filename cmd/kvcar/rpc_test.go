@@ -39,6 +39,7 @@ func TestPortFlags(t *testing.T) {
 		{[]string{"--port=70000"}, "--port = 70000", 0},
 		{[]string{"--rpc_server_port=-1"}, "--rpc_server_port = -1: must be in [0, 65535]", 0},
 		{[]string{"--rpc_max_inflight_bytes=1000"}, "--rpc_max_inflight_bytes = 1000: must be in [67108864, 1099511627776]", 0},
+		{[]string{"--rpc_max_queued_output_bytes=1000"}, "--rpc_max_queued_output_bytes = 1000: must be in [4194304, 1099511627776]", 0},
 	} {
 		f, err := parseFlags(c.args, io.Discard)
 		if c.want != "" {

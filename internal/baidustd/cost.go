@@ -6,6 +6,8 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
+
+	"github.com/kvcar/kvcar/internal/budget"
 )
 
 // decodeCost bounds what decoding a message costs in memory before it is
@@ -74,7 +76,7 @@ func costTree(md protoreflect.MessageDescriptor, seen map[protoreflect.FullName]
 	// A message without a registered Go type (a map's entry) is charged
 	// by its fields alone.
 	if mt, err := protoregistry.GlobalTypes.FindMessageByName(md.FullName()); err == nil {
-		m.size = allocSize(int64(reflect.TypeOf(mt.New().Interface()).Elem().Size()))
+		m.size = budget.AllocSize(int64(reflect.TypeOf(mt.New().Interface()).Elem().Size()))
 	}
 	fields := md.Fields()
 	for i := range fields.Len() {
@@ -104,11 +106,6 @@ func (m *costMsg) field(n protowire.Number) *costField {
 	}
 	return m.sparse[n]
 }
-
-// allocSize rounds n up past the allocator's size class for it: Go's
-// classes waste at most an eighth of a large object, and up to 15 bytes
-// of a small one (33 bytes take 48).
-func allocSize(n int64) int64 { return n + n/4 + 16 }
 
 // of returns the bound for b decoded as the tree's message. For bytes
 // that do not parse as one, which the decode then refuses, it charges

@@ -50,3 +50,8 @@ func (b *Bytes) Max() int64 {
 	}
 	return b.max
 }
+
+// AllocSize bounds what an allocation of n bytes holds: Go's size
+// classes waste at most an eighth of a large object, and up to 15 bytes
+// of a small one (33 bytes take 48).
+func AllocSize(n int64) int64 { return n + n/4 + 16 }

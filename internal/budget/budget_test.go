@@ -62,3 +62,13 @@ func TestConcurrentTakersStayWithin(t *testing.T) {
 		t.Fatalf("used %d after every taker gave back", b.Used())
 	}
 }
+
+// AllocSize is never under what the allocator gives: append rounds a
+// slice's capacity up to its size class.
+func TestAllocSizeCoversTheSizeClass(t *testing.T) {
+	for n := 1; n <= 1<<17; n += 1 + n/64 {
+		if got := cap(append([]byte(nil), make([]byte, n)...)); int64(got) > AllocSize(int64(n)) {
+			t.Fatalf("%d bytes take %d, AllocSize says %d", n, got, AllocSize(int64(n)))
+		}
+	}
+}

@@ -4,7 +4,8 @@
 // many large requests arriving together are refused rather than grow the
 // process without limit.
 //
-// It owns only the count. Deciding what a refusal answers (HTTP 503, a
+// It owns only the count, and AllocSize, what a request takes for an
+// allocation of a given size. Deciding what a refusal answers (HTTP 503, a
 // brpc ELIMIT) is the servers'; it opens nothing and imports nothing of
 // kvcar.
 package budget

@@ -67,7 +67,7 @@ func startXLLMSide(tb testing.TB, reg xllmrpc.Registry) *xllmSide {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	x := &xllmSide{outputs: xllmrpc.NewOutputs(0), logs: &testlog.Buffer{}}
+	x := &xllmSide{outputs: xllmrpc.NewOutputs(0, 0), logs: &testlog.Buffer{}}
 	log := slog.New(slog.NewTextHandler(x.logs, nil))
 	srv := baidustd.NewServer(baidustd.ServerOptions{Identity: ln.Addr().String()})
 	if err := xllmrpc.NewService(reg, x.outputs, log).Register(srv); err != nil {

@@ -17,7 +17,7 @@ import (
 
 func testDispatcher(t *testing.T) *Dispatcher {
 	t.Helper()
-	d, err := NewDispatcher(DispatcherOptions{Self: "127.0.0.1:8889", Outputs: NewOutputs(0)})
+	d, err := NewDispatcher(DispatcherOptions{Self: "127.0.0.1:8889", Outputs: NewOutputs(0, 0)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -66,7 +66,7 @@ func startCluster(t testing.TB, identity string) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &cluster{etcd: etcd, cli: cli, outputs: NewOutputs(0), rpcAddr: ln.Addr().String()}
+	c := &cluster{etcd: etcd, cli: cli, outputs: NewOutputs(0, 0), rpcAddr: ln.Addr().String()}
 	opts := instance.Options{Client: cli, Logger: testLogger()}
 	if identity == "" {
 		identity, opts.SelfAddr = c.rpcAddr, c.rpcAddr
@@ -333,12 +333,12 @@ func TestGenerationsDecodeBounded(t *testing.T) {
 // A request whose reader falls behind by more than its budget ends with
 // an error instead of growing without bound.
 func TestOutputBacklogBounded(t *testing.T) {
-	o := NewOutputs(1000)
+	big := &xllmpb.DisaggStreamGeneration{ServiceReqId: "r", Outputs: []*xllmpb.SequenceOutput{{Text: string(make([]byte, 400))}}}
+	o := NewOutputs(5*heldBytes(big)/2, 0)
 	q, err := o.open("r")
 	if err != nil {
 		t.Fatal(err)
 	}
-	big := &xllmpb.DisaggStreamGeneration{ServiceReqId: "r", Outputs: []*xllmpb.SequenceOutput{{Text: string(make([]byte, 400))}}}
 	if !o.Deliver(big) || !o.Deliver(big) {
 		t.Fatal("within budget refused")
 	}
