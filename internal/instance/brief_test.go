@@ -3,15 +3,17 @@ package instance
 import (
 	"slices"
 	"testing"
+	"time"
 )
 
 // A brief says what the instance says of everything the routing scan
 // reads; types and states past int8 stay none of the defined ones.
 func TestBriefsMatchInstances(t *testing.T) {
+	t0 := time.Now()
 	ins := []Instance{
 		{Meta: Meta{Name: "a", BackendType: "xllm"}, Type: Mix, Role: Decode, State: LeaseLost, HasLoad: true, LoadValid: true, Load: Load{WaitingRequests: 1 << 40}},
-		{Meta: Meta{Name: "b"}, Type: Prefill, Role: Prefill, State: Suspect, HasLoad: true},
-		{Meta: Meta{Name: "c", BackendType: "vllm"}, Type: Type(1000), Role: Type(-5), State: State(300)},
+		{Meta: Meta{Name: "b"}, Type: Prefill, Role: Prefill, State: Suspect, HasLoad: true, LoadUpdated: t0.Add(time.Second)},
+		{Meta: Meta{Name: "c", BackendType: "vllm"}, Type: Type(1000), Role: Type(-5), State: State(300), LoadUpdated: t0.Add(-time.Hour)},
 	}
 	s := NewSnapshot(ins, 7, true)
 	bs := s.Briefs()
@@ -23,6 +25,15 @@ func TestBriefsMatchInstances(t *testing.T) {
 		if b.WaitingRequests != in.Load.WaitingRequests || b.BackendType != in.Meta.BackendType ||
 			b.HasLoad != in.HasLoad || b.LoadValid != in.LoadValid || b.Schedulable() != in.Schedulable() {
 			t.Errorf("instance %s: brief %+v", in.Meta.Name, *b)
+		}
+		// The load reports' times, from the same origin, by the
+		// monotonic clock (the wall clock's reading is stripped).
+		want := int64(NoLoadAt)
+		if !in.LoadUpdated.IsZero() {
+			want = int64(in.LoadUpdated.Sub(ins[1].LoadUpdated))
+		}
+		if at := LoadEpoch(ins).Round(0).Add(time.Duration(b.LoadAt)); b.LoadAt != want || (want != NoLoadAt && !at.Equal(in.LoadUpdated.Round(0))) {
+			t.Errorf("instance %s: LoadAt %d, want %d", in.Meta.Name, b.LoadAt, want)
 		}
 		for _, v := range []struct{ got, want int }{{int(b.Type()), int(in.Type)}, {int(b.Role()), int(in.Role)}, {int(b.State()), int(in.State)}} {
 			if v.got != v.want && (v.got != -1 || (v.want >= 0 && v.want <= 127)) {

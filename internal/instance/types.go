@@ -2,6 +2,7 @@ package instance
 
 import (
 	"errors"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -252,24 +253,47 @@ func (s *Snapshot) Briefs() []Brief {
 }
 
 // Brief is what the routing policies read of every instance of a snapshot
-// when they look for candidates, packed into 40 bytes: a scan of a fleet
+// when they look for candidates, packed into 48 bytes: a scan of a fleet
 // reads a few contiguous cache lines instead of a line or two of every
 // Instance, which a decision finding the caches cold pays a miss for.
 type Brief struct {
 	WaitingRequests uint64 // Load.WaitingRequests
 	MetaGen         uint64 // the Instance's
-	BackendType     string // Meta.BackendType
-	typ, role       int8
-	state           int8
+	// LoadAt is LoadUpdated less the LoadEpoch of the instances the brief
+	// was made among, in nanoseconds (by the monotonic clock when both
+	// have its reading); NoLoadAt when LoadUpdated is zero.
+	LoadAt      int64
+	BackendType string // Meta.BackendType
+	typ, role   int8
+	state       int8
 	// HasLoad and LoadValid are the Instance's.
 	HasLoad, LoadValid bool
 }
 
+// NoLoadAt is Brief.LoadAt of an instance without a load report's time.
+const NoLoadAt = math.MinInt64
+
+// LoadEpoch is the origin of the LoadAt of briefs made among ins: the
+// LoadUpdated of the first instance that has one, zero when none has.
+func LoadEpoch(ins []Instance) time.Time {
+	for i := range ins {
+		if !ins[i].LoadUpdated.IsZero() {
+			return ins[i].LoadUpdated
+		}
+	}
+	return time.Time{}
+}
+
 // AppendBriefs appends the briefs of ins to dst.
 func AppendBriefs(dst []Brief, ins []Instance) []Brief {
+	epoch := LoadEpoch(ins)
 	for i := range ins {
 		in := &ins[i]
-		dst = append(dst, Brief{WaitingRequests: in.Load.WaitingRequests, MetaGen: in.MetaGen, BackendType: in.Meta.BackendType,
+		at := int64(NoLoadAt)
+		if !in.LoadUpdated.IsZero() {
+			at = int64(in.LoadUpdated.Sub(epoch))
+		}
+		dst = append(dst, Brief{WaitingRequests: in.Load.WaitingRequests, MetaGen: in.MetaGen, LoadAt: at, BackendType: in.Meta.BackendType,
 			typ: small(int(in.Type)), role: small(int(in.Role)), state: small(int(in.State)), HasLoad: in.HasLoad, LoadValid: in.LoadValid})
 	}
 	return dst

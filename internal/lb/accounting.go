@@ -148,6 +148,11 @@ type accounting struct {
 	// seenGens are seenSnap's MetaGens, nil unless it had its briefs and
 	// every one was known (see gensOf).
 	seenGens []uint64
+	// loadEpoch is epochOf's instance.LoadEpoch since base: a brief's
+	// LoadAt plus it is its load report's time, read without the
+	// Instance.
+	loadEpoch int64
+	epochOf   *instance.Snapshot
 }
 
 // instAcct is one instance's accounting. Its first fields are those a
@@ -248,7 +253,13 @@ func (a *accounting) since(t time.Time) int64 { return int64(t.Sub(a.base)) }
 // again (and never over a new process's empty cache), and places the
 // others' states at their positions in snap.
 func (a *accounting) sync(snap *instance.Snapshot) {
-	if snap == a.seenSnap || snap == nil || (snap.Version == a.seenVersion && a.seenSnap != nil) {
+	if snap == nil {
+		return
+	}
+	if snap != a.epochOf {
+		a.loadEpoch, a.epochOf = a.since(instance.LoadEpoch(snap.Instances)), snap
+	}
+	if snap == a.seenSnap || (snap.Version == a.seenVersion && a.seenSnap != nil) {
 		return
 	}
 	same := sameGens(a.seenGens, snap)
@@ -308,14 +319,15 @@ func (a *accounting) stateOrNew(i int, in *instance.Instance) *instAcct {
 	return st
 }
 
-// outstanding returns, for in (whose state is st, nil if none), the
-// requests CAR sent it that its latest load report cannot include
-// (dispatched after LoadUpdated − HeartbeatLag), and the uncached
-// prompt tokens of the requests sent it that have not ended (been
-// released); both only of dispatches less than DispatchMaxAge old,
-// older records are dropped. A load report carries no tokens, so it
-// supersedes only the count.
-func (a *accounting) outstanding(st *instAcct, in *instance.Instance, now int64) (reqs, toks float64) {
+// outstanding returns, for the instance whose state is st (nil if none)
+// and whose latest load report came at loaded (since base; NoLoadAt for
+// none), the requests CAR sent it that the report cannot include
+// (dispatched after loaded − HeartbeatLag), and the uncached prompt
+// tokens of the requests sent it that have not ended (been released);
+// both only of dispatches less than DispatchMaxAge old, older records
+// are dropped. A load report carries no tokens, so it supersedes only
+// the count.
+func (a *accounting) outstanding(st *instAcct, loaded, now int64) (reqs, toks float64) {
 	if st == nil {
 		return 0, 0
 	}
@@ -328,14 +340,25 @@ func (a *accounting) outstanding(st *instAcct, in *instance.Instance, now int64)
 		return 0, 0
 	}
 	cut := old
-	// The Instance is read only when a dispatch could count.
-	if st.newest > cut && !in.LoadUpdated.IsZero() {
-		cut = max(cut, a.since(in.LoadUpdated)-int64(a.opts.HeartbeatLag))
+	if loaded != noLoad {
+		cut = max(cut, loaded-int64(a.opts.HeartbeatLag))
 	}
 	if st.liveTokens < 0.5 { // float drift of an empty sum
 		st.liveTokens = 0
 	}
 	return float64(st.after(cut)), st.liveTokens
+}
+
+// noLoad is a load report time that is none.
+const noLoad = instance.NoLoadAt
+
+// loadedAt is the time since base of the load report of c, from its
+// brief, so a decision reads no Instance for it.
+func (a *accounting) loadedAt(c *candidate) int64 {
+	if c.loadAt == instance.NoLoadAt {
+		return noLoad
+	}
+	return c.loadAt + a.loadEpoch
 }
 
 // expire drops the dispatches made at or before old.
@@ -510,7 +533,7 @@ func (a *accounting) queueCosts(cands []candidate, now int64) {
 	var maxQ, maxT float64
 	for i := range cands {
 		c := &cands[i]
-		r, t := a.outstanding(a.at[c.idx], c.inst, now)
+		r, t := a.outstanding(a.at[c.idx], a.loadedAt(c), now)
 		c.score, c.tie = float64(c.waiting)+r, t
 		maxQ, maxT = max(maxQ, c.score), max(maxT, t)
 	}

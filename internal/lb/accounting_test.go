@@ -32,6 +32,15 @@ func acctCAR(t *testing.T, lambda float64, view PrefixView, clock *fakeClock, ed
 	return c
 }
 
+// loadedOf is the time since base of in's load report, as a decision
+// reads it from its brief.
+func (a *accounting) loadedOf(in *instance.Instance) int64 {
+	if in.LoadUpdated.IsZero() {
+		return noLoad
+	}
+	return a.since(in.LoadUpdated)
+}
+
 // registeredAt gives an instance the registration time that names its
 // incarnation to the accounting, and a load report received at seen.
 func registeredAt(in instance.Instance, reg, seen time.Time) instance.Instance {
@@ -104,7 +113,7 @@ func TestAccountingQueueTerm(t *testing.T) {
 
 	acct := c.acct
 	now := acct.since(clock.now())
-	r, tok := acct.outstanding(acct.at[1], &snap.Instances[1], now)
+	r, tok := acct.outstanding(acct.at[1], acct.loadedOf(&snap.Instances[1]), now)
 	if r != 2 || tok != 400 {
 		t.Fatalf("b outstanding = %v requests, %v tokens; want 2, 400", r, tok)
 	}
@@ -130,7 +139,7 @@ func TestAccountingHeartbeatSupersedes(t *testing.T) {
 	now := acct.since(clock.at(30 * time.Millisecond))
 	check := func(what string, want float64) {
 		t.Helper()
-		if r, _ := acct.outstanding(st, &in, now); r != want {
+		if r, _ := acct.outstanding(st, acct.loadedOf(&in), now); r != want {
 			t.Fatalf("%s: %v outstanding, want %v", what, r, want)
 		}
 	}
@@ -212,7 +221,7 @@ func TestAccountingMatchesAList(t *testing.T) {
 					wantToks += r.tokens
 				}
 			}
-			reqs, toks := acct.outstanding(st, &in, now)
+			reqs, toks := acct.outstanding(st, acct.loadedOf(&in), now)
 			if reqs != wantReqs || math.Abs(toks-wantToks) > 1e-6 {
 				t.Fatalf("seed %d step %d: %v requests, %v tokens; the list says %v, %v (%d dispatches held)",
 					seed, step, reqs, toks, wantReqs, wantToks, st.dispatches.size)
@@ -408,7 +417,7 @@ func TestAccountingFollowsMovedInstances(t *testing.T) {
 		if !ok {
 			continue
 		}
-		if r, _ := c.acct.outstanding(c.acct.at[i], &next.Instances[i], c.acct.since(clock.now())); r != 1 {
+		if r, _ := c.acct.outstanding(c.acct.at[i], c.acct.loadedOf(&next.Instances[i]), c.acct.since(clock.now())); r != 1 {
 			t.Fatalf("fleet %v: %s has %v requests outstanding at place %d, want 1", names, d.Prefill, r, i)
 		}
 	}
@@ -461,7 +470,7 @@ func TestAccountingBounded(t *testing.T) {
 	if n := len(st.pending); n > 7 {
 		t.Fatalf("%d pending blocks, want at most 7", n)
 	}
-	if r, _ := c.acct.outstanding(st, &snap.Instances[0], c.acct.since(clock.now())); r != 5 {
+	if r, _ := c.acct.outstanding(st, c.acct.loadedOf(&snap.Instances[0]), c.acct.since(clock.now())); r != 5 {
 		t.Fatalf("%v outstanding dispatches, want the cap 5", r)
 	}
 	if len(st.dispatches.buf) > 5 || len(st.order.buf) > 7 {
@@ -542,6 +551,36 @@ func TestChainKeysArePrefixKeys(t *testing.T) {
 	}
 }
 
+// A decision reads each candidate's load report time from the
+// snapshot's briefs: a report after an instance's dispatches, in the next
+// snapshot, supersedes them, and one before them does not.
+func TestAccountingReadsReportsFromBriefs(t *testing.T) {
+	clock := newClock()
+	c := acctCAR(t, 0, nil, clock, func(o *AccountingOptions) { o.Dispatched = true })
+	ins := fleet(clock, "a", "b")
+	snap := snapshot(ins...)
+	first := route(t, c, Request{PromptTokens: 10}, snap)
+	clock.advance(time.Millisecond)
+	second := route(t, c, Request{PromptTokens: 10}, snap)
+	if first.Prefill == second.Prefill {
+		t.Fatalf("both requests went to %s", first.Prefill)
+	}
+	clock.advance(time.Millisecond)
+	// The first instance reports after its dispatch, the second before
+	// its own.
+	for i := range ins {
+		if ins[i].Meta.Name == first.Prefill {
+			ins[i].LoadUpdated = clock.now()
+		}
+	}
+	next := snapshot(ins...)
+	next.Version = snap.Version + 1
+	clock.advance(time.Millisecond)
+	d := route(t, c, Request{PromptTokens: 10}, next)
+	wantRoute(t, d, first.Prefill, "")
+	wantFloat(t, "its queue term", d.PrefillScore, 0)
+}
+
 // Uncached tokens count until the request is released, whatever the
 // load reports say (they carry no tokens); the request count until the
 // next report. Release of an unknown or repeated ticket changes nothing.
@@ -558,14 +597,14 @@ func TestAccountingReleaseEndsTokens(t *testing.T) {
 	}
 	// A report after both supersedes the counts; the tokens stay.
 	clock.advance(time.Millisecond)
-	for i := range snap.Instances {
-		snap.Instances[i].LoadUpdated = clock.now()
-	}
+	a.LoadUpdated, b.LoadUpdated = clock.now(), clock.now()
+	snap = snapshot(a, b)
+	snap.Version = 2
 	clock.advance(time.Millisecond)
 	i1, _ := lookupInstance(snap, d1.Prefill)
 	in1 := &snap.Instances[i1]
 	now := c.acct.since(clock.now())
-	if r, tok := c.acct.outstanding(c.acct.at[i1], in1, now); r != 0 || tok != 1000 {
+	if r, tok := c.acct.outstanding(c.acct.at[i1], c.acct.loadedOf(in1), now); r != 0 || tok != 1000 {
 		t.Fatalf("after the report: %v requests, %v tokens; want 0, 1000", r, tok)
 	}
 	d3 := route(t, c, Request{PromptTokens: 10}, snap)
@@ -574,11 +613,11 @@ func TestAccountingReleaseEndsTokens(t *testing.T) {
 	c.Release(d1)
 	c.Release(Decision{Prefill: d1.Prefill, Ticket: 999})
 	c.Release(Decision{Prefill: "gone", Ticket: d1.Ticket})
-	if r, tok := c.acct.outstanding(c.acct.at[i1], in1, c.acct.since(clock.now())); r != 0 || tok != 0 {
+	if r, tok := c.acct.outstanding(c.acct.at[i1], c.acct.loadedOf(in1), c.acct.since(clock.now())); r != 0 || tok != 0 {
 		t.Fatalf("after release: %v requests, %v tokens; want 0, 0", r, tok)
 	}
 	i2, _ := lookupInstance(snap, d2.Prefill)
-	if _, tok := c.acct.outstanding(c.acct.at[i2], &snap.Instances[i2], c.acct.since(clock.now())); tok != 20 {
+	if _, tok := c.acct.outstanding(c.acct.at[i2], c.acct.loadedOf(&snap.Instances[i2]), c.acct.since(clock.now())); tok != 20 {
 		t.Fatalf("the other instance: %v tokens, want 20", tok)
 	}
 	// Released tokens no longer weigh: the 1000-token instance wins now.

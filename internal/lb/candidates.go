@@ -59,6 +59,8 @@ type candidate struct {
 	// waiting is the instance's waiting_requests_num, copied so that
 	// scoring reads the candidate list only.
 	waiting uint64
+	// loadAt is the brief's LoadAt, for the dispatch accounting.
+	loadAt int64
 	// backend is the instance's backend_type: a prefill instance hands
 	// its KV only to a decode instance of the same engine kind.
 	backend string
@@ -130,7 +132,7 @@ func (s *scratch) collect(snap *instance.Snapshot, needLoad bool) {
 	if snap == nil {
 		return
 	}
-	// The briefs, not the Instances: a scan reads 40 contiguous bytes of
+	// The briefs, not the Instances: a scan reads 48 contiguous bytes of
 	// each instance rather than lines of 400-byte structures.
 	bs := snap.Briefs()
 	if bs == nil {
@@ -158,7 +160,7 @@ func (s *scratch) collect(snap *instance.Snapshot, needLoad bool) {
 			ex.invalidLoad++
 			continue
 		}
-		c := candidate{inst: &snap.Instances[i], idx: i, waiting: b.WaitingRequests, backend: backendOf(b)}
+		c := candidate{inst: &snap.Instances[i], idx: i, waiting: b.WaitingRequests, loadAt: b.LoadAt, backend: backendOf(b)}
 		if sd == sideDecode {
 			s.d = append(s.d, c)
 			continue

@@ -62,7 +62,7 @@
 // DP sizes and incarnations with the layout's) is kept in the policy
 // between decisions and checked against each new snapshot by the
 // identity of its strings, so a decision reads no names; the candidate
-// scan reads the snapshot's 40-byte briefs (instance.Brief), not its
+// scan reads the snapshot's 48-byte briefs (instance.Brief), not its
 // Instances. Both keep a decision that finds the caches cold, as a
 // router's sparse decisions do, to a few contiguous arrays.
 //
@@ -108,9 +108,10 @@
 // (MaxPendingDispatches, MaxPendingBlocks: the oldest is forgotten).
 // The states are also kept by the instances' places in the snapshot,
 // placed again only when its MetaGens change, so a decision reaches a
-// candidate's state without its name, and reads its ring of
-// dispatches only when some of them have expired, or some are older
-// than its load report and some newer.
+// candidate's state without its name, takes its load report's time
+// from its brief (instance.Brief.LoadAt), not its Instance, and reads
+// its ring of dispatches only when some of them have expired, or some
+// are older than its load report and some newer.
 // With either part on, CAR decisions run one at a time under a mutex,
 // so each sees those before it.
 //
