@@ -140,7 +140,11 @@ type accounting struct {
 	// where there is none), so a decision finds a candidate's state from
 	// its index: a lookup by name read the candidate's Instance, its name
 	// and the map's groups, each a cache miss in a sparse decision.
-	at          []*instAcct
+	at []*instAcct
+	// sums mirror, by the same positions, the first fields of each state
+	// (zero where there is none): a decision whose candidates need no
+	// ring reads one contiguous array instead of a line of every state.
+	sums        []acctSum
 	seenVersion uint64
 	// tickets numbers decisions, for Release.
 	tickets  uint64
@@ -155,16 +159,23 @@ type accounting struct {
 	epochOf   *instance.Snapshot
 }
 
-// instAcct is one instance's accounting. Its first fields are those a
-// decision reads of every candidate, so that one with nothing
-// outstanding costs it one line.
-type instAcct struct {
+// acctSum is what a decision reads of an instance's accounting.
+type acctSum struct {
 	// oldest and newest are the times of the ring's oldest and newest
-	// dispatch, valid while it holds any: a decision reads the ring
-	// only when a dispatch has expired or one is after the load report.
+	// dispatch, valid while it holds any (n > 0): a decision reads the
+	// ring only when a dispatch has expired, or some are older than the
+	// load report and some newer.
 	oldest, newest int64
 	// liveTokens sums the tokens of the live records.
 	liveTokens float64
+	n          int
+}
+
+// instAcct is one instance's accounting.
+type instAcct struct {
+	acctSum
+	// place is the state's position in accounting.at, -1 once forgotten.
+	place int
 	// dispatches is a ring in dispatch order (times and tickets only
 	// grow).
 	dispatches ring[dispatchRec]
@@ -271,22 +282,40 @@ func (a *accounting) sync(snap *instance.Snapshot) {
 		// have changed, and the briefs say it.
 		for i, b := range snap.Briefs() {
 			if st := a.at[i]; st != nil && !b.Schedulable() {
-				delete(a.insts, st.name)
-				a.at[i] = nil
+				a.forget(st)
 			}
 		}
 		return
 	}
 	a.seenGens = gensOf(snap)
-	a.at = slices.Grow(a.at[:0], len(snap.Instances))[:len(snap.Instances)]
+	n := len(snap.Instances)
+	a.at = slices.Grow(a.at[:0], n)[:n]
 	clear(a.at)
+	a.sums = slices.Grow(a.sums[:0], n)[:n]
+	clear(a.sums)
 	for name, st := range a.insts {
 		i, ok := lookupInstance(snap, name)
 		if !ok || !snap.Instances[i].Schedulable() || !snap.Instances[i].Registered.Equal(st.registered) {
 			delete(a.insts, name)
+			st.place = -1
 			continue
 		}
-		a.at[i] = st
+		a.at[i], st.place = st, i
+		a.sums[i] = st.acctSum
+	}
+}
+
+// forget drops st, which is at its place.
+func (a *accounting) forget(st *instAcct) {
+	delete(a.insts, st.name)
+	a.at[st.place], a.sums[st.place] = nil, acctSum{}
+	st.place = -1
+}
+
+// mirror copies st's sum to its place, after every change of it.
+func (a *accounting) mirror(st *instAcct) {
+	if st.place >= 0 {
+		a.sums[st.place] = st.acctSum
 	}
 }
 
@@ -311,39 +340,55 @@ func (a *accounting) stateOrNew(i int, in *instance.Instance) *instAcct {
 	if st := a.at[i]; st != nil {
 		return st
 	}
-	st := &instAcct{name: in.Meta.Name, registered: in.Registered}
+	st := &instAcct{name: in.Meta.Name, registered: in.Registered, place: i}
 	st.dispatches.cap = a.opts.MaxPendingDispatches
 	st.order.cap = a.opts.MaxPendingBlocks
 	a.insts[st.name] = st
-	a.at[i] = st
+	a.at[i], a.sums[i] = st, acctSum{}
 	return st
 }
 
-// outstanding returns, for the instance whose state is st (nil if none)
-// and whose latest load report came at loaded (since base; NoLoadAt for
-// none), the requests CAR sent it that the report cannot include
-// (dispatched after loaded − HeartbeatLag), and the uncached prompt
-// tokens of the requests sent it that have not ended (been released);
-// both only of dispatches less than DispatchMaxAge old, older records
-// are dropped. A load report carries no tokens, so it supersedes only
-// the count.
-func (a *accounting) outstanding(st *instAcct, loaded, now int64) (reqs, toks float64) {
-	if st == nil {
+// outstanding returns, for the instance at place i, whose latest load
+// report came at loaded (since base; noLoad for none), the requests CAR
+// sent it that the report cannot include (dispatched after loaded −
+// HeartbeatLag), and the uncached prompt tokens of the requests sent it
+// that have not ended (been released); both only of dispatches less
+// than DispatchMaxAge old, older records are dropped. A load report
+// carries no tokens, so it supersedes only the count.
+func (a *accounting) outstanding(i int, loaded, now int64) (reqs, toks float64) {
+	sum := &a.sums[i]
+	if sum.n == 0 {
 		return 0, 0
 	}
 	old := now - int64(a.opts.DispatchMaxAge)
-	if st.dispatches.size > 0 && st.oldest <= old {
-		st.expire(old)
-	}
-	if st.dispatches.size == 0 {
-		st.liveTokens = 0 // a sum of nothing, whatever the float drift
-		return 0, 0
-	}
 	cut := old
 	if loaded != noLoad {
 		cut = max(cut, loaded-int64(a.opts.HeartbeatLag))
 	}
-	if st.liveTokens < 0.5 { // float drift of an empty sum
+	if sum.oldest > old {
+		// Nothing expired: the count is all or nothing unless the cut
+		// falls among the dispatches.
+		toks := sum.liveTokens
+		if toks < 0.5 { // float drift of an empty sum
+			toks = 0
+		}
+		switch {
+		case sum.newest <= cut:
+			return 0, toks
+		case sum.oldest > cut:
+			return float64(sum.n), toks
+		}
+	}
+	st := a.at[i]
+	defer a.mirror(st)
+	if st.oldest <= old {
+		st.expire(old)
+	}
+	if st.n == 0 {
+		st.liveTokens = 0 // a sum of nothing, whatever the float drift
+		return 0, 0
+	}
+	if st.liveTokens < 0.5 {
 		st.liveTokens = 0
 	}
 	return float64(st.after(cut)), st.liveTokens
@@ -368,7 +413,7 @@ func (st *instAcct) expire(old int64) {
 		st.drop(*d.front())
 		d.pop()
 	}
-	if d.size > 0 {
+	if st.n = d.size; d.size > 0 {
 		st.oldest = d.front().at
 	}
 }
@@ -413,12 +458,13 @@ func (st *instAcct) drop(r dispatchRec) {
 	}
 }
 
-func (st *instAcct) recordDispatch(now int64, uncached float64, ticket uint64) {
+func (a *accounting) recordDispatch(st *instAcct, now int64, uncached float64, ticket uint64) {
 	if old, full := st.dispatches.push(dispatchRec{at: now, tokens: uncached, ticket: ticket, live: true}); full {
 		st.drop(old)
 	}
-	st.oldest, st.newest = st.dispatches.front().at, now
+	st.oldest, st.newest, st.n = st.dispatches.front().at, now, st.dispatches.size
 	st.liveTokens += uncached
+	a.mirror(st)
 }
 
 // release marks the request of ticket, routed to instance name, ended:
@@ -435,6 +481,7 @@ func (a *accounting) release(name string, ticket uint64) {
 		if r := d.at(lo); r.ticket == ticket && r.live {
 			r.live = false
 			st.liveTokens -= r.tokens
+			a.mirror(st)
 		}
 	}
 }
@@ -533,7 +580,7 @@ func (a *accounting) queueCosts(cands []candidate, now int64) {
 	var maxQ, maxT float64
 	for i := range cands {
 		c := &cands[i]
-		r, t := a.outstanding(a.at[c.idx], a.loadedAt(c), now)
+		r, t := a.outstanding(c.idx, a.loadedAt(c), now)
 		c.score, c.tie = float64(c.waiting)+r, t
 		maxQ, maxT = max(maxQ, c.score), max(maxT, t)
 	}
@@ -597,7 +644,7 @@ func (c *CAR) pendingKeys(tokenIDs []uint32, s *scratch) bool {
 // it.
 func (a *accounting) record(p *candidate, input int, keys []uint64, now int64, ticket uint64) {
 	if a.opts.Dispatched {
-		a.stateOrNew(p.idx, p.inst).recordDispatch(now, float64(input)*(1-p.hit), ticket)
+		a.recordDispatch(a.stateOrNew(p.idx, p.inst), now, float64(input)*(1-p.hit), ticket)
 	}
 	if a.opts.PendingPrefixes && len(keys) > 0 {
 		// The blocks the directory already reports there need no

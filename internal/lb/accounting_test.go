@@ -113,7 +113,7 @@ func TestAccountingQueueTerm(t *testing.T) {
 
 	acct := c.acct
 	now := acct.since(clock.now())
-	r, tok := acct.outstanding(acct.at[1], acct.loadedOf(&snap.Instances[1]), now)
+	r, tok := acct.outstanding(1, acct.loadedOf(&snap.Instances[1]), now)
 	if r != 2 || tok != 400 {
 		t.Fatalf("b outstanding = %v requests, %v tokens; want 2, 400", r, tok)
 	}
@@ -134,12 +134,12 @@ func TestAccountingHeartbeatSupersedes(t *testing.T) {
 	acct.sync(snapshot(in))
 	st := acct.stateOrNew(0, &in)
 	for _, ms := range []int{0, 10, 20} {
-		st.recordDispatch(acct.since(clock.at(time.Duration(ms)*time.Millisecond)), 1, uint64(ms+1))
+		acct.recordDispatch(st, acct.since(clock.at(time.Duration(ms)*time.Millisecond)), 1, uint64(ms+1))
 	}
 	now := acct.since(clock.at(30 * time.Millisecond))
 	check := func(what string, want float64) {
 		t.Helper()
-		if r, _ := acct.outstanding(st, acct.loadedOf(&in), now); r != want {
+		if r, _ := acct.outstanding(0, acct.loadedOf(&in), now); r != want {
 			t.Fatalf("%s: %v outstanding, want %v", what, r, want)
 		}
 	}
@@ -149,7 +149,7 @@ func TestAccountingHeartbeatSupersedes(t *testing.T) {
 	in.LoadUpdated = clock.at(25 * time.Millisecond) // supersedes t ≤ 20 ms
 	check("report at 25 ms", 0)
 
-	st.recordDispatch(acct.since(clock.at(40*time.Millisecond)), 1, 41)
+	acct.recordDispatch(st, acct.since(clock.at(40*time.Millisecond)), 1, 41)
 	check("dispatch after the report", 1)
 	now = acct.since(clock.at(1040 * time.Millisecond))
 	check("past the max age", 0)
@@ -189,7 +189,7 @@ func TestAccountingMatchesAList(t *testing.T) {
 			case op < 5:
 				ticket++
 				tok := float64(rng.IntN(4000)) / 4
-				st.recordDispatch(now, tok, ticket)
+				acct.recordDispatch(st, now, tok, ticket)
 				if list = append(list, rec{now, tok, ticket, true}); len(list) > o.MaxPendingDispatches {
 					list = list[1:]
 				}
@@ -221,10 +221,13 @@ func TestAccountingMatchesAList(t *testing.T) {
 					wantToks += r.tokens
 				}
 			}
-			reqs, toks := acct.outstanding(st, acct.loadedOf(&in), now)
+			reqs, toks := acct.outstanding(0, acct.loadedOf(&in), now)
 			if reqs != wantReqs || math.Abs(toks-wantToks) > 1e-6 {
 				t.Fatalf("seed %d step %d: %v requests, %v tokens; the list says %v, %v (%d dispatches held)",
 					seed, step, reqs, toks, wantReqs, wantToks, st.dispatches.size)
+			}
+			if acct.sums[0] != st.acctSum {
+				t.Fatalf("seed %d step %d: the decision reads %+v, the state has %+v", seed, step, acct.sums[0], st.acctSum)
 			}
 			if st.dispatches.size != len(list) {
 				t.Fatalf("seed %d step %d: the ring holds %d dispatches, the list %d", seed, step, st.dispatches.size, len(list))
@@ -417,7 +420,7 @@ func TestAccountingFollowsMovedInstances(t *testing.T) {
 		if !ok {
 			continue
 		}
-		if r, _ := c.acct.outstanding(c.acct.at[i], c.acct.loadedOf(&next.Instances[i]), c.acct.since(clock.now())); r != 1 {
+		if r, _ := c.acct.outstanding(i, c.acct.loadedOf(&next.Instances[i]), c.acct.since(clock.now())); r != 1 {
 			t.Fatalf("fleet %v: %s has %v requests outstanding at place %d, want 1", names, d.Prefill, r, i)
 		}
 	}
@@ -433,6 +436,9 @@ func wantPlaces(t *testing.T, a *accounting, snap *instance.Snapshot) {
 	for i := range snap.Instances {
 		if name := snap.Instances[i].Meta.Name; a.at[i] != a.insts[name] {
 			t.Fatalf("place %d (%s) holds %p, the name %p", i, name, a.at[i], a.insts[name])
+		}
+		if st := a.at[i]; (st == nil && a.sums[i] != acctSum{}) || (st != nil && (a.sums[i] != st.acctSum || st.place != i)) {
+			t.Fatalf("place %d: the sum %+v does not mirror its state %+v", i, a.sums[i], st)
 		}
 	}
 	if n := len(slices.DeleteFunc(slices.Clone(a.at), func(st *instAcct) bool { return st == nil })); n != len(a.insts) {
@@ -470,7 +476,7 @@ func TestAccountingBounded(t *testing.T) {
 	if n := len(st.pending); n > 7 {
 		t.Fatalf("%d pending blocks, want at most 7", n)
 	}
-	if r, _ := c.acct.outstanding(st, c.acct.loadedOf(&snap.Instances[0]), c.acct.since(clock.now())); r != 5 {
+	if r, _ := c.acct.outstanding(0, c.acct.loadedOf(&snap.Instances[0]), c.acct.since(clock.now())); r != 5 {
 		t.Fatalf("%v outstanding dispatches, want the cap 5", r)
 	}
 	if len(st.dispatches.buf) > 5 || len(st.order.buf) > 7 {
@@ -604,7 +610,7 @@ func TestAccountingReleaseEndsTokens(t *testing.T) {
 	i1, _ := lookupInstance(snap, d1.Prefill)
 	in1 := &snap.Instances[i1]
 	now := c.acct.since(clock.now())
-	if r, tok := c.acct.outstanding(c.acct.at[i1], c.acct.loadedOf(in1), now); r != 0 || tok != 1000 {
+	if r, tok := c.acct.outstanding(i1, c.acct.loadedOf(in1), now); r != 0 || tok != 1000 {
 		t.Fatalf("after the report: %v requests, %v tokens; want 0, 1000", r, tok)
 	}
 	d3 := route(t, c, Request{PromptTokens: 10}, snap)
@@ -613,11 +619,11 @@ func TestAccountingReleaseEndsTokens(t *testing.T) {
 	c.Release(d1)
 	c.Release(Decision{Prefill: d1.Prefill, Ticket: 999})
 	c.Release(Decision{Prefill: "gone", Ticket: d1.Ticket})
-	if r, tok := c.acct.outstanding(c.acct.at[i1], c.acct.loadedOf(in1), c.acct.since(clock.now())); r != 0 || tok != 0 {
+	if r, tok := c.acct.outstanding(i1, c.acct.loadedOf(in1), c.acct.since(clock.now())); r != 0 || tok != 0 {
 		t.Fatalf("after release: %v requests, %v tokens; want 0, 0", r, tok)
 	}
 	i2, _ := lookupInstance(snap, d2.Prefill)
-	if _, tok := c.acct.outstanding(c.acct.at[i2], c.acct.loadedOf(&snap.Instances[i2]), c.acct.since(clock.now())); tok != 20 {
+	if _, tok := c.acct.outstanding(i2, c.acct.loadedOf(&snap.Instances[i2]), c.acct.since(clock.now())); tok != 20 {
 		t.Fatalf("the other instance: %v tokens, want 20", tok)
 	}
 	// Released tokens no longer weigh: the 1000-token instance wins now.

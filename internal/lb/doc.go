@@ -107,11 +107,13 @@
 // SUSPECT or of another incarnation, and both are bounded per instance
 // (MaxPendingDispatches, MaxPendingBlocks: the oldest is forgotten).
 // The states are also kept by the instances' places in the snapshot,
-// placed again only when its MetaGens change, so a decision reaches a
-// candidate's state without its name, takes its load report's time
-// from its brief (instance.Brief.LoadAt), not its Instance, and reads
-// its ring of dispatches only when some of them have expired, or some
-// are older than its load report and some newer.
+// placed again only when its MetaGens change, with a contiguous array of
+// their sums (oldest and newest dispatch, count, live tokens) beside
+// them. A decision reads a candidate's sum by its place and its load
+// report's time from its brief (instance.Brief.LoadAt), and reads no
+// name, no Instance, and a state and its ring of dispatches only when
+// some have expired, or some are older than the load report and some
+// newer.
 // With either part on, CAR decisions run one at a time under a mutex,
 // so each sees those before it.
 //
