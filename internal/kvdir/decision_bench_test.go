@@ -50,7 +50,7 @@ func BenchmarkDecisionRealSize(b *testing.B) {
 	unnamed := instance.NewSnapshot(ins, snap.Version, true)
 	for _, kind := range []string{"all", "one", "none", "all-cold", "one-cold", "none-cold",
 		"all-cold-next", "none-cold-next", "all-cold-next-unnamed", "none-cold-next-unnamed",
-		"none-cold-acct", "none-cold-next-acct", "none-acct"} {
+		"none-cold-acct", "none-cold-next-acct", "none-acct", "all-cold-acct", "all-cold-next-acct"} {
 		b.Run(kind, func(b *testing.B) {
 			car := plain
 			kind, acct := strings.CutSuffix(kind, "-acct")

@@ -397,13 +397,13 @@ func (a *accounting) outstanding(i int, loaded, now int64) (reqs, toks float64) 
 // noLoad is a load report time that is none.
 const noLoad = instance.NoLoadAt
 
-// loadedAt is the time since base of the load report of c, from its
-// brief, so a decision reads no Instance for it.
-func (a *accounting) loadedAt(c *candidate) int64 {
-	if c.loadAt == instance.NoLoadAt {
+// loadedAt is the time since base of the load report of the instance
+// whose brief is b, so a decision reads no Instance for it.
+func (a *accounting) loadedAt(b *instance.Brief) int64 {
+	if b.LoadAt == instance.NoLoadAt {
 		return noLoad
 	}
-	return c.loadAt + a.loadEpoch
+	return b.LoadAt + a.loadEpoch
 }
 
 // expire drops the dispatches made at or before old.
@@ -565,14 +565,15 @@ func chainKeys(ids []uint32, blockSize int, dst []uint64) []uint64 {
 }
 
 // queueCosts is queueCosts (R-CAR-3) with the requests CAR dispatched
-// since each candidate's load report added to its waiting count, and,
-// with TokenWeight β > 0, blended with their uncached prompt tokens:
+// since each candidate's load report (read from bs, the briefs the
+// candidates came from) added to its waiting count, and, with
+// TokenWeight β > 0, blended with their uncached prompt tokens:
 //
 //	queue = (1−β)·(waiting + sent) / max(waiting + sent) + β·tokens / max(tokens)
 //
 // each ratio 0 when its maximum is 0, and the request term alone while
 // no candidate has tokens outstanding.
-func (a *accounting) queueCosts(cands []candidate, now int64) {
+func (a *accounting) queueCosts(cands []candidate, bs []instance.Brief, now int64) {
 	if !a.opts.Dispatched {
 		queueCosts(cands)
 		return
@@ -580,7 +581,7 @@ func (a *accounting) queueCosts(cands []candidate, now int64) {
 	var maxQ, maxT float64
 	for i := range cands {
 		c := &cands[i]
-		r, t := a.outstanding(c.idx, a.loadedAt(c), now)
+		r, t := a.outstanding(c.idx, a.loadedAt(&bs[c.idx]), now)
 		c.score, c.tie = float64(c.waiting)+r, t
 		maxQ, maxT = max(maxQ, c.score), max(maxT, t)
 	}

@@ -59,8 +59,6 @@ type candidate struct {
 	// waiting is the instance's waiting_requests_num, copied so that
 	// scoring reads the candidate list only.
 	waiting uint64
-	// loadAt is the brief's LoadAt, for the dispatch accounting.
-	loadAt int64
 	// backend is the instance's backend_type: a prefill instance hands
 	// its KV only to a decode instance of the same engine kind.
 	backend string
@@ -92,8 +90,9 @@ type exclusions struct {
 type scratch struct {
 	p, d []candidate
 	hits []kvdir.Hit
-	// briefs holds the briefs of a snapshot that came without them.
-	briefs []instance.Brief
+	// briefs holds the briefs of a snapshot that came without them;
+	// scanned are the briefs collect read, the snapshot's or these.
+	briefs, scanned []instance.Brief
 	// keys are the request's block chain keys, for pending prefixes.
 	keys []uint64
 	pEx  exclusions
@@ -118,7 +117,7 @@ func (sp *scratchPool) put(s *scratch) {
 	clear(s.p)
 	clear(s.d)
 	clear(s.briefs)
-	s.p, s.d, s.hits, s.keys, s.briefs = s.p[:0], s.d[:0], s.hits[:0], s.keys[:0], s.briefs[:0]
+	s.p, s.d, s.hits, s.keys, s.briefs, s.scanned = s.p[:0], s.d[:0], s.hits[:0], s.keys[:0], s.briefs[:0], nil
 	s.pEx, s.dEx = exclusions{}, exclusions{}
 	sp.pool.Put(s)
 }
@@ -139,6 +138,7 @@ func (s *scratch) collect(snap *instance.Snapshot, needLoad bool) {
 		s.briefs = instance.AppendBriefs(s.briefs[:0], snap.Instances)
 		bs = s.briefs
 	}
+	s.scanned = bs
 	for i := range bs {
 		b := &bs[i]
 		sd := sideOf(b)
@@ -160,7 +160,7 @@ func (s *scratch) collect(snap *instance.Snapshot, needLoad bool) {
 			ex.invalidLoad++
 			continue
 		}
-		c := candidate{inst: &snap.Instances[i], idx: i, waiting: b.WaitingRequests, loadAt: b.LoadAt, backend: backendOf(b)}
+		c := candidate{inst: &snap.Instances[i], idx: i, waiting: b.WaitingRequests, backend: backendOf(b)}
 		if sd == sideDecode {
 			s.d = append(s.d, c)
 			continue

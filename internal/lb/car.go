@@ -133,7 +133,7 @@ func (c *CAR) Route(req Request, snap *instance.Snapshot) (Decision, error) {
 		defer c.acctMu.Unlock()
 		now = a.since(a.now())
 		a.sync(snap)
-		a.queueCosts(s.p, now)
+		a.queueCosts(s.p, s.scanned, now)
 		if pending {
 			a.pendingHits(s, len(req.TokenIDs), now)
 		}
