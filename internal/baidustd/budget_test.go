@@ -26,6 +26,7 @@ import (
 	"github.com/kvcar/kvcar/internal/baidustd/metapb"
 
 	"github.com/kvcar/kvcar/internal/budget"
+	"github.com/kvcar/kvcar/internal/decodeheap"
 	"github.com/kvcar/kvcar/internal/testlog"
 )
 
@@ -328,23 +329,10 @@ func TestDecodeCostBoundsTheDecode(t *testing.T) {
 		if walked, ok := costs.root.cost(wire, 0); !ok || walked != bound {
 			t.Fatalf("%s: the walk gave %d, %v", c.name, walked, ok)
 		}
-		// Enough copies to decode a megabyte or more, so that anything
-		// else the process allocates meanwhile is noise next to them.
-		copies := max(20, 1<<20/len(wire))
-		kept := make([]proto.Message, copies)
-		var before, after runtime.MemStats
-		runtime.GC()
-		runtime.ReadMemStats(&before)
-		for i := range kept {
-			kept[i] = c.msg.ProtoReflect().New().Interface()
-			if err := proto.Unmarshal(wire, kept[i]); err != nil {
-				t.Fatal(err)
-			}
+		used, _, err := decodeheap.PerDecode(wire, func() proto.Message { return c.msg.ProtoReflect().New().Interface() })
+		if err != nil {
+			t.Fatal(err)
 		}
-		runtime.GC()
-		runtime.ReadMemStats(&after)
-		runtime.KeepAlive(kept)
-		used := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / int64(copies)
 		t.Logf("%s: %d wire bytes, %d decoded, bound %d", c.name, len(wire), used, bound)
 		if used > bound {
 			t.Errorf("%s: a decode took %d bytes, over the bound %d", c.name, used, bound)

@@ -128,6 +128,7 @@ var layout = map[string]place{
 	"internal/xllmpb":            {layer: 0, forbid: slices.Concat(sockets, routing)},
 	"internal/xllmpb/xservicepb": {layer: 1, forbid: slices.Concat(sockets, routing)},
 	"internal/leakcheck":         {layer: 0, testOnly: true},
+	"internal/decodeheap":        {layer: 0, testOnly: true},
 	"internal/testlog":           {layer: 0, testOnly: true},
 	"internal/closedloop":        {layer: 0, testOnly: true},
 	// Benchmarks of kvindex and kvdir share its generated engine messages.

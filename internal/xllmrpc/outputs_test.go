@@ -2,7 +2,6 @@ package xllmrpc
 
 import (
 	"errors"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -10,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvcar/kvcar/internal/baidustd"
+	"github.com/kvcar/kvcar/internal/decodeheap"
 	"github.com/kvcar/kvcar/internal/xllmpb"
 )
 
@@ -66,22 +66,11 @@ func TestHeldBytesBoundsTheDecode(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		copies := max(20, 1<<20/len(wire))
-		kept := make([]*xllmpb.DisaggStreamGeneration, copies)
-		var before, after runtime.MemStats
-		runtime.GC()
-		runtime.ReadMemStats(&before)
-		for i := range kept {
-			kept[i] = new(xllmpb.DisaggStreamGeneration)
-			if err := proto.Unmarshal(wire, kept[i]); err != nil {
-				t.Fatal(err)
-			}
+		used, m, err := decodeheap.PerDecode(wire, func() proto.Message { return new(xllmpb.DisaggStreamGeneration) })
+		if err != nil {
+			t.Fatal(err)
 		}
-		runtime.GC()
-		runtime.ReadMemStats(&after)
-		runtime.KeepAlive(kept)
-		used := (int64(after.HeapAlloc) - int64(before.HeapAlloc)) / int64(copies)
-		held := heldBytes(kept[0])
+		held := heldBytes(m.(*xllmpb.DisaggStreamGeneration))
 		t.Logf("%s: %d wire bytes, %d decoded, charged %d", c.name, len(wire), used, held)
 		if used > held {
 			t.Errorf("%s: a decode took %d bytes, over the %d charged", c.name, used, held)
