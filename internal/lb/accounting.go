@@ -144,8 +144,7 @@ type accounting struct {
 	// sums mirror, by the same positions, the first fields of each state
 	// (zero where there is none): a decision whose candidates need no
 	// ring reads one contiguous array instead of a line of every state.
-	sums        []acctSum
-	seenVersion uint64
+	sums []acctSum
 	// tickets numbers decisions, for Release.
 	tickets  uint64
 	seenSnap *instance.Snapshot
@@ -270,11 +269,13 @@ func (a *accounting) sync(snap *instance.Snapshot) {
 	if snap != a.epochOf {
 		a.loadEpoch, a.epochOf = a.since(instance.LoadEpoch(snap.Instances)), snap
 	}
-	if snap == a.seenSnap || (snap.Version == a.seenVersion && a.seenSnap != nil) {
+	// Places hold for one snapshot: another, even of the same version,
+	// is checked, cheaply when its MetaGens are the same.
+	if snap == a.seenSnap {
 		return
 	}
 	same := sameGens(a.seenGens, snap)
-	a.seenSnap, a.seenVersion = snap, snap.Version
+	a.seenSnap = snap
 	if same {
 		// The same registrations in the same places (a new MetaGen comes
 		// with every one), so every instance tracked is still there, at

@@ -426,6 +426,18 @@ func TestAccountingFollowsMovedInstances(t *testing.T) {
 	}
 }
 
+// Snapshots of other fleets under one version, as a caller building its
+// own may hand CAR, are each placed: no decision reads another's places.
+func TestAccountingPlacesEverySnapshot(t *testing.T) {
+	clock := newClock()
+	c := acctCAR(t, 0.5, nil, clock, func(o *AccountingOptions) { o.Dispatched = true })
+	for _, names := range [][]string{{"a", "b"}, {"0", "a", "b"}, {"b"}, {"a", "b", "c", "d"}} {
+		snap := snapshot(fleet(clock, names...)...) // version 1 each time
+		route(t, c, Request{PromptTokens: 10}, snap)
+		wantPlaces(t, c.acct, snap)
+	}
+}
+
 // wantPlaces fails unless the accounting's states by place are those of
 // snap's instances by name.
 func wantPlaces(t *testing.T, a *accounting, snap *instance.Snapshot) {
