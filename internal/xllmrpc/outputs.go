@@ -136,7 +136,10 @@ func (q *outputQueue) push(gen *xllmpb.DisaggStreamGeneration) bool {
 		return false
 	}
 	switch {
-	case q.bytes+size > q.max:
+	// The per-request bound is on a backlog: a generation larger than it
+	// (a long answer with log probabilities, not streamed) is taken into
+	// an empty queue, its decode having fit the rpc port's budget.
+	case q.bytes > 0 && q.bytes+size > q.max:
 		q.err = errBacklog
 	case !q.all.Take(size):
 		q.err = errAllQueues

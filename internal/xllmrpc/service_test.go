@@ -331,7 +331,8 @@ func TestGenerationsDecodeBounded(t *testing.T) {
 }
 
 // A request whose reader falls behind by more than its budget ends with
-// an error instead of growing without bound.
+// an error instead of growing without bound; a single generation larger
+// than the budget is no backlog.
 func TestOutputBacklogBounded(t *testing.T) {
 	big := &xllmpb.DisaggStreamGeneration{ServiceReqId: "r", Outputs: []*xllmpb.SequenceOutput{{Text: string(make([]byte, 400))}}}
 	o := NewOutputs(5*heldBytes(big)/2, 0)
@@ -350,5 +351,21 @@ func TestOutputBacklogBounded(t *testing.T) {
 	}
 	if o.Deliver(&xllmpb.DisaggStreamGeneration{ServiceReqId: "r"}) {
 		t.Fatal("a failed request took more")
+	}
+	// One generation past the bound is no backlog: an empty queue takes
+	// it, and the next one while it waits ends the request.
+	huge := &xllmpb.DisaggStreamGeneration{ServiceReqId: "h", Outputs: []*xllmpb.SequenceOutput{{Text: string(make([]byte, 4000))}}}
+	qh, err := o.open("h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.Deliver(huge) {
+		t.Fatal("a generation larger than the bound refused by an empty queue")
+	}
+	if o.Deliver(&xllmpb.DisaggStreamGeneration{ServiceReqId: "h"}) {
+		t.Fatal("a generation taken behind one past the bound")
+	}
+	if _, err := qh.take(); !errors.Is(err, errBacklog) {
+		t.Fatalf("take after the backlog: %v", err)
 	}
 }
