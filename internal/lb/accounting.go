@@ -151,28 +151,32 @@ type accounting struct {
 	// seenGens are seenSnap's MetaGens, nil unless it had its briefs and
 	// every one was known (see gensOf).
 	seenGens []uint64
-	// loadEpoch is epochOf's instance.LoadEpoch since base: a brief's
+	// loadEpoch is seenSnap's instance.LoadEpoch since base: a brief's
 	// LoadAt plus it is its load report's time, read without the
 	// Instance.
 	loadEpoch int64
-	epochOf   *instance.Snapshot
 }
 
-// acctSum is what a decision reads of an instance's accounting.
+// acctSum is what a decision reads of an instance's accounting: its
+// state's times and live tokens, and how many dispatches its ring holds.
 type acctSum struct {
+	acctTimes
+	n int
+}
+
+type acctTimes struct {
 	// oldest and newest are the times of the ring's oldest and newest
-	// dispatch, valid while it holds any (n > 0): a decision reads the
-	// ring only when a dispatch has expired, or some are older than the
-	// load report and some newer.
+	// dispatch, valid while it holds any: a decision reads the ring only
+	// when a dispatch has expired, or some are older than the load report
+	// and some newer.
 	oldest, newest int64
 	// liveTokens sums the tokens of the live records.
 	liveTokens float64
-	n          int
 }
 
 // instAcct is one instance's accounting.
 type instAcct struct {
-	acctSum
+	acctTimes
 	// place is the state's position in accounting.at, -1 once forgotten.
 	place int
 	// dispatches is a ring in dispatch order (times and tickets only
@@ -266,9 +270,6 @@ func (a *accounting) sync(snap *instance.Snapshot) {
 	if snap == nil {
 		return
 	}
-	if snap != a.epochOf {
-		a.loadEpoch, a.epochOf = a.since(instance.LoadEpoch(snap.Instances)), snap
-	}
 	// Places hold for one snapshot: another, even of the same version,
 	// is checked, cheaply when its MetaGens are the same.
 	if snap == a.seenSnap {
@@ -276,6 +277,7 @@ func (a *accounting) sync(snap *instance.Snapshot) {
 	}
 	same := sameGens(a.seenGens, snap)
 	a.seenSnap = snap
+	a.loadEpoch = a.since(instance.LoadEpoch(snap.Instances))
 	if same {
 		// The same registrations in the same places (a new MetaGen comes
 		// with every one), so every instance tracked is still there, at
@@ -302,7 +304,7 @@ func (a *accounting) sync(snap *instance.Snapshot) {
 			continue
 		}
 		a.at[i], st.place = st, i
-		a.sums[i] = st.acctSum
+		a.sums[i] = st.sum()
 	}
 }
 
@@ -316,9 +318,11 @@ func (a *accounting) forget(st *instAcct) {
 // mirror copies st's sum to its place, after every change of it.
 func (a *accounting) mirror(st *instAcct) {
 	if st.place >= 0 {
-		a.sums[st.place] = st.acctSum
+		a.sums[st.place] = st.sum()
 	}
 }
+
+func (st *instAcct) sum() acctSum { return acctSum{st.acctTimes, st.dispatches.size} }
 
 // lookupInstance returns the position of the instance named name in
 // snap, whose instances are sorted by name, and whether it is there.
@@ -358,41 +362,32 @@ func (a *accounting) stateOrNew(i int, in *instance.Instance) *instAcct {
 // carries no tokens, so it supersedes only the count.
 func (a *accounting) outstanding(i int, loaded, now int64) (reqs, toks float64) {
 	sum := &a.sums[i]
+	old := now - int64(a.opts.DispatchMaxAge)
+	if sum.n > 0 && sum.oldest <= old {
+		st := a.at[i]
+		st.expire(old)
+		a.mirror(st)
+	}
 	if sum.n == 0 {
 		return 0, 0
 	}
-	old := now - int64(a.opts.DispatchMaxAge)
 	cut := old
 	if loaded != noLoad {
 		cut = max(cut, loaded-int64(a.opts.HeartbeatLag))
 	}
-	if sum.oldest > old {
-		// Nothing expired: the count is all or nothing unless the cut
-		// falls among the dispatches.
-		toks := sum.liveTokens
-		if toks < 0.5 { // float drift of an empty sum
-			toks = 0
-		}
-		switch {
-		case sum.newest <= cut:
-			return 0, toks
-		case sum.oldest > cut:
-			return float64(sum.n), toks
-		}
+	toks = sum.liveTokens
+	if toks < 0.5 { // float drift of an empty sum
+		toks = 0
 	}
-	st := a.at[i]
-	defer a.mirror(st)
-	if st.oldest <= old {
-		st.expire(old)
+	// The count is all or nothing unless the cut falls among the
+	// dispatches; only then is the ring read.
+	switch {
+	case sum.newest <= cut:
+		return 0, toks
+	case sum.oldest > cut:
+		return float64(sum.n), toks
 	}
-	if st.n == 0 {
-		st.liveTokens = 0 // a sum of nothing, whatever the float drift
-		return 0, 0
-	}
-	if st.liveTokens < 0.5 {
-		st.liveTokens = 0
-	}
-	return float64(st.after(cut)), st.liveTokens
+	return float64(a.at[i].after(cut)), toks
 }
 
 // noLoad is a load report time that is none.
@@ -414,24 +409,21 @@ func (st *instAcct) expire(old int64) {
 		st.drop(*d.front())
 		d.pop()
 	}
-	if st.n = d.size; d.size > 0 {
-		st.oldest = d.front().at
+	if d.size == 0 {
+		st.liveTokens = 0 // a sum of nothing, whatever the float drift
+		return
 	}
+	st.oldest = d.front().at
 }
 
-// after counts the dispatches made after cut. Times only grow along
-// the ring, so they are a suffix; it is found from the newest end by
-// doubling steps, then halving, so a decision's cost grows with the
-// logarithm of the count and reads the ring only near its end, not
-// with how many dispatches a burst left in it.
+// after counts the dispatches made after cut, which falls among them:
+// oldest ≤ cut < newest. Times only grow along the ring, so they are a
+// suffix; it is found from the newest end by doubling steps, then
+// halving, so a decision's cost grows with the logarithm of the count
+// and reads the ring only near its end, not with how many dispatches a
+// burst left in it.
 func (st *instAcct) after(cut int64) int {
 	d := &st.dispatches
-	switch {
-	case d.size == 0 || st.newest <= cut:
-		return 0
-	case st.oldest > cut:
-		return d.size
-	}
 	// at(lo) ≤ cut < at(hi).
 	lo, hi := 0, d.size-1
 	for step := 1; hi-step > 0; step *= 2 {
@@ -463,7 +455,7 @@ func (a *accounting) recordDispatch(st *instAcct, now int64, uncached float64, t
 	if old, full := st.dispatches.push(dispatchRec{at: now, tokens: uncached, ticket: ticket, live: true}); full {
 		st.drop(old)
 	}
-	st.oldest, st.newest, st.n = st.dispatches.front().at, now, st.dispatches.size
+	st.oldest, st.newest = st.dispatches.front().at, now
 	st.liveTokens += uncached
 	a.mirror(st)
 }

@@ -226,8 +226,8 @@ func TestAccountingMatchesAList(t *testing.T) {
 				t.Fatalf("seed %d step %d: %v requests, %v tokens; the list says %v, %v (%d dispatches held)",
 					seed, step, reqs, toks, wantReqs, wantToks, st.dispatches.size)
 			}
-			if acct.sums[0] != st.acctSum {
-				t.Fatalf("seed %d step %d: the decision reads %+v, the state has %+v", seed, step, acct.sums[0], st.acctSum)
+			if acct.sums[0] != st.sum() {
+				t.Fatalf("seed %d step %d: the decision reads %+v, the state has %+v", seed, step, acct.sums[0], st.sum())
 			}
 			if st.dispatches.size != len(list) {
 				t.Fatalf("seed %d step %d: the ring holds %d dispatches, the list %d", seed, step, st.dispatches.size, len(list))
@@ -449,7 +449,7 @@ func wantPlaces(t *testing.T, a *accounting, snap *instance.Snapshot) {
 		if name := snap.Instances[i].Meta.Name; a.at[i] != a.insts[name] {
 			t.Fatalf("place %d (%s) holds %p, the name %p", i, name, a.at[i], a.insts[name])
 		}
-		if st := a.at[i]; (st == nil && a.sums[i] != acctSum{}) || (st != nil && (a.sums[i] != st.acctSum || st.place != i)) {
+		if st := a.at[i]; (st == nil && a.sums[i] != acctSum{}) || (st != nil && (a.sums[i] != st.sum() || st.place != i)) {
 			t.Fatalf("place %d: the sum %+v does not mirror its state %+v", i, a.sums[i], st)
 		}
 	}
