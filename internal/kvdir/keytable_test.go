@@ -293,8 +293,8 @@ func randomPrompt(rng *rand.Rand, _ []*modelStream) []uint32 {
 // chained to the one before it (a block may be absent: its children are
 // still stored, under a parent hash the index knows as a ghost).
 func chainIndex(t testing.TB, prompt []uint32, hold []bool) *kvindex.Index {
-	ix := kvindex.New(kvindex.Config{BlockSize: modelBlock, HashSeed: 1024, MaxBlocks: 64})
 	n := len(prompt) / modelBlock
+	ix := kvindex.New(kvindex.Config{BlockSize: modelBlock, HashSeed: 1024, MaxBlocks: max(64, n)})
 	for i := range n {
 		ev := &kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Device, BlockSize: modelBlock, PlainText: true,
 			BlockHashes: []kvevent.EngineHash{kvevent.IntHash(uint64(i + 1))}, TokenIDs: prompt[i*modelBlock : (i+1)*modelBlock]}
@@ -835,6 +835,60 @@ func TestKeyTableRemoveAcrossTheEnd(t *testing.T) {
 		}
 		if tab.live != 0 || slices.ContainsFunc(tab.cells, func(c cell) bool { return c.used() }) {
 			t.Fatalf("order %v: %d live keys, cells not all empty", order, tab.live)
+		}
+	}
+}
+
+// TestWalkStopsAtEveryBatchEdge: the walk hashes and loads a prompt's
+// blocks in batches that grow from one block to walkBatch; a stream's
+// prefix ending just before, at or just after the edge between two
+// batches, or inside one, gets exactly what its own index matches, for
+// prompts that end at those edges too (R-IDX-3).
+func TestWalkStopsAtEveryBatchEdge(t *testing.T) {
+	const blocks = 3*walkBatch + 20
+	var edges []int
+	for i, b := 0, 1; i < blocks; b = min(b*walkGrowth, walkBatch) {
+		i += b
+		edges = append(edges, i)
+	}
+	if len(edges) < 5 {
+		t.Fatalf("batch edges %v: the prompt spans too few batches", edges)
+	}
+	lengths := []int{0, blocks - 1, blocks}
+	for _, e := range edges {
+		lengths = append(lengths, e-1, e, e+1, e+walkGrowth/2)
+	}
+	prompt := make([]uint32, blocks*modelBlock+1)
+	for i := range prompt {
+		prompt[i] = uint32(i*7 + 3)
+	}
+	d, ms := modelDirectory(t, 2*len(lengths))
+	want := make([]int, len(ms))
+	for i, m := range ms {
+		// The second half holds the same prefixes, each with one block
+		// missing beyond it, so that the walk's stop does not depend on
+		// the prompt's later blocks being absent.
+		l := min(lengths[i%len(lengths)], blocks)
+		hold := make([]bool, blocks)
+		for j := range hold {
+			hold[j] = j < l || (i >= len(lengths) && j > l)
+		}
+		want[i] = l
+		m.s.publish(chainIndex(t, prompt, hold), 1, true, true)
+	}
+	var dst []Match
+	for _, qb := range append([]int{blocks}, edges[:len(edges)-1]...) {
+		q := prompt[:qb*modelBlock+1]
+		keys := kvindex.KeysFor(q, modelBlock, 1024, nil)
+		dst = d.Query(q, dst[:0])
+		for i, m := range ms {
+			wd, wh := referenceMatch(m.s, keys)
+			if wd != min(want[i], qb) || wh != 0 {
+				t.Fatalf("stream %d, prompt of %d blocks: its index matches %d/%d blocks, want %d", i, qb, wd, wh, min(want[i], qb))
+			}
+			if got := dst[i]; got.DeviceHitTokens != wd*modelBlock || got.HostOnlyHitTokens != 0 {
+				t.Fatalf("stream %d (prefix %d), prompt of %d blocks: query %d/%d tokens, want %d", i, want[i], qb, got.DeviceHitTokens, got.HostOnlyHitTokens, wd*modelBlock)
+			}
 		}
 	}
 }
