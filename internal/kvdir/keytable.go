@@ -802,7 +802,7 @@ walk:
 // their dense entries), and what a prompt that stops early loses is the
 // hashing of the rest of its last batch. Larger rounds were measured
 // (growing eightfold to 64 blocks: three rounds for an 8k-token prompt
-// instead of eight) and not kept: 20-30 % off an 8k-token prompt's walk
+// instead of eight) and not kept: 17-32 % off an 8k-token prompt's query
 // over 262,144-block indexes, but 1.5 µs onto a 12-block prompt's, its
 // hashing four times slower for a reason not found (see the performance
 // log, "The walk's rounds").
