@@ -67,3 +67,34 @@ func TestBriefsOnlyForTheirInstances(t *testing.T) {
 		t.Errorf("AppendBriefs of the copy: %+v", b)
 	}
 }
+
+// TestSnapshotIndex finds every instance of a snapshot sorted by name at
+// its position, and no name that is not there, before the first, between
+// two or after the last; Lookup returns what is at that position.
+func TestSnapshotIndex(t *testing.T) {
+	names := []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"}
+	ins := make([]Instance, len(names))
+	for i, n := range names {
+		ins[i].Meta.Name = n
+	}
+	s := NewSnapshot(ins, 1, true)
+	for i, n := range names {
+		if j, ok := s.Index(n); !ok || j != i {
+			t.Errorf("Index(%q) = %d, %v; want %d, true", n, j, ok, i)
+		}
+		if in, ok := s.Lookup(n); !ok || in.Meta.Name != n {
+			t.Errorf("Lookup(%q) = %q, %v", n, in.Meta.Name, ok)
+		}
+	}
+	for _, n := range []string{"", "10.0.0.0:8000", "10.0.0.15:8000", "10.0.0.9:8000"} {
+		if j, ok := s.Index(n); ok {
+			t.Errorf("Index(%q) = %d, true; it is not in the snapshot", n, j)
+		}
+		if _, ok := s.Lookup(n); ok {
+			t.Errorf("Lookup(%q) found an instance not in the snapshot", n)
+		}
+	}
+	if _, ok := (&Snapshot{}).Index(names[0]); ok {
+		t.Error("an empty snapshot holds an instance")
+	}
+}

@@ -3,9 +3,7 @@ package instance
 import (
 	"errors"
 	"math"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -319,13 +317,27 @@ func (b *Brief) Schedulable() bool { return State(b.state) != Suspect }
 
 // Lookup returns the instance called name.
 func (s *Snapshot) Lookup(name string) (Instance, bool) {
-	i, ok := slices.BinarySearchFunc(s.Instances, name, func(in Instance, n string) int {
-		return strings.Compare(in.Meta.Name, n)
-	})
+	i, ok := s.Index(name)
 	if !ok {
 		return Instance{}, false
 	}
 	return s.Instances[i], true
+}
+
+// Index returns the position of the instance called name in s.Instances,
+// which are sorted by name, and whether it is there. It reads each
+// instance it compares in place, not a copy of it.
+func (s *Snapshot) Index(name string) (int, bool) {
+	lo, hi := 0, len(s.Instances)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if s.Instances[m].Meta.Name < name {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo, lo < len(s.Instances) && s.Instances[lo].Meta.Name == name
 }
 
 // WatchState says how current a registry's view of etcd is. While it

@@ -297,7 +297,7 @@ func (a *accounting) sync(snap *instance.Snapshot) {
 	a.sums = slices.Grow(a.sums[:0], n)[:n]
 	clear(a.sums)
 	for name, st := range a.insts {
-		i, ok := lookupInstance(snap, name)
+		i, ok := snap.Index(name)
 		if !ok || !snap.Instances[i].Schedulable() || !snap.Instances[i].Registered.Equal(st.registered) {
 			delete(a.insts, name)
 			st.place = -1
@@ -323,21 +323,6 @@ func (a *accounting) mirror(st *instAcct) {
 }
 
 func (st *instAcct) sum() acctSum { return acctSum{st.acctTimes, st.dispatches.size} }
-
-// lookupInstance returns the position of the instance named name in
-// snap, whose instances are sorted by name, and whether it is there.
-func lookupInstance(snap *instance.Snapshot, name string) (int, bool) {
-	lo, hi := 0, len(snap.Instances)
-	for lo < hi {
-		m := int(uint(lo+hi) >> 1)
-		if snap.Instances[m].Meta.Name < name {
-			lo = m + 1
-		} else {
-			hi = m
-		}
-	}
-	return lo, lo < len(snap.Instances) && snap.Instances[lo].Meta.Name == name
-}
 
 // stateOrNew returns the state of in, at position i of the snapshot
 // last synced, making it if there is none.

@@ -416,7 +416,7 @@ func TestAccountingFollowsMovedInstances(t *testing.T) {
 		next.Version = snap.Version + uint64(v) + 1
 		c.acct.sync(next)
 		wantPlaces(t, c.acct, next)
-		i, ok := lookupInstance(next, d.Prefill)
+		i, ok := next.Index(d.Prefill)
 		if !ok {
 			continue
 		}
@@ -619,7 +619,7 @@ func TestAccountingReleaseEndsTokens(t *testing.T) {
 	snap = snapshot(a, b)
 	snap.Version = 2
 	clock.advance(time.Millisecond)
-	i1, _ := lookupInstance(snap, d1.Prefill)
+	i1, _ := snap.Index(d1.Prefill)
 	in1 := &snap.Instances[i1]
 	now := c.acct.since(clock.now())
 	if r, tok := c.acct.outstanding(i1, c.acct.loadedOf(in1), now); r != 0 || tok != 1000 {
@@ -634,7 +634,7 @@ func TestAccountingReleaseEndsTokens(t *testing.T) {
 	if r, tok := c.acct.outstanding(i1, c.acct.loadedOf(in1), c.acct.since(clock.now())); r != 0 || tok != 0 {
 		t.Fatalf("after release: %v requests, %v tokens; want 0, 0", r, tok)
 	}
-	i2, _ := lookupInstance(snap, d2.Prefill)
+	i2, _ := snap.Index(d2.Prefill)
 	if _, tok := c.acct.outstanding(i2, c.acct.loadedOf(&snap.Instances[i2]), c.acct.since(clock.now())); tok != 20 {
 		t.Fatalf("the other instance: %v tokens, want 20", tok)
 	}
