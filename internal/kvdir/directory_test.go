@@ -225,6 +225,13 @@ func TestSnapshotLiveMergeDedup(t *testing.T) {
 	eventually(t, "snapshot started", 5*time.Second, func() (bool, string) {
 		return s.counters.snapshotsStarted.Load() > 0, describe(matchOf(t, d, k, nil))
 	})
+	// The live subscription may reach the publisher after the snapshot's
+	// request: a change published before it would never reach the stream
+	// (ZeroMQ drops what a subscriber it does not know yet would get), and
+	// the merge path would go untested.
+	if err := e.WaitSubscribed(t.Context(), 0, 1); err != nil {
+		t.Fatal(err)
+	}
 	// While the snapshot trickles in, the engine keeps changing.
 	for i := range 5 {
 		if _, _, err := e.Prefill(0, seqTokens(50000+i*1000, 3*testBlock)); err != nil {
