@@ -104,6 +104,7 @@ type flags struct {
 	acctPending      bool
 	acctPendingMs    int
 	acctMaxPendBlock int
+	keepWarmUs       int
 
 	tokenizerSpecial bool // chat prompts are encoded with special tokens added
 	// The request path's limits and what it tells clients.
@@ -155,6 +156,7 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	fs.BoolVar(&f.acctPending, "car_pending_prefixes", false, "CAR counts the blocks of prompts it sent an instance as hits there until its KV events report them or --car_pending_prefix_timeout_ms passes; never shown by the query API")
 	fs.IntVar(&f.acctPendingMs, "car_pending_prefix_timeout_ms", int(lb.DefaultPendingPrefixTimeout/time.Millisecond), "how long a routed prompt's blocks count as pending hits, ms in [1, 600000]")
 	fs.IntVar(&f.acctMaxPendBlock, "car_max_pending_blocks", lb.DefaultMaxPendingBlocks, "pending blocks remembered per instance, in [1, 4194304]")
+	fs.IntVar(&f.keepWarmUs, "car_keep_warm_interval_us", int(lb.DefaultKeepWarmInterval/time.Microsecond), "while real CAR decisions come less often than this, CAR makes a dry one (no effect on routing) this often so that they find the processor's caches warm; µs in [0, 1000000], 0: never")
 	fs.IntVar(&f.targetTTFT, "target_ttft", lb.DefaultTargetTTFTms, "SLO_AWARE target time to first token, ms")
 	fs.IntVar(&f.targetTPOT, "target_tpot", lb.DefaultTargetTPOTms, "SLO_AWARE target time per output token, ms")
 	fs.IntVar(&f.blockSize, "block_size", 128, "accepted for compatibility; the KV index uses discovery.block_size of the KV events config")
@@ -209,6 +211,7 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 		{"--car_max_pending_dispatches", f.acctMaxDispatch, 1, lb.MaxPendingCap},
 		{"--car_pending_prefix_timeout_ms", f.acctPendingMs, 1, int(lb.MaxAccountingAge / time.Millisecond)},
 		{"--car_max_pending_blocks", f.acctMaxPendBlock, 1, lb.MaxPendingBlocks},
+		{"--car_keep_warm_interval_us", f.keepWarmUs, 0, int(lb.MaxKeepWarmInterval / time.Microsecond)},
 	} {
 		if r.val < r.min || r.val > r.max {
 			return nil, fmt.Errorf("%s = %d: must be in [%d, %d]", r.name, r.val, r.min, r.max)
@@ -436,8 +439,20 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 		Help: "The bound on kvcar_xllm_queued_output_bytes (--rpc_max_queued_output_bytes)."},
 		func() float64 { return float64(outputs.MaxQueuedBytes()) }))
 
+	router := registryRouter{policy: policy, reg: reg}
+	if w, ok := policy.(lb.Warmer); ok && f.keepWarmUs > 0 {
+		if router.warm, err = lb.NewKeepWarm(w, reg.Snapshot, time.Duration(f.keepWarmUs)*time.Microsecond, lb.DefaultKeepWarmIdle); err != nil {
+			return err
+		}
+		registerKeepWarm(metricsReg, router.warm)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			router.warm.Run(runCtx)
+		}()
+	}
 	opts := server.Options{InternalAPIToken: token, Logger: log, Heartbeats: reg, Dispatcher: disp,
-		Router: registryRouter{policy: policy, reg: reg}, Metrics: metricsReg,
+		Router: router, Metrics: metricsReg,
 		Instances: reg, Policy: policy.Name(), IsMaster: reg.IsMaster,
 		MaxRequestBodyBytes: f.maxRequestBody, MaxInflightRequestBytes: f.maxInflightRequest,
 		MaxPromptTextBytes: int(f.maxPromptText), ExposeRoutingHeaders: f.exposeRouting}
@@ -650,12 +665,28 @@ func startRegistry(ctx context.Context, f *flags, self string, log *slog.Logger,
 type registryRouter struct {
 	policy lb.Policy
 	reg    *instance.Registry
+	// warm, when set, makes dry decisions between sparse real ones.
+	warm *lb.KeepWarm
 }
 
 func (r registryRouter) Policy() string { return r.policy.Name() }
 
 func (r registryRouter) Route(req lb.Request) (lb.Decision, error) {
-	return r.policy.Route(req, r.reg.Snapshot())
+	d, err := r.policy.Route(req, r.reg.Snapshot())
+	if r.warm != nil {
+		r.warm.Decided()
+	}
+	return d, err
+}
+
+// registerKeepWarm exports what the dry decisions cost.
+func registerKeepWarm(reg prometheus.Registerer, k *lb.KeepWarm) {
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvcar_routing_dry_decisions_total",
+		Help: "Dry CAR decisions made to keep the processor's caches warm between sparse real ones (--car_keep_warm_interval_us)."},
+		func() float64 { n, _ := k.Warms(); return float64(n) }))
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvcar_routing_dry_decision_seconds_total",
+		Help: "Time spent in dry CAR decisions (kvcar_routing_dry_decisions_total): their share of a core."},
+		func() float64 { _, took := k.Warms(); return took.Seconds() }))
 }
 
 // Release passes the end of a request on to a policy that counts its

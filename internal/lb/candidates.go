@@ -268,7 +268,8 @@ func queueCosts(cands []candidate) {
 // pick returns the index of the candidate with the lowest (score, tie).
 // Candidates within scoreEpsilon on both costs are tied; the counter
 // picks among them in turn, so none is permanently preferred
-// (R-CAR-5). The second result reports whether there was a tie.
+// (R-CAR-5). The second result reports whether there was a tie. A nil
+// turn takes no turn: the first of the tied is returned.
 func pick(cands []candidate, turn *atomic.Uint64) (int, bool) {
 	best := 0
 	for i := 1; i < len(cands); i++ {
@@ -284,6 +285,9 @@ func pick(cands []candidate, turn *atomic.Uint64) (int, bool) {
 	}
 	if tied <= 1 {
 		return best, false
+	}
+	if turn == nil {
+		return best, true
 	}
 	k := int((turn.Add(1) - 1) % uint64(tied))
 	for i := range cands {

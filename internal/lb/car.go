@@ -26,6 +26,8 @@ type CAR struct {
 	// serialises decisions so a burst's requests see each other.
 	acct   *accounting
 	acctMu sync.Mutex
+	// warmPrompt is the prompt of Warm's dry decisions, zeros.
+	warmPrompt []uint32
 }
 
 // EnableAccounting turns on the router-side accounting o asks for (see
@@ -55,7 +57,7 @@ func NewCAR(lambda, hostWeight float64) (*CAR, error) {
 	if !(hostWeight >= 0 && hostWeight <= 1) {
 		return nil, fmt.Errorf("lb: --car_host_hit_weight %v is outside [0, 1]", hostWeight)
 	}
-	return &CAR{lambda: lambda, hostWeight: hostWeight}, nil
+	return &CAR{lambda: lambda, hostWeight: hostWeight, warmPrompt: make([]uint32, warmBlock)}, nil
 }
 
 // Release tells CAR that the request of d has ended (its answer is
@@ -106,11 +108,40 @@ const (
 // PREFILL winner gets the cheapest decode instance of its backend; a
 // DEFAULT winner serves alone. The directory is queried at most once.
 func (c *CAR) Route(req Request, snap *instance.Snapshot) (Decision, error) {
+	return c.decide(req, snap, false)
+}
+
+// warmBlock is the length of a dry decision's prompt: the largest
+// block_size a KV events config accepts, so that every key group's walk
+// hashes the prompt's first block and looks it up.
+const warmBlock = 4096
+
+// Warm makes a dry decision over snap: every step of Route on a fixed
+// prompt, with no effect on later decisions. It takes no tie turn and
+// records no dispatch (it leaves the accounting alone), and the join of
+// snap with the directory's layout it may make is the one the next
+// decision on snap would make. It reads the state a decision reads, so
+// that a decision soon after finds it in the processor's caches (see
+// KeepWarm). It does not allocate.
+func (c *CAR) Warm(snap *instance.Snapshot) {
+	_, _ = c.decide(Request{TokenIDs: c.warmPrompt}, snap, true)
+}
+
+// decide is Route, or with dry Warm: a dry decision has no effect and
+// returns no error.
+func (c *CAR) decide(req Request, snap *instance.Snapshot, dry bool) (Decision, error) {
 	s := c.scratch.get()
 	defer c.scratch.put(s)
 	s.collect(snap, true)
 	if len(s.p) == 0 {
+		if dry {
+			return Decision{}, nil
+		}
 		return Decision{}, s.noPrefillError(true)
+	}
+	prefillTurn, decodeTurn := &c.prefillTurn, &c.decodeTurn
+	if dry {
+		prefillTurn, decodeTurn = nil, nil
 	}
 
 	// The directory query and the prompt's block keys, the costly part
@@ -120,6 +151,9 @@ func (c *CAR) Route(req Request, snap *instance.Snapshot) (Decision, error) {
 	// query.
 	c.hitRatios(req.TokenIDs, snap, s)
 	a := c.acct
+	if dry {
+		a = nil
+	}
 	pending := a != nil && a.opts.PendingPrefixes && c.pendingKeys(req.TokenIDs, s)
 
 	// The queue term is normalised over the instances that can actually
@@ -142,7 +176,7 @@ func (c *CAR) Route(req Request, snap *instance.Snapshot) (Decision, error) {
 		p := &s.p[i]
 		p.score = c.lambda*(1-p.hit) + (1-c.lambda)*p.score
 	}
-	pi, pTied := pick(s.p, &c.prefillTurn)
+	pi, pTied := pick(s.p, prefillTurn)
 	p := &s.p[pi]
 	d := Decision{
 		Prefill:      p.inst.Name(),
@@ -167,7 +201,7 @@ func (c *CAR) Route(req Request, snap *instance.Snapshot) (Decision, error) {
 	for i := range ds {
 		ds[i].score += ds[i].inst.Load.GPUCacheUsagePerc
 	}
-	di, dTied := pick(ds, &c.decodeTurn)
+	di, dTied := pick(ds, decodeTurn)
 	d.Decode = ds[di].inst.Name()
 	d.DecodeScore = ds[di].score
 	switch {

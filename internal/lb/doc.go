@@ -66,6 +66,15 @@
 // Instances. Both keep a decision that finds the caches cold, as a
 // router's sparse decisions do, to a few contiguous arrays.
 //
+// # Dry decisions
+//
+// CAR.Warm makes a dry decision: every step of Route on a prompt of
+// zeros, taking no tie turn and recording nothing in the accounting, so
+// that it changes no later decision. KeepWarm makes one every interval
+// while real decisions are rarer than that, so that they find what they
+// read in the processor's caches; its caller owns the goroutine that
+// runs it and tells it of each real decision (KeepWarm.Decided).
+//
 // # Dispatch accounting (opt-in)
 //
 // Loads arrive with heartbeats (every 0.5 s by default) and KV events

@@ -1,0 +1,151 @@
+package lb
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/instance"
+)
+
+// Warmer is a policy that can make a dry decision: every step of a real
+// one over snap, with no effect on the decisions that follow (CAR.Warm).
+type Warmer interface {
+	Warm(snap *instance.Snapshot)
+}
+
+// Keep-warm limits and defaults (--car_keep_warm_interval_us).
+const (
+	DefaultKeepWarmInterval = time.Millisecond
+	MaxKeepWarmInterval     = time.Second
+	// DefaultKeepWarmIdle is how long KeepWarm goes on after the last
+	// real decision before it sleeps until the next.
+	DefaultKeepWarmIdle = time.Second
+)
+
+// KeepWarm makes a dry decision every interval while a router makes
+// real ones less often than that, so that a real decision finds the
+// code and data it reads in the processor's caches rather than in
+// memory. A router that decides every few milliseconds loses them in
+// between to everything else the process and the machine run: CAR's
+// decision over 128 instances took 16–20 µs at the median that way
+// against 11–14 µs with a dry decision every millisecond
+// (docs/performance-log.md, "Keeping the decision warm").
+//
+// It costs one dry decision per interval, a few microseconds, and none
+// while real decisions come at least once an interval, since those keep
+// the caches warm themselves. After idle without a real decision it
+// sleeps until the next one (Decided), so an idle router does no work.
+//
+// A dry decision reads the caches of the core it runs on; with more
+// than one core the real decision may run on another, where only what
+// the cores share (the last-level cache) is warmed.
+type KeepWarm struct {
+	w        Warmer
+	snapshot func() *instance.Snapshot
+	interval time.Duration
+	// idleTicks is how many ticks without a real decision pass before
+	// Run sleeps.
+	idleTicks int
+
+	// decided is set by Decided and cleared by each tick.
+	decided atomic.Bool
+	// asleep is set while Run waits for wake.
+	asleep atomic.Bool
+	wake   chan struct{}
+
+	warms atomic.Uint64
+	busy  atomic.Int64 // ns spent in dry decisions
+}
+
+// NewKeepWarm returns a KeepWarm that makes w's dry decisions over the
+// snapshot snapshot returns, every interval (in (0, MaxKeepWarmInterval])
+// until idle (at least interval) passes without a real decision.
+func NewKeepWarm(w Warmer, snapshot func() *instance.Snapshot, interval, idle time.Duration) (*KeepWarm, error) {
+	if interval <= 0 || interval > MaxKeepWarmInterval {
+		return nil, fmt.Errorf("lb: keep-warm interval %v is outside (0, %v]", interval, MaxKeepWarmInterval)
+	}
+	if idle < interval {
+		return nil, fmt.Errorf("lb: keep-warm idle time %v is shorter than its interval %v", idle, interval)
+	}
+	return &KeepWarm{w: w, snapshot: snapshot, interval: interval, idleTicks: int(idle / interval), wake: make(chan struct{}, 1)}, nil
+}
+
+// Decided tells k that a real decision was made. It is meant for the
+// request path: a load, and a store and a send only on the first
+// decision after a tick.
+func (k *KeepWarm) Decided() {
+	if k.decided.Load() {
+		return
+	}
+	k.decided.Store(true)
+	if k.asleep.Load() {
+		select {
+		case k.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Warms returns the dry decisions made so far and the time they took.
+func (k *KeepWarm) Warms() (n uint64, took time.Duration) {
+	return k.warms.Load(), time.Duration(k.busy.Load())
+}
+
+// Run makes the dry decisions until ctx ends, starting asleep until the
+// first real decision. Its caller owns the goroutine it runs on.
+func (k *KeepWarm) Run(ctx context.Context) {
+	if !k.sleep(ctx) {
+		return
+	}
+	t := time.NewTicker(k.interval)
+	defer t.Stop()
+	quiet := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if k.decided.Swap(false) {
+			// A real decision since the last tick warmed the caches.
+			quiet = 0
+			continue
+		}
+		if quiet++; quiet > k.idleTicks {
+			if !k.sleep(ctx) {
+				return
+			}
+			quiet = 0
+			t.Reset(k.interval)
+			continue
+		}
+		start := time.Now()
+		k.w.Warm(k.snapshot())
+		k.busy.Add(int64(time.Since(start)))
+		k.warms.Add(1)
+	}
+}
+
+// sleep waits for the next real decision; false when ctx ended first.
+func (k *KeepWarm) sleep(ctx context.Context) bool {
+	// A decision between the tick and asleep being set is seen by the
+	// check after it; one after it sends on wake.
+	k.asleep.Store(true)
+	defer k.asleep.Store(false)
+	if !k.decided.Load() {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-k.wake:
+		}
+	}
+	// A wake sent for a decision the check above already saw would end
+	// the next sleep at once.
+	select {
+	case <-k.wake:
+	default:
+	}
+	return true
+}
