@@ -148,10 +148,13 @@ type result struct {
 	// snapshots and snapshotsFailed count kvcar's snapshots (its
 	// calibrations, under this load) that ended during the window.
 	snapshots, snapshotsFailed uint64
-	selfCPU                    time.Duration
-	rss, peak                  int64
-	bound                      int64
-	synced                     int
+	// dry is what CAR's dry decisions (--car_keep_warm_interval_us) did
+	// during the window.
+	dry       dryStats
+	selfCPU   time.Duration
+	rss, peak int64
+	bound     int64
+	synced    int
 	// resyncTook is how long the streams unsynchronised at the window's
 	// end took to be synchronised again: 0 when none was, -1 when they
 	// were not within resyncWait.
@@ -230,7 +233,30 @@ func (r *result) print(w io.Writer, o options) {
 		fmt.Fprintf(w, "| CAR's decision during the window (%s: prompt hashed, directory walked, instance picked): p50 / p99 / max | %v / %v / %v |\n",
 			server.DecisionMicrosHeader, rt.decision.at(0.5), rt.decision.at(0.99), rt.decision[len(rt.decision)-1])
 	}
+	if d := r.dry; d.served {
+		fmt.Fprintf(w, "| CAR's dry decisions during the window (--car_keep_warm_interval_us): count / share of one core | %.0f (%.0f/s) / %.2f%% |\n",
+			d.n, d.n/r.wall.Seconds(), 100*d.took/r.wall.Seconds())
+	} else {
+		fmt.Fprintf(w, "| CAR's dry decisions during the window (--car_keep_warm_interval_us) | off |\n")
+	}
 	r.printNoise(w, o)
+}
+
+// dryStats are CAR's dry decisions: how many, and their time in seconds;
+// served is false when kvcar makes none (the option off).
+type dryStats struct {
+	served  bool
+	n, took float64
+}
+
+// readDry reads kvcar's dry-decision counters.
+func readDry(ctx context.Context, kv *devcluster.KVCar) (dryStats, error) {
+	n, ok, err := kv.Metric(ctx, "kvcar_routing_dry_decisions_total")
+	if err != nil || !ok {
+		return dryStats{}, err
+	}
+	took, _, err := kv.Metric(ctx, "kvcar_routing_dry_decision_seconds_total")
+	return dryStats{served: true, n: n, took: took}, err
 }
 
 // printNoise reports the interruptions of kvcar's CPUs before kvcar
@@ -343,6 +369,10 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 	if err != nil {
 		return nil, err
 	}
+	dry0, err := readDry(ctx, kv)
+	if err != nil {
+		return nil, err
+	}
 	cpu0, err := devcluster.CPUTime(kv.Pid())
 	if err != nil {
 		return nil, err
@@ -390,6 +420,11 @@ func measure(ctx context.Context, o options, out io.Writer) (r *result, err erro
 		return nil, err
 	}
 	r.snapshots, r.snapshotsFailed = devcluster.SnapshotsBetween(states0, states1)
+	dry1, err := readDry(ctx, kv)
+	if err != nil {
+		return nil, err
+	}
+	r.dry = dryStats{served: dry1.served, n: dry1.n - dry0.n, took: dry1.took - dry0.took}
 	if r.rss, r.peak, err = devcluster.Memory(kv.Pid()); err != nil {
 		return nil, err
 	}

@@ -86,6 +86,12 @@ func TestQueriesDuringLoadHit(t *testing.T) {
 			t.Errorf("the report lacks %q", want)
 		}
 	}
+	// At 20 completions a second CAR's decisions are sparser than the
+	// keep-warm interval, so dry decisions run between them and are
+	// reported.
+	if !r.dry.served || r.dry.n == 0 || r.dry.took <= 0 || !strings.Contains(out.String(), "| CAR's dry decisions during the window (--car_keep_warm_interval_us): count / share of one core | ") {
+		t.Errorf("dry decisions in the window: %+v", r.dry)
+	}
 	if r.promptTokensMax != (systemBlocks+4)*16 {
 		t.Fatalf("held prompt reported as %d tokens", r.promptTokensMax)
 	}
