@@ -833,15 +833,24 @@ func (t *keyTable) warm(keys []kvindex.Key, wr *walkResult) {
 
 // warmChanges fetches the cells of up to keyBatch changes from their
 // homes on, warmLines lines each, before set reads any, so that their
-// cache misses overlap instead of stalling each change in turn.
+// cache misses overlap instead of stalling each change in turn. Every
+// home's line goes first, the lines after them second: a key's lines
+// share a page, and a fetch issued while that page's address
+// translation is still being walked walks it again, which on a virtual
+// machine costs more than the line (BenchmarkKeyTableChurn: 140–149 ns
+// a change when each key's lines went together, 119–133 ns this way).
 func (t *keyTable) warmChanges(changes []keyChange) {
 	n := len(t.cells)
 	if n == 0 {
 		return
 	}
-	for j := range changes[:min(len(changes), keyBatch)] {
+	changes = changes[:min(len(changes), keyBatch)]
+	for j := range changes {
+		prefetch.Elem(t.cells, homeOf(changes[j].k, n))
+	}
+	for j := range changes {
 		h := homeOf(changes[j].k, n)
-		for l := range warmLines {
+		for l := 1; l < warmLines; l++ {
 			prefetch.Elem(t.cells, h+l*cellsPerLine)
 		}
 	}
