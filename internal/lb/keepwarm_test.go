@@ -62,7 +62,7 @@ func TestWarmChangesNoDecision(t *testing.T) {
 
 // A dry decision over a snapshot without candidates ends quietly: no
 // error is built, nothing is allocated.
-func TestWarmWithoutCandidates(t *testing.T) {
+func TestWarmWithoutCandidatesDoesNotAllocate(t *testing.T) {
 	c := mustCAR(t, 0.5, 0.5, nil)
 	empty := snapshot()
 	suspect := snapshot(withState(loaded("a", F, 0, 0), instance.Suspect))
