@@ -33,12 +33,13 @@ const (
 // against 9–13 µs with a dry decision every millisecond
 // (docs/performance-log.md, "Keeping the decision warm").
 //
-// It costs one dry decision per interval, a few microseconds, and none
-// while real decisions come at least once an interval, since those keep
-// the caches warm themselves. After idle without a real decision it
+// It costs one dry decision per interval, a few microseconds, and the
+// wake-up of the goroutine that makes it; nothing while real decisions
+// come at least once an interval, since those keep the caches warm
+// themselves. After idle without a real decision it
 // sleeps until the next one (Decided), so an idle router does no work.
 //
-// A dry decision reads the caches of the core it runs on; with more
+// A dry decision warms the caches of the core it runs on; with more
 // than one core the real decision may run on another, where only what
 // the cores share (the last-level cache) is warmed.
 type KeepWarm struct {
