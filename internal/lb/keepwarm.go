@@ -33,11 +33,15 @@ const (
 // against 9–13 µs with a dry decision every millisecond
 // (docs/performance-log.md, "Keeping the decision warm").
 //
-// It costs one dry decision per interval, a few microseconds, and the
-// wake-up of the goroutine that makes it; nothing while real decisions
-// come at least once an interval, since those keep the caches warm
-// themselves. After idle without a real decision it
-// sleeps until the next one (Decided), so an idle router does no work.
+// It looks every interval whether a real decision came since it last
+// looked, and makes a dry one when none did. Each look wakes its
+// goroutine, which on a virtual machine costs some 20 µs of CPU
+// whether or not it then works, so while real decisions come at least
+// once an interval on average (they keep the caches warm themselves) it
+// looks ever less often, down to once every maxKeepWarmPoll, and back at
+// every interval as soon as they come less often. After idle without a
+// real decision it sleeps until the next one (Decided), so an idle
+// router does no work.
 //
 // A dry decision warms the caches of the core it runs on; with more
 // than one core the real decision may run on another, where only what
@@ -46,19 +50,24 @@ type KeepWarm struct {
 	w        Warmer
 	snapshot func() *instance.Snapshot
 	interval time.Duration
-	// idleTicks is how many ticks without a real decision pass before
-	// Run sleeps.
-	idleTicks int
+	idle     time.Duration
 
-	// decided is set by Decided and cleared by each tick.
-	decided atomic.Bool
+	// decisions counts the real decisions since Run last looked.
+	decisions atomic.Uint64
 	// asleep is set while Run waits for wake.
 	asleep atomic.Bool
 	wake   chan struct{}
 
 	warms atomic.Uint64
 	busy  atomic.Int64 // ns spent in dry decisions
+	looks atomic.Uint64
 }
+
+// maxKeepWarmPoll is the longest KeepWarm waits between two looks while
+// real decisions come often: it bounds both its wake-ups then (8 a
+// second) and how long real decisions that turn sparse go without dry
+// ones between them.
+const maxKeepWarmPoll = 128 * time.Millisecond
 
 // NewKeepWarm returns a KeepWarm that makes w's dry decisions over the
 // snapshot snapshot returns, every interval (in (0, MaxKeepWarmInterval])
@@ -70,17 +79,13 @@ func NewKeepWarm(w Warmer, snapshot func() *instance.Snapshot, interval, idle ti
 	if idle < interval {
 		return nil, fmt.Errorf("lb: keep-warm idle time %v is shorter than its interval %v", idle, interval)
 	}
-	return &KeepWarm{w: w, snapshot: snapshot, interval: interval, idleTicks: int(idle / interval), wake: make(chan struct{}, 1)}, nil
+	return &KeepWarm{w: w, snapshot: snapshot, interval: interval, idle: idle, wake: make(chan struct{}, 1)}, nil
 }
 
 // Decided tells k that a real decision was made. It is meant for the
-// request path: a load, and a store and a send only on the first
-// decision after a tick.
+// request path: an atomic add and a load, and a send only when k sleeps.
 func (k *KeepWarm) Decided() {
-	if k.decided.Load() {
-		return
-	}
-	k.decided.Store(true)
+	k.decisions.Add(1)
 	if k.asleep.Load() {
 		select {
 		case k.wake <- struct{}{}:
@@ -100,42 +105,50 @@ func (k *KeepWarm) Run(ctx context.Context) {
 	if !k.sleep(ctx) {
 		return
 	}
-	t := time.NewTicker(k.interval)
+	period := k.interval
+	t := time.NewTimer(period)
 	defer t.Stop()
-	quiet := 0
+	var quiet time.Duration
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		if k.decided.Swap(false) {
-			// A real decision since the last tick warmed the caches.
-			quiet = 0
-			continue
-		}
-		if quiet++; quiet > k.idleTicks {
-			if !k.sleep(ctx) {
-				return
+		k.looks.Add(1)
+		switch n := k.decisions.Swap(0); {
+		case n == 0:
+			if quiet += period; quiet >= k.idle {
+				if !k.sleep(ctx) {
+					return
+				}
+				quiet, period = 0, k.interval
+				break
 			}
+			start := time.Now()
+			k.w.Warm(k.snapshot())
+			k.busy.Add(int64(time.Since(start)))
+			k.warms.Add(1)
+			period = k.interval
+		case time.Duration(n)*k.interval >= period:
+			// At least one real decision an interval, on average.
 			quiet = 0
-			t.Reset(k.interval)
-			continue
+			period = min(2*period, max(maxKeepWarmPoll, k.interval))
+		default:
+			quiet = 0
+			period = k.interval
 		}
-		start := time.Now()
-		k.w.Warm(k.snapshot())
-		k.busy.Add(int64(time.Since(start)))
-		k.warms.Add(1)
+		t.Reset(period)
 	}
 }
 
 // sleep waits for the next real decision; false when ctx ended first.
 func (k *KeepWarm) sleep(ctx context.Context) bool {
-	// A decision between the tick and asleep being set is seen by the
+	// A decision between the look and asleep being set is seen by the
 	// check after it; one after it sends on wake.
 	k.asleep.Store(true)
 	defer k.asleep.Store(false)
-	if !k.decided.Load() {
+	if k.decisions.Load() == 0 {
 		select {
 		case <-ctx.Done():
 			return false

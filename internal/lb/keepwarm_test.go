@@ -114,9 +114,10 @@ func TestNewKeepWarmRejects(t *testing.T) {
 }
 
 // KeepWarm starts asleep, makes dry decisions while real ones are rarer
-// than its interval, none while they come at least once an interval,
-// sleeps once idle has passed without one, wakes on the next, and stops
-// with its context.
+// than its interval, sleeps once idle has passed without one and wakes
+// on the next. While real decisions come without pause it makes none and
+// looks ever less often; when they turn sparse again it makes dry ones
+// between them. It stops with its context.
 func TestKeepWarmRunsOnlyBetweenSparseDecisions(t *testing.T) {
 	snap, view := benchCluster(4, 1, 2)
 	c := mustCAR(t, 0.5, 0.5, view)
@@ -135,8 +136,8 @@ func TestKeepWarmRunsOnlyBetweenSparseDecisions(t *testing.T) {
 
 	// Asleep until the first real decision.
 	time.Sleep(3 * idle)
-	if n, _ := k.Warms(); n != 0 {
-		t.Fatalf("%d dry decisions before any real one", n)
+	if n, _ := k.Warms(); n != 0 || k.looks.Load() != 0 {
+		t.Fatalf("%d dry decisions and %d looks before any real one", n, k.looks.Load())
 	}
 	route(t, c, Request{TokenIDs: tokens(64)}, snap)
 	k.Decided()
@@ -147,21 +148,36 @@ func TestKeepWarmRunsOnlyBetweenSparseDecisions(t *testing.T) {
 	route(t, c, Request{TokenIDs: tokens(64)}, snap)
 	k.Decided()
 	waitWarms(t, k, settled+1)
-
-	// Real decisions without pause: the ticks find one each time, bar a
-	// few where the deciding goroutine was held up.
 	waitSettled(t, k, idle)
+
+	// Real decisions without pause: no dry ones, bar a few where the
+	// deciding goroutine was held up, and looks that back off to one
+	// every maxKeepWarmPoll (some ten in the span, where every interval
+	// would be 400).
+	k.Decided()
 	n0, _ := k.Warms()
-	const span = 100 * time.Millisecond
+	looks0 := k.looks.Load()
+	const span = 400 * time.Millisecond
 	for end := time.Now().Add(span); time.Now().Before(end); runtime.Gosched() {
 		k.Decided()
 	}
 	n1, _ := k.Warms()
-	if n1-n0 > uint64(span/interval)/2 {
+	if n1-n0 > 20 {
 		t.Fatalf("%d dry decisions in %v of real decisions without pause, want few", n1-n0, span)
 	}
-	// It was awake: with the real decisions over, it warms again.
-	waitWarms(t, k, n1+1)
+	if looks := k.looks.Load() - looks0; looks > uint64(span/interval)/10 {
+		t.Fatalf("%d looks in %v of real decisions without pause, want it to back off", looks, span)
+	}
+
+	// Sparse real decisions again, every 5 intervals: it is back to
+	// making dry ones between them.
+	for range 100 {
+		time.Sleep(5 * interval)
+		k.Decided()
+	}
+	if n2, _ := k.Warms(); n2-n1 < 50 {
+		t.Fatalf("%d dry decisions between 100 real ones 5 intervals apart, want most of the intervals between them", n2-n1)
+	}
 	if n, took := k.Warms(); n > 0 && took <= 0 {
 		t.Fatalf("%d dry decisions took %v", n, took)
 	}
