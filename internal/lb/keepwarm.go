@@ -29,8 +29,8 @@ const (
 // code and data it reads in the processor's caches rather than in
 // memory. A router that decides every few milliseconds loses them in
 // between to everything else the process and the machine run: CAR's
-// decision over 128 instances took 18–21 µs at the median that way
-// against 9–13 µs with a dry decision every millisecond
+// decision over 128 instances took 16–22 µs at the median that way
+// against 8–11 µs with dry decisions every millisecond
 // (docs/performance-log.md, "Keeping the decision warm").
 //
 // It looks every interval whether a real decision came since it last
