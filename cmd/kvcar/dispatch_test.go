@@ -94,19 +94,32 @@ func (f *xllmFleet) inFlight(t *testing.T) string {
 // listener at addr.
 func gauge(t *testing.T, addr, name string) string {
 	t.Helper()
+	v, ok := sample(t, addr, name)
+	if !ok {
+		t.Fatalf("no %s in /metrics", name)
+	}
+	return v
+}
+
+// sample reads the value of a metric without labels from the /metrics of
+// the internal listener at addr; ok is false when kvcar serves none.
+func sample(t *testing.T, addr, name string) (v string, ok bool) {
+	t.Helper()
 	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("/metrics: %d %v", resp.StatusCode, err)
+	}
 	for _, line := range strings.Split(string(b), "\n") {
 		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			return v
+			return v, true
 		}
 	}
-	t.Fatalf("no %s in /metrics", name)
-	return ""
+	return "", false
 }
 
 // waitNoneInFlight waits until no request waits for output, and checks

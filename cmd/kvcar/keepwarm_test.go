@@ -1,8 +1,6 @@
 package main
 
 import (
-	"io"
-	"net/http"
 	"strconv"
 	"strings"
 	"testing"
@@ -67,23 +65,13 @@ func TestKeepWarmInKVCar(t *testing.T) {
 // when kvcar does not serve it.
 func dryDecisions(t *testing.T, internal string) (n float64, ok bool) {
 	t.Helper()
-	resp, err := http.Get("http://" + internal + "/metrics")
+	v, ok := sample(t, internal, "kvcar_routing_dry_decisions_total")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseFloat(v, 64)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("kvcar_routing_dry_decisions_total %q: %v", v, err)
 	}
-	b, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("/metrics: %d %v", resp.StatusCode, err)
-	}
-	for line := range strings.Lines(string(b)) {
-		if v, found := strings.CutPrefix(strings.TrimSpace(line), "kvcar_routing_dry_decisions_total "); found {
-			n, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("kvcar_routing_dry_decisions_total %q: %v", v, err)
-			}
-			return n, true
-		}
-	}
-	return 0, false
+	return n, true
 }
