@@ -251,12 +251,13 @@ type dryStats struct {
 
 // readDry reads kvcar's dry-decision counters.
 func readDry(ctx context.Context, kv *devcluster.KVCar) (dryStats, error) {
-	n, ok, err := kv.Metric(ctx, "kvcar_routing_dry_decisions_total")
-	if err != nil || !ok {
+	const count, took = "kvcar_routing_dry_decisions_total", "kvcar_routing_dry_decision_seconds_total"
+	m, err := kv.Metrics(ctx, count, took)
+	if err != nil {
 		return dryStats{}, err
 	}
-	took, _, err := kv.Metric(ctx, "kvcar_routing_dry_decision_seconds_total")
-	return dryStats{served: true, n: n, took: took}, err
+	n, served := m[count]
+	return dryStats{served: served, n: n, took: m[took]}, nil
 }
 
 // printNoise reports the interruptions of kvcar's CPUs before kvcar

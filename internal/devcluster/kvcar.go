@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -371,34 +372,36 @@ func (k *KVCar) WaitStream(ctx context.Context, instance string, timeout time.Du
 	}
 }
 
-// Metric reads the value of an unlabelled sample of kvcar's /metrics
-// (a counter or gauge named name); ok is false when kvcar serves none.
-func (k *KVCar) Metric(ctx context.Context, name string) (v float64, ok bool, err error) {
+// Metrics reads the values of unlabelled samples of kvcar's /metrics
+// (counters or gauges) named names, in one scrape; a name kvcar does not
+// serve is missing from the map.
+func (k *KVCar) Metrics(ctx context.Context, names ...string) (map[string]float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.internalURL+"/metrics", nil)
 	if err != nil {
-		return 0, false, fmt.Errorf("metrics: %w", err)
+		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	resp, err := k.client.Do(req)
 	if err != nil {
-		return 0, false, fmt.Errorf("metrics: %w", err)
+		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	defer resp.Body.Close()
 	// kvcar's metrics are tens of kilobytes; the bound keeps a wrong
 	// answer from costing the driver memory.
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
 	if err != nil || resp.StatusCode != http.StatusOK {
-		return 0, false, fmt.Errorf("metrics: %s: %v", resp.Status, err)
+		return nil, fmt.Errorf("metrics: %s: %v", resp.Status, err)
 	}
+	out := make(map[string]float64, len(names))
 	for line := range strings.Lines(string(b)) {
-		rest, found := strings.CutPrefix(strings.TrimSpace(line), name+" ")
-		if !found {
+		name, rest, found := strings.Cut(strings.TrimSpace(line), " ")
+		if !found || !slices.Contains(names, name) {
 			continue
 		}
 		v, err := strconv.ParseFloat(rest, 64)
 		if err != nil {
-			return 0, false, fmt.Errorf("metrics: %s %q: %w", name, rest, err)
+			return nil, fmt.Errorf("metrics: %s %q: %w", name, rest, err)
 		}
-		return v, true, nil
+		out[name] = v
 	}
-	return 0, false, nil
+	return out, nil
 }
