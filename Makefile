@@ -7,7 +7,7 @@ PKGS    := ./...
 # FUZZTIME is a duration (20s) or an execution count (100000x).
 FUZZTIME ?= 20s
 
-.PHONY: all deps deps-test tokenizer-fixtures build run test test-alloc vet fmt-check bench fuzz proto clean
+.PHONY: all deps deps-test tokenizer-fixtures build run test test-alloc test-scripts vet fmt-check bench fuzz proto clean
 
 all: build
 
@@ -59,6 +59,7 @@ test: deps-test tokenizer-fixtures fmt-check vet
 	$(GO) test -count=1 -tags purego -run 'IDBlock|ClassifyIDs|TakeIDs|Parse|Query' ./internal/server/
 	$(GO) test -count=1 -tags purego -run 'PackedIDs' ./internal/xllmrpc/
 	@$(MAKE) --no-print-directory test-alloc
+	@$(MAKE) --no-print-directory test-scripts
 
 # Allocation tests (named *Alloc*) skip under -race, whose sync.Pool drops
 # items at random, so they run again here without it; one that skips or a
@@ -70,6 +71,18 @@ test-alloc:
 	if [ $$rc -ne 0 ]; then echo "$$out"; exit $$rc; fi; \
 	if echo "$$out" | grep -E -e '--- SKIP' -e 'no tests to run'; then \
 		echo "allocation tests must run without -race"; exit 1; fi
+
+# scripts/interleave.sh, the way revisions' benchmarks are compared, run
+# on one small benchmark: its summary must give both revisions' ranges,
+# and it must leave no worktree behind.
+test-scripts:
+	@before=$$(git worktree list | wc -l); \
+	out=$$(./scripts/interleave.sh -n 1 HEAD HEAD ./internal/prefetch -bench '^BenchmarkAddr$$' -benchtime 1000x 2>&1); rc=$$?; \
+	if [ $$rc -ne 0 ] || ! echo "$$out" | grep -Eq '^BenchmarkAddr(-[0-9]+)? ns/op: A [0-9.e+-]+–[0-9.e+-]+, B [0-9.e+-]+–[0-9.e+-]+$$'; then \
+		echo "$$out"; echo "scripts/interleave.sh: no summary of both revisions"; exit 1; fi; \
+	if [ $$(git worktree list | wc -l) -ne $$before ]; then \
+		echo "scripts/interleave.sh left a worktree"; exit 1; fi; \
+	echo "ok  	scripts/interleave.sh"
 
 bench: deps tokenizer-fixtures
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
