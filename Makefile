@@ -78,7 +78,7 @@ test-alloc:
 test-scripts:
 	@before=$$(git worktree list | wc -l); \
 	out=$$(./scripts/interleave.sh -n 1 HEAD HEAD ./internal/prefetch -bench '^BenchmarkAddr$$' -benchtime 1000x 2>&1); rc=$$?; \
-	if [ $$rc -ne 0 ] || ! echo "$$out" | grep -Eq '^BenchmarkAddr(-[0-9]+)? ns/op: A [0-9.e+-]+–[0-9.e+-]+, B [0-9.e+-]+–[0-9.e+-]+$$'; then \
+	if [ $$rc -ne 0 ] || ! echo "$$out" | grep -Eq '^BenchmarkAddr(-[0-9]+)? ns/op: A [0-9.e+-]+–[0-9.e+-]+, B [0-9.e+-]+–[0-9.e+-]+; B/A by round: [0-9.]+$$'; then \
 		echo "$$out"; echo "scripts/interleave.sh: no summary of both revisions"; exit 1; fi; \
 	if [ $$(git worktree list | wc -l) -ne $$before ]; then \
 		echo "scripts/interleave.sh left a worktree"; exit 1; fi; \

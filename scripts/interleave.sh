@@ -17,7 +17,9 @@
 # `go test` would. The go test flags -bench, -benchtime, -run (default
 # '^$'), -count, -cpu and -benchmem are passed on. Every run's benchmark
 # lines go to stdout under a header naming its round, side and time; a
-# summary follows: for each benchmark and unit, min–max per revision.
+# summary follows: for each benchmark and unit, min–max per revision and
+# B's value over A's in each round (which side is ahead depends on the
+# unit: ns/op falls, blocks/s rises).
 set -euo pipefail
 
 rounds=3
@@ -78,21 +80,24 @@ for r in $(seq 1 "$rounds"); do
     rev=$revA
     [ $side = b ] && rev=$revB
     echo "== round $r $side ($rev) $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    (cd "$work/$side/$pkg" && "$work/$side.test" "${args[@]}") | grep '^Benchmark' | sed "s/^/$side /" | tee -a "$raw"
+    (cd "$work/$side/$pkg" && "$work/$side.test" "${args[@]}") | grep '^Benchmark' | sed "s/^/$side $r /" | tee -a "$raw"
   done
 done
 
-# Summary: for every benchmark and unit, min–max over the rounds per side.
+# Summary: for every benchmark and unit, min–max over the rounds per
+# side, then B/A round by round (a benchmark run -count times in a round
+# counts its last run there).
 echo "== summary over $rounds rounds: A = $revA, B = $revB"
-awk '
+awk -v rounds="$rounds" '
 {
-  side = $1; name = $2
-  for (i = 4; i < NF; i += 2) {
+  side = $1; round = $2; name = $3
+  for (i = 5; i < NF; i += 2) {
     key = name " " $(i + 1)
     v = $i + 0
     k = key SUBSEP side
     if (!(k in lo) || v < lo[k]) lo[k] = v
     if (!(k in hi) || v > hi[k]) hi[k] = v
+    val[key, side, round] = v
     if (!(key in seen)) { seen[key] = 1; order[++n] = key }
   }
 }
@@ -100,6 +105,14 @@ END {
   for (j = 1; j <= n; j++) {
     key = order[j]
     a = key SUBSEP "a"; b = key SUBSEP "b"
-    printf "%s: A %s–%s, B %s–%s\n", key, (a in lo ? lo[a] : "-"), (a in hi ? hi[a] : "-"), (b in lo ? lo[b] : "-"), (b in hi ? hi[b] : "-")
+    ratios = ""
+    for (r = 1; r <= rounds; r++) {
+      if ((key, "a", r) in val && (key, "b", r) in val && val[key, "a", r] != 0) {
+        ratios = ratios sprintf(" %.3f", val[key, "b", r] / val[key, "a", r])
+      } else {
+        ratios = ratios " -"
+      }
+    }
+    printf "%s: A %s–%s, B %s–%s; B/A by round:%s\n", key, (a in lo ? lo[a] : "-"), (a in hi ? hi[a] : "-"), (b in lo ? lo[b] : "-"), (b in hi ? hi[b] : "-"), ratios
   }
 }' "$raw"
