@@ -2,8 +2,10 @@ package kvdir
 
 import (
 	"math/bits"
+	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/kvcar/kvcar/internal/kvindex"
@@ -80,9 +82,68 @@ type keyTable struct {
 	// reserve); it keeps the cells from being compacted meanwhile.
 	reserved int
 	// published has a slot's bit set while the slot's bits are its
-	// stream's served view.
+	// stream's served view. A change makes a new array: a view holds it.
 	published []uint64
 	slotUsed  []bool
+
+	// stamps holds, per stripe of stripeCells cells, the write count
+	// (below) of the last write that changed the stripe's cells or the
+	// dense entries they name (see touch). view is what a walk reads (see
+	// tableView). shared is the writer's note that the write under way
+	// may be read by walks (see beginWrite).
+	stamps []uint64
+	view   atomic.Pointer[tableView]
+	shared bool
+
+	// What walks and writers tell each other goes on two cache lines,
+	// each written by one side only, so that neither side's writes evict
+	// what the other reads on every access.
+	_ [64]byte
+	// writes counts the holds of mu that change cells, twice each: odd
+	// while one is under way. plain is set while a write goes on with
+	// plain stores, which it does when it found no walk under way
+	// without mu (see beginWrite).
+	writes atomic.Uint64
+	plain  atomic.Bool
+	_      [64]byte
+	// walkers counts the walks under way without mu; lockedWalks counts
+	// the walks that took mu.
+	walkers     atomic.Int64
+	lockedWalks atomic.Uint64
+	_           [64]byte
+}
+
+// tableView is the table as a walk finds it: the arrays a walk reads,
+// swapped whole (a new view) whenever one of them is replaced or grows a
+// page, while the cells' and dense entries' contents change in place
+// under the stripes' stamps.
+//
+// A walk reads without mu (walkTries times at most). It notes the write
+// count before it reads anything and the stripes it reads, and keeps its
+// answer only if the view is still the table's and either the count has
+// not moved or none of its stripes has a stamp as late as the count it
+// noted. Then every write it could have seen had ended before it began,
+// and none began in its stripes before it ended, so the walk saw the
+// table as it was at one moment, as a walk holding mu does (R-REC-2: no
+// mix of two views). With no writer about, the check is one load.
+// Writers never wait for such a walk, and such a walk never waits for
+// them; a walk that fails walkTries times takes mu shared, as every walk
+// once did, so that a writer at full speed cannot starve it.
+//
+// A write that may run while such a walk reads makes every store into
+// the live cells and dense entries atomic, and a walk reads them with
+// atomic loads, so that what a walk reads while a writer writes is a
+// race neither for the memory model nor for the race detector. A write
+// that finds no such walk under way writes plainly, and walks wait for
+// it to end (see beginWrite). A torn read is caught by the check, and
+// until then anything a torn read names (a dense entry, an inline slot,
+// a probe run) is bounds-checked.
+type tableView struct {
+	cells     []cell
+	stamps    []uint64
+	pages     [][]uint64
+	words     int
+	published []uint64
 }
 
 // cell is one key's record: hi is k.Hi; tagHold holds the key's tag in
@@ -133,6 +194,20 @@ const (
 	keyBatch = 64
 	// minCells is the smallest cell array allocated.
 	minCells = 1024
+	// A stripe is stripeCells cells, one page of them: the writes a
+	// stamp covers. Smaller stripes would fail fewer walks under writes
+	// and cost more memory; at this size the stamps take 1/32 byte a
+	// cell, and a change falls in one of the stripes of a walk of 128
+	// blocks with odds of about 128 in cells/stripeCells.
+	stripeShift = 8
+	stripeCells = 1 << stripeShift
+	// walkTries is how many walks without mu a query makes before it
+	// takes mu.
+	walkTries = 3
+	// plainWaits bounds how often a walk yields its processor waiting
+	// for a plain write to end (at most keyChunk changes, microseconds)
+	// before it takes mu instead.
+	plainWaits = 64
 	// The cells grow when live keys would pass 4/5 of them, to a size
 	// that puts the live keys at 7/10: 21–23 bytes a key.
 	//
@@ -162,7 +237,14 @@ type keyChange struct {
 
 func newKeyTable(blockSize int, seed uint64) *keyTable {
 	t := &keyTable{blockSize: blockSize, seed: seed, words: 1, published: make([]uint64, 1), slotUsed: make([]bool, 64)}
+	t.publish()
 	return t
+}
+
+// publish makes the table's arrays the view walks read. The caller holds
+// mu, or is the table's constructor.
+func (t *keyTable) publish() {
+	t.view.Store(&tableView{cells: t.cells, stamps: t.stamps, pages: t.pool.pages, words: t.words, published: t.published})
 }
 
 // setWords changes the bitset width, copying every dense entry into pool
@@ -187,6 +269,7 @@ func (t *keyTable) setWords(w int) {
 	copy(su, t.slotUsed)
 	t.mu.Lock()
 	t.words, t.pool, t.published, t.slotUsed = w, pool, pub, su
+	t.publish()
 	t.mu.Unlock()
 }
 
@@ -280,12 +363,15 @@ func (t *keyTable) slots() int {
 func (t *keyTable) setPublished(slot int, on bool) {
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
-	t.mu.Lock()
+	pub := slices.Clone(t.published)
 	if on {
-		t.published[slot>>6] |= 1 << (slot & 63)
+		pub[slot>>6] |= 1 << (slot & 63)
 	} else {
-		t.published[slot>>6] &^= 1 << (slot & 63)
+		pub[slot>>6] &^= 1 << (slot & 63)
 	}
+	t.mu.Lock()
+	t.published = pub
+	t.publish()
 	t.mu.Unlock()
 }
 
@@ -307,10 +393,12 @@ func (t *keyTable) apply(slot int, changes []keyChange) {
 		chunk := changes[:min(keyChunk, len(changes))]
 		changes = changes[len(chunk):]
 		t.mu.Lock()
+		t.beginWrite()
 		for i := range chunk {
 			c := &chunk[i]
 			t.set(slot, c.k, c.dev, c.host)
 		}
+		t.endWrite()
 		t.mu.Unlock()
 	}
 	if t.sparse() {
@@ -377,13 +465,13 @@ func (t *keyTable) set(slot int, k kvindex.Key, dev, host bool) {
 		}
 		return
 	}
-	c := &t.cells[i]
-	h := c.holders()
+	h := t.cells[i].holders()
 	if h&holdDense != 0 {
 		d := t.dense(h &^ holdDense)
 		w, b := slot>>6, uint64(1)<<(slot&63)
-		setBit(&d[w], b, dev)
-		setBit(&d[t.words+w], b, host)
+		t.touch(i)
+		t.setBit(&d[w], b, dev)
+		t.setBit(&d[t.words+w], b, host)
 		if tiers != 0 {
 			return
 		}
@@ -410,7 +498,8 @@ func (t *keyTable) set(slot int, k kvindex.Key, dev, host bool) {
 		case e[1] == 0:
 			e[1] = mine
 		default:
-			c.setHolders(t.promote(e[0], e[1], mine))
+			t.touch(i)
+			t.storeHolders(i, t.promote(e[0], e[1], mine))
 			return
 		}
 	}
@@ -421,28 +510,41 @@ func (t *keyTable) set(slot int, k kvindex.Key, dev, host bool) {
 		t.remove(i)
 		return
 	}
-	c.setHolders(e[0] | e[1]<<entryBits)
+	t.storeHolders(i, e[0]|e[1]<<entryBits)
 }
 
 // promote moves a key's holders into a new dense entry and returns the
-// holders naming it.
+// holders naming it. The entry may be one a walk still reads through a
+// cell it read before the entry was released: the caller has touched
+// that walk's stripe since, and the entry is written with atomic stores.
 func (t *keyTable) promote(entries ...uint32) uint32 {
+	pages := len(t.pool.pages)
 	d := t.pool.alloc(2 * t.words)
-	bits := t.dense(d)
-	clear(bits)
+	if len(t.pool.pages) != pages {
+		t.publish()
+	}
+	var bits [2 * maxSlots / 64]uint64
 	for _, e := range entries {
-		addEntry(bits, t.words, e)
+		addEntry(bits[:2*t.words], t.words, e)
+	}
+	dst := t.dense(d)
+	for x := range dst {
+		t.storeWord(&dst[x], bits[x])
 	}
 	return holdDense | d
 }
 
 // addEntry sets the bits of inline entry e in the bitsets of dst (Device
-// words, then Host words, w each).
-func addEntry(dst []uint64, w int, e uint32) {
+// words, then Host words, w each). It reports false, setting nothing,
+// when e names a slot beyond them, which only a torn read can make it.
+func addEntry(dst []uint64, w int, e uint32) bool {
 	if e == 0 {
-		return
+		return true
 	}
 	slot := e & slotMask
+	if int(slot>>6) >= w {
+		return false
+	}
 	b := uint64(1) << (slot & 63)
 	if e>>tierShift&tierDev != 0 {
 		dst[slot>>6] |= b
@@ -450,14 +552,81 @@ func addEntry(dst []uint64, w int, e uint32) {
 	if e>>tierShift&tierHost != 0 {
 		dst[w+int(slot>>6)] |= b
 	}
+	return true
 }
 
-func setBit(x *uint64, b uint64, on bool) {
+// setBit sets or clears b in the live word x.
+func (t *keyTable) setBit(x *uint64, b uint64, on bool) {
 	if on {
-		*x |= b
+		t.storeWord(x, *x|b)
 	} else {
-		*x &^= b
+		t.storeWord(x, *x&^b)
 	}
+}
+
+// storeWord writes v into the live word x, atomically when walks without
+// mu may read it.
+func (t *keyTable) storeWord(x *uint64, v uint64) {
+	if t.shared {
+		atomic.StoreUint64(x, v)
+	} else {
+		*x = v
+	}
+}
+
+// beginWrite opens a write of cells under mu. Atomic stores and stamps
+// cost a writer up to a fifth of its speed (BenchmarkKeyTableChurn, in
+// turn with plain stores), so a write makes them only when a walk
+// without mu is under way. Otherwise it sets plain, and a walk that
+// starts meanwhile sees it and waits for the write to end before it
+// reads: each side stores its own flag before it loads the other's, so
+// at least one sees the other.
+func (t *keyTable) beginWrite() {
+	t.shared = t.walkers.Load() != 0
+	if !t.shared {
+		t.plain.Store(true)
+		if t.walkers.Load() != 0 {
+			t.shared = true
+			t.plain.Store(false)
+		}
+	}
+	t.writes.Add(1)
+}
+
+// endWrite closes the write beginWrite opened; the caller still holds mu.
+func (t *keyTable) endWrite() {
+	t.writes.Add(1)
+	if !t.shared {
+		t.plain.Store(false)
+	}
+}
+
+// touch stamps the stripe of cell i with the write under way, before
+// the cell or a dense entry it names is written: a walk that began
+// before the write and reads the stripe sees the stamp and walks again.
+func (t *keyTable) touch(i int) {
+	if !t.shared {
+		return
+	}
+	s := i >> stripeShift
+	if w := t.writes.Load(); t.stamps[s] != w {
+		atomic.StoreUint64(&t.stamps[s], w)
+	}
+}
+
+// store writes c into live cell i.
+func (t *keyTable) store(i int, c cell) {
+	t.touch(i)
+	p := &t.cells[i]
+	t.storeWord(&p.hi, c.hi)
+	t.storeWord(&p.tagHold, c.tagHold)
+}
+
+// storeHolders writes h as live cell i's holders.
+func (t *keyTable) storeHolders(i int, h uint32) {
+	t.touch(i)
+	p := &t.cells[i]
+	t.storeWord(&p.tagHold, p.tagHold&^(1<<32-1)|uint64(h))
 }
 
 // homeOf returns k's home cell in an array of n cells.
@@ -509,22 +678,21 @@ func (t *keyTable) insert(k kvindex.Key, i int, h uint32) {
 	}
 	c := cell{hi: k.Hi, tagHold: uint64(tagOf(k))<<32 | uint64(h)}
 	if i < 0 {
-		placeAt(t.cells, homeOf(k, len(t.cells)), c)
-	} else {
-		t.cells[i] = c
+		i = emptyFrom(t.cells, homeOf(k, len(t.cells)))
 	}
+	t.store(i, c)
 	t.live++
 }
 
-// placeAt stores c in the first empty cell from i on.
-func placeAt(cells []cell, i int, c cell) {
+// emptyFrom returns the first empty cell from i on.
+func emptyFrom(cells []cell, i int) int {
 	n := len(cells)
 	for cells[i].used() {
 		if i++; i == n {
 			i = 0
 		}
 	}
-	cells[i] = c
+	return i
 }
 
 // reserve makes room for extra more keys at once, before a fill of up to
@@ -594,10 +762,12 @@ func (t *keyTable) rebuild(extra int, repack bool) {
 				c.setHolders(holdDense | d)
 			}
 		}
-		placeAt(cells, homeOfTag(c.tag(), n), c)
+		cells[emptyFrom(cells, homeOfTag(c.tag(), n))] = c
 	}
+	stamps := make([]uint64, (n+stripeCells-1)>>stripeShift)
 	t.mu.Lock()
-	t.cells, t.pool = cells, pool
+	t.cells, t.pool, t.stamps = cells, pool, stamps
+	t.publish()
 	t.mu.Unlock()
 }
 
@@ -624,10 +794,10 @@ func (t *keyTable) remove(i int) {
 		} else if i < h || h <= j {
 			continue
 		}
-		cells[i] = *c
+		t.store(i, *c)
 		i = j
 	}
-	cells[i] = cell{}
+	t.store(i, cell{})
 	t.live--
 }
 
@@ -667,6 +837,8 @@ type walkResult struct {
 	// warming loads from being optimised away.
 	keys [walkBatch]kvindex.Key
 	sink uint64
+	// reads holds the stripes a walk without mu read, to check after it.
+	reads []uint32
 }
 
 // result returns slot's matched blocks and how many of them are
@@ -717,22 +889,64 @@ func (wr *walkResult) addHostOnly(w int, m uint64) {
 // walk answers a prefix query of tokens for every published slot. Blocks
 // are hashed as the walk reaches them, so a prompt that misses early
 // costs one hash, not one per block. The walk stops at the first block no
-// published slot still matching holds.
+// published slot still matching holds. It reads without mu while its
+// reads stay unchanged through it (see tableView), and holding mu shared
+// after walkTries tries that did not.
 func (t *keyTable) walk(tokens []uint32, wr *walkResult) {
-	bs := t.blockSize
+	for range walkTries {
+		t.walkers.Add(1)
+		if !t.plainEnded() {
+			t.walkers.Add(-1)
+			break
+		}
+		w := t.writes.Load()
+		v := t.view.Load()
+		ok := t.walkView(v, tokens, wr, true) && t.held(v, w, wr)
+		t.walkers.Add(-1)
+		if ok {
+			return
+		}
+	}
+	t.lockedWalks.Add(1)
 	t.mu.RLock()
-	defer t.mu.RUnlock()
-	W := t.words
+	t.walkView(t.view.Load(), tokens, wr, false)
+	t.mu.RUnlock()
+}
+
+// plainEnded waits, a little, for a plain write under way to end; the
+// caller counts among the walkers, so the next write will not be plain.
+// It reports whether none is under way.
+func (t *keyTable) plainEnded() bool {
+	for range plainWaits {
+		if !t.plain.Load() {
+			return true
+		}
+		runtime.Gosched()
+	}
+	return !t.plain.Load()
+}
+
+// walkView walks view v; with check it notes every stripe it reads in
+// wr.reads. It reports false when it meets what only a torn read would
+// show.
+func (t *keyTable) walkView(v *tableView, tokens []uint32, wr *walkResult, check bool) bool {
+	bs := t.blockSize
+	W := v.words
 	wr.reset(W, bs, t.seed)
 	wr.walked = true
+	wr.reads = wr.reads[:0]
 	any := uint64(0)
-	for w, p := range t.published {
+	for w, p := range v.published {
 		wr.start[w], wr.alive[w] = p, p
 		any |= p
 	}
 	n := len(tokens) / bs
-	if any == 0 {
-		return
+	if any == 0 || len(v.cells) == 0 {
+		// No cells: nothing is held, and nothing was read.
+		if any != 0 {
+			wr.stopAll(0)
+		}
+		return true
 	}
 	var parent kvindex.Key
 	i := 0
@@ -751,21 +965,28 @@ walk:
 			parent = wr.hasher.BlockKey(parent, b > 0, tokens[b*bs:(b+1)*bs])
 			keys[j] = parent
 		}
-		t.warm(keys, wr)
+		v.warm(keys, wr)
 		for j := range keys {
-			c, ok := t.lookup(keys[j])
+			h, found, ok := v.find(keys[j], wr, check)
 			if !ok {
+				return false
+			}
+			if !found {
 				break walk
 			}
 			var dev, host []uint64
-			if h := t.cells[c].holders(); h&holdDense != 0 {
-				d := t.dense(h &^ holdDense)
+			if h&holdDense != 0 {
+				d, ok := v.dense(h &^ holdDense)
+				if !ok {
+					return false
+				}
 				dev, host = d[:W], d[W:2*W]
 			} else {
 				clear(wr.inline)
 				e := entries(h)
-				addEntry(wr.inline, W, e[0])
-				addEntry(wr.inline, W, e[1])
+				if !addEntry(wr.inline, W, e[0]) || !addEntry(wr.inline, W, e[1]) {
+					return false
+				}
 				dev, host = wr.inline[:W], wr.inline[W:2*W]
 			}
 			left := uint64(0)
@@ -773,28 +994,100 @@ walk:
 				if a == 0 {
 					continue
 				}
-				has := dev[w] | host[w]
+				dw, hw := atomic.LoadUint64(&dev[w]), atomic.LoadUint64(&host[w])
+				has := dw | hw
 				for stop := a &^ has; stop != 0; stop &= stop - 1 {
 					wr.blocks[w<<6|bits.TrailingZeros64(stop)] = int32(i)
 				}
 				a &= has
 				wr.alive[w] = a
-				if ho := a &^ dev[w]; ho != 0 {
+				if ho := a &^ dw; ho != 0 {
 					wr.addHostOnly(w, ho)
 				}
 				left |= a
 			}
 			if left == 0 {
-				return
+				return true
 			}
 			i++
 		}
 	}
+	wr.stopAll(i)
+	return true
+}
+
+// stopAll ends every slot still matching at i blocks.
+func (wr *walkResult) stopAll(i int) {
 	for w, a := range wr.alive {
 		for ; a != 0; a &= a - 1 {
 			wr.blocks[w<<6|bits.TrailingZeros64(a)] = int32(i)
 		}
 	}
+}
+
+// held reports whether what wr's walk of v read, with the write count at
+// w before it, was the table at one moment: v is still the table's view,
+// and no write under way at w or begun since has changed a stripe the
+// walk read.
+func (t *keyTable) held(v *tableView, w uint64, wr *walkResult) bool {
+	if t.view.Load() != v {
+		return false
+	}
+	if w&1 == 0 && t.writes.Load() == w {
+		return true
+	}
+	for _, s := range wr.reads {
+		if atomic.LoadUint64(&v.stamps[s]) >= w {
+			return false
+		}
+	}
+	return true
+}
+
+// find returns the holders of k's cell, and found false when k is not
+// held. With check it notes each stripe the probe enters in wr.reads. It
+// returns ok false when the probe runs over every cell (only a table
+// changing under the walk can make it).
+func (v *tableView) find(k kvindex.Key, wr *walkResult, check bool) (h uint32, found, ok bool) {
+	cells := v.cells
+	n := len(cells)
+	i := homeOf(k, n)
+	s := -1
+	tag := tagOf(k)
+	for range n {
+		if check && i>>stripeShift != s {
+			s = i >> stripeShift
+			wr.reads = append(wr.reads, uint32(s))
+		}
+		c := &cells[i]
+		th := atomic.LoadUint64(&c.tagHold)
+		if uint32(th) == 0 {
+			return 0, false, true
+		}
+		if uint32(th>>32) == tag && atomic.LoadUint64(&c.hi) == k.Hi {
+			return uint32(th), true, true
+		}
+		if i++; i == n {
+			i = 0
+		}
+	}
+	return 0, false, false
+}
+
+// dense returns dense entry d of the view, ok false when it has none such
+// (a torn read's).
+func (v *tableView) dense(d uint32) ([]uint64, bool) {
+	p := int(d >> pageShift)
+	if p >= len(v.pages) {
+		return nil, false
+	}
+	size := 2 * v.words
+	off := int(d&(pageRecords-1)) * size
+	page := v.pages[p]
+	if off+size > len(page) {
+		return nil, false
+	}
+	return page[off : off+size : off+size], true
 }
 
 // The walk's batches grow walkGrowth times from one block to walkBatch.
@@ -813,19 +1106,21 @@ const (
 
 // warm loads the home cells of keys, then the dense entries those cells
 // name, each pass's loads independent of each other.
-func (t *keyTable) warm(keys []kvindex.Key, wr *walkResult) {
-	if len(keys) < 2 || len(t.cells) == 0 {
+func (v *tableView) warm(keys []kvindex.Key, wr *walkResult) {
+	if len(keys) < 2 || len(v.cells) == 0 {
 		return
 	}
 	var acc uint64
 	var hs [walkBatch]uint32
-	n := len(t.cells)
+	n := len(v.cells)
 	for j, k := range keys {
-		hs[j] = t.cells[homeOf(k, n)].holders()
+		hs[j] = uint32(atomic.LoadUint64(&v.cells[homeOf(k, n)].tagHold))
 	}
 	for _, h := range hs[:len(keys)] {
 		if h&holdDense != 0 {
-			acc += t.dense(h &^ holdDense)[0]
+			if d, ok := v.dense(h &^ holdDense); ok {
+				acc += atomic.LoadUint64(&d[0])
+			}
 		}
 	}
 	wr.sink += acc
