@@ -27,9 +27,11 @@ import (
 // its view is published and clears first when the view is withdrawn
 // (R-REC-1, R-REC-2).
 //
-// Readers hold mu shared for a whole walk, so a walk sees one state of the
-// table; writers hold it exclusively for at most keyChunk changes at a
-// time, so a query waits for little. The cell array, rebuilt larger when
+// A walk sees one state of the table: it reads without mu and keeps its
+// answer only if nothing it read changed meanwhile (see tableView), or,
+// after walkTries tries that did not, holds mu shared. Writers hold mu
+// exclusively for at most keyChunk changes at a time, so a walk under mu
+// waits for little. The cell array, rebuilt larger when
 // its live keys would pass maxLoadNum/maxLoadDen, the dense entries,
 // rebuilt when the bitsets widen, and both, compacted when less than a
 // fifth of either is in use (streams left, engines dropped most of their
@@ -805,7 +807,7 @@ func (t *keyTable) remove(i int) {
 func (t *keyTable) storageBytes() int64 {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return t.pool.bytes(2*t.words) + int64(len(t.cells))*int64(unsafe.Sizeof(cell{}))
+	return t.pool.bytes(2*t.words) + int64(len(t.cells))*int64(unsafe.Sizeof(cell{})) + int64(len(t.stamps))*8
 }
 
 // records returns the number of keys the table holds.
