@@ -306,8 +306,11 @@ func (s *slab) alloc(size int) uint32 {
 func (s *slab) release(i uint32) { s.free = append(s.free, i) }
 
 // at returns item i of size words.
-func (s *slab) at(i uint32, size int) []uint64 {
-	p := s.pages[i>>pageShift]
+func (s *slab) at(i uint32, size int) []uint64 { return pageItem(s.pages, i, size) }
+
+// pageItem returns item i of size words in pages of pageRecords items.
+func pageItem(pages [][]uint64, i uint32, size int) []uint64 {
+	p := pages[i>>pageShift]
 	off := int(i&(pageRecords-1)) * size
 	return p[off : off+size : off+size]
 }
@@ -1079,17 +1082,11 @@ func (v *tableView) find(k kvindex.Key, wr *walkResult, check bool) (h uint32, f
 // dense returns dense entry d of the view, ok false when it has none such
 // (a torn read's).
 func (v *tableView) dense(d uint32) ([]uint64, bool) {
-	p := int(d >> pageShift)
-	if p >= len(v.pages) {
+	p, size := int(d>>pageShift), 2*v.words
+	if p >= len(v.pages) || len(v.pages[p]) < pageRecords*size {
 		return nil, false
 	}
-	size := 2 * v.words
-	off := int(d&(pageRecords-1)) * size
-	page := v.pages[p]
-	if off+size > len(page) {
-		return nil, false
-	}
-	return page[off : off+size : off+size], true
+	return pageItem(v.pages, d, size), true
 }
 
 // The walk's batches grow walkGrowth times from one block to walkBatch.
