@@ -225,6 +225,13 @@ func (r *result) print(w io.Writer, o options) {
 		if rt.firstErr != nil {
 			fmt.Fprintf(w, "| first failed completion | %v |\n", rt.firstErr)
 		}
+		if len(rt.client) > 0 && len(rt.queue) > 0 {
+			fmt.Fprintf(w, "| answered completions, seen by this driver's client (%v limit): p50 / p99 / max | %v / %v / %v |\n",
+				queryTimeout, rt.client.at(0.5).Round(time.Millisecond), rt.client.at(0.99).Round(time.Millisecond), rt.client[len(rt.client)-1].Round(time.Millisecond))
+			fmt.Fprintf(w, "| same, the engines' own account (%d found): waiting for a batch slot p50 / p99 / max; emulated prefill p50 / p99 | %v / %v / %v; %v / %v |\n", len(rt.queue),
+				rt.queue.at(0.5).Round(time.Millisecond), rt.queue.at(0.99).Round(time.Millisecond), rt.queue[len(rt.queue)-1].Round(time.Millisecond),
+				rt.prefill.at(0.5).Round(time.Millisecond), rt.prefill.at(0.99).Round(time.Millisecond))
+		}
 	}
 	if !o.adversarial && o.routeRate > 0 {
 		fmt.Fprintf(w, "| completions on a prompt an engine served ≥ %v before, routed to that engine | %d of %d |\n", settle, rt.toServer, rt.withPrompt)
@@ -555,7 +562,7 @@ func drive(ctx context.Context, engines []*enginesim.Engine, o options, recent *
 				prompt := append(slices.Clip(system), tokens(rng, o.promptBlocks*o.blockSize)...)
 				if _, _, err := e.Prefill(0, prompt); err == nil {
 					total.Add(int64(o.promptBlocks))
-					recent.put(i, prompt)
+					recent.put(i, prompt, time.Now())
 				}
 			}
 		}()
@@ -583,17 +590,26 @@ type servedPrompt struct {
 	at     time.Time
 }
 
-const keptPrompts = 4
-
 func newRecentPrompts(engines int) *recentPrompts {
 	return &recentPrompts{byEngine: make([][]servedPrompt, engines)}
 }
 
-func (r *recentPrompts) put(engine int, p []uint32) {
+// put keeps p as served by engine at now, with the prompts served within
+// settle before it and the newest one before those: all that pick can
+// draw. A count alone would not do: at 40 prefills a second, four
+// prompts span 100ms, and pick would find none served settle ago.
+func (r *recentPrompts) put(engine int, p []uint32, now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	ps := append(r.byEngine[engine], servedPrompt{p, time.Now()})
-	r.byEngine[engine] = ps[max(0, len(ps)-keptPrompts):]
+	ps := append(r.byEngine[engine], servedPrompt{p, now})
+	old := 0
+	for i := len(ps) - 1; i >= 0; i-- {
+		if ps[i].at.Before(now.Add(-settle)) {
+			old = i
+			break
+		}
+	}
+	r.byEngine[engine] = ps[old:]
 }
 
 // servedBefore returns the newest prompt engine served before t.
@@ -764,9 +780,12 @@ func queryTimed(ctx context.Context, hc *http.Client, base string, ids []uint32)
 // routeStats is what the completions routed during the window saw.
 type routeStats struct {
 	// decision is kvcar's own time for each routing decision, from its
-	// decision header.
-	decision durations
-	failed   int
+	// decision header; client each answered completion's time as this
+	// driver's client saw it, and queue and prefill the engine's own
+	// account of it (EngineUsage): what waited for a batch slot and what
+	// the cost model made the prefill take.
+	decision, client, queue, prefill durations
+	failed                           int
 	// skipped counts ticks that found maxRoutesInFlight completions
 	// waiting.
 	skipped  int
@@ -801,7 +820,9 @@ func routeDuring(ctx context.Context, hc *http.Client, base string, engines []*e
 		select {
 		case <-ctx.Done():
 			wg.Wait()
-			slices.Sort(st.decision)
+			for _, d := range []durations{st.decision, st.client, st.queue, st.prefill} {
+				slices.Sort(d)
+			}
 			return st
 		case <-tick.C:
 		}
@@ -818,7 +839,9 @@ func routeDuring(ctx context.Context, hc *http.Client, base string, engines []*e
 		go func() {
 			defer wg.Done()
 			defer func() { <-slots }()
-			to, took, err := routeOne(ctx, hc, base, prompt)
+			t0 := time.Now()
+			a, err := routeOne(ctx, hc, base, prompt)
+			client := time.Since(t0)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -830,10 +853,16 @@ func routeDuring(ctx context.Context, hc *http.Client, base string, engines []*e
 				}
 				return
 			}
-			st.decision = append(st.decision, took)
+			st.decision = append(st.decision, a.decision)
+			st.client = append(st.client, client)
+			if eu, ok := devcluster.Engines(engines).Served(a.id); ok {
+				ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
+				st.queue = append(st.queue, ms(eu.QueueMs))
+				st.prefill = append(st.prefill, ms(eu.PrefillMs))
+			}
 			if ok {
 				st.withPrompt++
-				if to == engines[i].Name() {
+				if a.to == engines[i].Name() {
 					st.toServer++
 				}
 			}
@@ -853,9 +882,17 @@ func newClient() *http.Client {
 // maxRoutesInFlight bounds the completions routeDuring has waiting.
 const maxRoutesInFlight = 64
 
-// routeOne sends one completion of ids through kvcar and returns the
-// instance it went to and kvcar's decision time.
-func routeOne(ctx context.Context, hc *http.Client, base string, ids []uint32) (string, time.Duration, error) {
+// routed is what one completion through kvcar reported: the instance
+// kvcar sent it to, kvcar's decision time, and the id of its answer, by
+// which the engine that served it tells its own account (Served).
+type routed struct {
+	to, id   string
+	decision time.Duration
+}
+
+// routeOne sends one completion of ids through kvcar and returns what it
+// reported.
+func routeOne(ctx context.Context, hc *http.Client, base string, ids []uint32) (routed, error) {
 	ctx, cancel := context.WithTimeout(ctx, queryTimeout)
 	defer cancel()
 	body, _ := json.Marshal(struct {
@@ -865,24 +902,30 @@ func routeOne(ctx context.Context, hc *http.Client, base string, ids []uint32) (
 	}{"scale", 1, ids})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+server.CompletionsPath, bytes.NewReader(body))
 	if err != nil {
-		return "", 0, err
+		return routed{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := hc.Do(req)
 	if err != nil {
-		return "", 0, err
+		return routed{}, err
 	}
 	defer resp.Body.Close()
 	answer, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
-		return "", 0, err
+		return routed{}, err
 	}
 	if resp.StatusCode != http.StatusOK {
-		return "", 0, fmt.Errorf("completion: %s: %.200s", resp.Status, answer)
+		return routed{}, fmt.Errorf("completion: %s: %.200s", resp.Status, answer)
 	}
 	us, err := strconv.ParseInt(resp.Header.Get(server.DecisionMicrosHeader), 10, 64)
 	if err != nil {
-		return "", 0, fmt.Errorf("completion: no decision time: %w", err)
+		return routed{}, fmt.Errorf("completion: no decision time: %w", err)
 	}
-	return resp.Header.Get(server.PrefillNameHeader), time.Duration(us) * time.Microsecond, nil
+	var out struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(answer, &out); err != nil {
+		return routed{}, fmt.Errorf("completion: answer: %w", err)
+	}
+	return routed{to: resp.Header.Get(server.PrefillNameHeader), id: out.ID, decision: time.Duration(us) * time.Microsecond}, nil
 }

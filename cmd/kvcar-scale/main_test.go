@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvcar/kvcar/internal/cpunoise"
 	"github.com/kvcar/kvcar/internal/devcluster"
@@ -138,5 +139,30 @@ func TestParseKVCarArgs(t *testing.T) {
 	}
 	if want := []string{"--car_dispatch_accounting", "--car_dispatch_token_weight=0.5"}; !slices.Equal(o.kvcarArgs, want) {
 		t.Fatalf("kvcar's further flags %q, want %q", o.kvcarArgs, want)
+	}
+}
+
+// At a high prefill rate the prompts kept must still reach back past
+// settle, or pick finds none and every completion is a cold prompt; and
+// what is kept stays bounded by the rate.
+func TestRecentPromptsReachPastSettle(t *testing.T) {
+	r := newRecentPrompts(1)
+	t0 := time.Now()
+	const period = 25 * time.Millisecond // 40 prefills a second
+	n := 0
+	for at := t0; at.Before(t0.Add(2 * time.Second)); at = at.Add(period) {
+		r.put(0, []uint32{uint32(n)}, at)
+		n++
+	}
+	last := t0.Add(time.Duration(n-1) * period)
+	got, ok := r.servedBefore(0, last.Add(-settle))
+	if !ok {
+		t.Fatalf("no prompt served %v before the newest of %d, 25ms apart", settle, n)
+	}
+	if want := uint32(n - 2 - int(settle/period)); got[0] != want { // servedBefore is strict
+		t.Fatalf("newest prompt served %v before the last is #%d, want #%d", settle, got[0], want)
+	}
+	if kept, most := len(r.byEngine[0]), int(settle/period)+2; kept > most {
+		t.Fatalf("%d prompts kept, more than the %d settle and the one before need", kept, most)
 	}
 }
