@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -339,5 +340,145 @@ func TestWalkWithoutLockUnderWrites(t *testing.T) {
 	}
 	if !slices.ContainsFunc(tab.stamps, func(s uint64) bool { return s > 0 }) {
 		t.Fatal("the writer stamped no stripe")
+	}
+}
+
+// TestWalkNeverOverReportsUnderWrites: a slot's prompt is cut at a random
+// block and stored whole again, over and over, while other keys come and
+// go and the cells grow. Each prompt key is held by three slots while the
+// cut one holds it and by two when it does not, so its record moves
+// between a dense entry and the cell's inline holders; the other keys are
+// held by three other slots, so the dense entries the prompt's keys free
+// are taken by them, and their number swings, so that the cells are
+// rebuilt and compacted. Every walk's answer for the cut slot must lie
+// between the least and the most it held over the walk's life (the
+// writes under way at its ends included), and the slots that hold none
+// of the prompt must match none of it. A walk that kept an answer from a
+// torn read could report a block whose removal had ended before it began,
+// or another key's holders (the never-over-report rule, R-REC-2).
+func TestWalkNeverOverReportsUnderWrites(t *testing.T) {
+	tab, prompt, keys, _ := walkTable(t, 2000)
+	whole := make([]keyChange, len(keys))
+	for i, k := range keys {
+		whole[i] = keyChange{k: k, dev: true}
+	}
+	stable, cut := tab.allocSlot(), tab.allocSlot()
+	for _, s := range []int{stable, cut} {
+		tab.apply(s, whole)
+		tab.setPublished(s, true)
+	}
+	var others [3]int
+	for i := range others {
+		others[i] = tab.allocSlot()
+		tab.setPublished(others[i], true)
+	}
+
+	// held[s] is the cut slot's prefix once write s has ended, -1 for a
+	// write not yet begun; the writer stores it before the write begins,
+	// and moves seq to s once it has ended.
+	const writes = 1 << 16
+	var (
+		held [writes + 2]atomic.Int32
+		seq  atomic.Int64
+	)
+	for i := range held {
+		held[i].Store(-1)
+	}
+	held[0].Store(int32(len(keys)))
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		rng := rand.New(rand.NewPCG(11, 12))
+		live := make([]kvindex.Key, 0, 1<<14)
+		churn := make([]keyChange, 0, keyBatch)
+		growing := true
+		for s := int64(1); s+1 < writes; s += 2 {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			j := rng.IntN(len(keys))
+			gone := slices.Clone(whole[j:])
+			for i := range gone {
+				gone[i].dev = false
+			}
+			held[s].Store(int32(j))
+			tab.apply(cut, gone)
+			seq.Store(s)
+			// The other keys grow to 4,096 and fall to 256, again and
+			// again, so that the cells are rebuilt larger, dense pages
+			// added and the table compacted while walks go on.
+			churn = churn[:0]
+			switch {
+			case len(live) >= 1<<12:
+				growing = false
+			case len(live) <= 1<<8:
+				growing = true
+			}
+			for growing && len(churn) < keyBatch {
+				k := kvindex.Key{Hi: rng.Uint64(), Lo: rng.Uint64()}
+				live = append(live, k)
+				churn = append(churn, keyChange{k: k, host: true})
+			}
+			for !growing && len(churn) < keyBatch {
+				i := rng.IntN(len(live))
+				churn = append(churn, keyChange{k: live[i]})
+				live[i] = live[len(live)-1]
+				live = live[:len(live)-1]
+			}
+			for _, o := range others {
+				tab.apply(o, churn)
+			}
+			held[s+1].Store(int32(len(keys)))
+			tab.apply(cut, whole[j:])
+			seq.Store(s + 1)
+		}
+	}()
+	fail := func(format string, args ...any) {
+		t.Helper()
+		close(stop)
+		wg.Wait()
+		t.Fatalf(format, args...)
+	}
+	var wr walkResult
+	queries, across := 0, 0
+	for deadline := time.Now().Add(500 * time.Millisecond); time.Now().Before(deadline) || queries < 2000; queries++ {
+		s0 := seq.Load()
+		tab.walk(prompt, &wr)
+		s1 := seq.Load()
+		if s1+1 >= writes {
+			break
+		}
+		lo, hi := held[s0].Load(), held[s0].Load()
+		for s := s0 + 1; s <= s1+1; s++ {
+			if v := held[s].Load(); v >= 0 {
+				lo, hi = min(lo, v), max(hi, v)
+			}
+		}
+		if blocks, _, ok := wr.resultOf(cut); !ok || int32(blocks) < lo || int32(blocks) > hi {
+			fail("walk %d over writes %d-%d: the cut slot matched %d blocks (published %v), held %d-%d meanwhile", queries, s0, s1+1, blocks, ok, lo, hi)
+		}
+		for _, s := range []int{0, stable} {
+			if blocks, hostOnly, ok := wr.resultOf(s); !ok || blocks != len(keys) || hostOnly != 0 {
+				fail("walk %d: stable slot %d matched %d blocks (%d host-only, published %v), want %d", queries, s, blocks, hostOnly, ok, len(keys))
+			}
+		}
+		for _, s := range others {
+			if blocks, _, _ := wr.resultOf(s); blocks != 0 {
+				fail("walk %d: slot %d, which holds none of the prompt, matched %d blocks", queries, s, blocks)
+			}
+		}
+		if s1 > s0 {
+			across++
+		}
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("%d walks, %d of them across a write's end; %d writes, %d walks under the lock", queries, across, seq.Load(), tab.lockedWalks.Load())
+	if seq.Load() < 100 || across == 0 {
+		t.Fatalf("the writer ended only %d writes, %d during a walk", seq.Load(), across)
 	}
 }
