@@ -72,6 +72,9 @@ func viewOf(streams []*stream) *Directory {
 	d := &Directory{}
 	set := &streamSet{streams: streams, groups: []keyGroup{{benchBlockSize, 1024}}, groupOf: make([]int, len(streams)),
 		tables: []*keyTable{streams[0].keys}}
+	// As SetStreams does for the tables it makes: the directory counts
+	// their walks under the lock.
+	streams[0].keys.lockedWalks = &d.lockedWalks
 	d.set.Store(set.index())
 	d.scratch.New = func() any { return &queryScratch{} }
 	return d

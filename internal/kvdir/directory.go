@@ -46,6 +46,9 @@ type Directory struct {
 	hubs map[hubKey]*hub
 	// tables are the shared key tables by key group, under mu.
 	tables map[keyGroup]*keyTable
+	// lockedWalks counts the walks of every table, past ones included,
+	// that fell back to the table's lock.
+	lockedWalks atomic.Uint64
 
 	scratch sync.Pool // *queryScratch
 }
@@ -179,6 +182,7 @@ func (d *Directory) SetStreams(specs []StreamSpec) error {
 			t, ok := d.tables[g]
 			if !ok {
 				t = newKeyTable(g.blockSize, g.seed)
+				t.lockedWalks = &d.lockedWalks
 				d.tables[g] = t
 			}
 			s.attach(t)

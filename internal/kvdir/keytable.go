@@ -109,9 +109,10 @@ type keyTable struct {
 	plain  atomic.Bool
 	_      [64]byte
 	// walkers counts the walks under way without mu; lockedWalks counts
-	// the walks that took mu.
+	// the walks that took mu: the table's own counter, or its
+	// Directory's, which outlives the table (kvcar_directory_locked_walks_total).
 	walkers     atomic.Int64
-	lockedWalks atomic.Uint64
+	lockedWalks *atomic.Uint64
 	_           [64]byte
 }
 
@@ -238,7 +239,8 @@ type keyChange struct {
 }
 
 func newKeyTable(blockSize int, seed uint64) *keyTable {
-	t := &keyTable{blockSize: blockSize, seed: seed, words: 1, published: make([]uint64, 1), slotUsed: make([]bool, 64)}
+	t := &keyTable{blockSize: blockSize, seed: seed, words: 1, published: make([]uint64, 1), slotUsed: make([]bool, 64),
+		lockedWalks: new(atomic.Uint64)}
 	t.publish()
 	return t
 }

@@ -128,6 +128,8 @@ var (
 		"Live deltas held while a snapshot is in progress (wire plus decoded bytes).", streamLabels, nil)
 	descStreams = prometheus.NewDesc("kvcar_streams",
 		"Streams in the directory.", nil, nil)
+	descLockedWalks = prometheus.NewDesc("kvcar_directory_locked_walks_total",
+		"Walks of a shared key table (one per query or routing decision and block-size group) that took the table's lock after three walks without it met writes to what they read: queries and event intake contending.", nil, nil)
 	descExclusions = prometheus.NewDesc("kvcar_discovery_exclusions",
 		"Instances discovery does not subscribe to, by reason.", []string{"reason"}, nil)
 )
@@ -135,7 +137,7 @@ var (
 func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSynced, descComplete, descSequence, descResident, descEvents,
 		descDecodeErrors, descGaps, descDisconnects, descSnapshots, descPartialStarts, descTailRepairs,
-		descBuffered, descStreams, descExclusions} {
+		descBuffered, descStreams, descLockedWalks, descExclusions} {
 		ch <- d
 	}
 }
@@ -143,6 +145,7 @@ func (c *streamCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *streamCollector) Collect(ch chan<- prometheus.Metric) {
 	set := c.d.set.Load()
 	ch <- prometheus.MustNewConstMetric(descStreams, prometheus.GaugeValue, float64(len(set.streams)))
+	ch <- prometheus.MustNewConstMetric(descLockedWalks, prometheus.CounterValue, float64(c.d.lockedWalks.Load()))
 	if ex := c.d.exclusions.Load(); ex != nil {
 		for _, kind := range exclusionKinds {
 			ch <- prometheus.MustNewConstMetric(descExclusions, prometheus.GaugeValue, float64((*ex)[kind]), kind)

@@ -63,8 +63,9 @@ func value(t *testing.T, reg *prometheus.Registry, name string, labels ...string
 
 // TestMetrics checks the per-stream series against what the stream did:
 // synchronisation, resident blocks per tier, events by type, snapshot
-// results and durations, live event lag, and the calibration drift a
-// silently lost removal produces (R-REC-4).
+// results and durations, live event lag, the calibration drift a
+// silently lost removal produces (R-REC-4), and the directory's count of
+// walks that took a shared table's lock.
 func TestMetrics(t *testing.T) {
 	e := startEngine(t, enginesim.Config{DeviceBlocks: 64, HostBlocks: 64})
 	lim := testLimits()
@@ -133,9 +134,35 @@ func TestMetrics(t *testing.T) {
 		t.Errorf("calibration added = %v", v)
 	}
 
-	// Retiring the stream drops its series.
+	// A query that meets a write under way without walks to share it
+	// with waits for it, then walks under the table's lock: counted.
+	if v := value(t, reg, "kvcar_directory_locked_walks_total"); v != 0 {
+		t.Errorf("locked walks before any contention = %v", v)
+	}
+	prompt := seqTokens(1, 4*testBlock)
+	want := d.Query(prompt, nil)
+	tab := d.set.Load().tables[0]
+	tab.mu.Lock()
+	tab.beginWrite()
+	done := make(chan []Match)
+	go func() { done <- d.Query(prompt, nil) }()
+	time.Sleep(20 * time.Millisecond)
+	tab.endWrite()
+	tab.mu.Unlock()
+	if m := <-done; len(m) != 1 || m[0] != want[0] || m[0].ReusablePrefixTokens == 0 {
+		t.Errorf("the query that waited for the write answered %+v, want %+v", m, want)
+	}
+	if v := value(t, reg, "kvcar_directory_locked_walks_total"); v != 1 {
+		t.Errorf("locked walks = %v, want 1", v)
+	}
+
+	// Retiring the stream drops its series; the directory's count of
+	// locked walks outlives the table.
 	if err := d.SetStreams(nil); err != nil {
 		t.Fatal(err)
+	}
+	if v := value(t, reg, "kvcar_directory_locked_walks_total"); v != 1 {
+		t.Errorf("locked walks after the table went = %v, want 1", v)
 	}
 	if n := len(series(t, reg, "kvcar_stream_event_lag_seconds", l...)); n != 0 {
 		t.Errorf("%d lag series left after the stream was retired", n)

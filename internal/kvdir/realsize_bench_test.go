@@ -401,7 +401,7 @@ func queryUnderWrites(b *testing.B, r *realDirectory, perStream int) {
 	dst := make([]Match, 0, realStreams)
 	hot := make([]uint32, realTokens)
 	lat := make([]time.Duration, 0, b.N)
-	locked0 := lockedWalks(r.d)
+	locked0 := r.d.lockedWalks.Load()
 	b.ReportAllocs()
 	b.ResetTimer()
 	t0 := time.Now()
@@ -421,16 +421,7 @@ func queryUnderWrites(b *testing.B, r *realDirectory, perStream int) {
 	// No bound: its trace would be recorded after the writer stopped.
 	reportPercentiles(b, lat)
 	b.ReportMetric(float64(msgs*prefillgen.Blocks)/elapsed.Seconds(), "writer-blocks/s")
-	b.ReportMetric(float64(lockedWalks(r.d)-locked0)/float64(b.N), "locked-walks/op")
-}
-
-// lockedWalks sums the walks of d's key tables that took the table's lock.
-func lockedWalks(d *Directory) uint64 {
-	var n uint64
-	for _, t := range d.set.Load().tables {
-		n += t.lockedWalks.Load()
-	}
-	return n
+	b.ReportMetric(float64(r.d.lockedWalks.Load()-locked0)/float64(b.N), "locked-walks/op")
 }
 
 // BenchmarkDecodeApplyShared measures a stream goroutine's work per live
