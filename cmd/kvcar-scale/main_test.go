@@ -166,3 +166,20 @@ func TestRecentPromptsReachPastSettle(t *testing.T) {
 		t.Fatalf("%d prompts kept, more than the %d settle and the one before need", kept, most)
 	}
 }
+
+// A driver that used nearly all its CPUs says so beside its measures: its
+// emulated engines and clients ran late, which its client's times include.
+func TestReportNotesASaturatedDriver(t *testing.T) {
+	o := options{streams: 1, driverCPUs: devcluster.CPUList{0}}
+	for _, c := range []struct {
+		self time.Duration
+		note bool
+	}{{9500 * time.Millisecond, true}, {5 * time.Second, false}} {
+		r := &result{wall: 10 * time.Second, selfCPU: c.self}
+		var b strings.Builder
+		r.print(&b, o)
+		if got := strings.Contains(b.String(), "| note | this driver used over 90% of the 1 CPU(s)"); got != c.note {
+			t.Errorf("driver at %v of CPU over 10s on 1 CPU: note %v, want %v\n%s", c.self, got, c.note, b.String())
+		}
+	}
+}
