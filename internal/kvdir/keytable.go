@@ -633,7 +633,9 @@ func (t *keyTable) store(i int, c cell) {
 func (t *keyTable) storeHolders(i int, h uint32) {
 	t.touch(i)
 	p := &t.cells[i]
-	t.storeWord(&p.tagHold, p.tagHold&^(1<<32-1)|uint64(h))
+	c := cell{tagHold: p.tagHold}
+	c.setHolders(h)
+	t.storeWord(&p.tagHold, c.tagHold)
 }
 
 // homeOf returns k's home cell in an array of n cells.
