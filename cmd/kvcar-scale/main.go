@@ -859,6 +859,8 @@ func routeDuring(ctx context.Context, hc *http.Client, base string, engines []*e
 			t0 := time.Now()
 			a, err := routeOne(ctx, hc, base, prompt)
 			client := time.Since(t0)
+			// Looked up before the stats' lock: it asks every engine.
+			eu, served := devcluster.Engines(engines).Served(a.id)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -872,7 +874,7 @@ func routeDuring(ctx context.Context, hc *http.Client, base string, engines []*e
 			}
 			st.decision = append(st.decision, a.decision)
 			st.client = append(st.client, client)
-			if eu, ok := devcluster.Engines(engines).Served(a.id); ok {
+			if served {
 				ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
 				st.queue = append(st.queue, ms(eu.QueueMs))
 				st.prefill = append(st.prefill, ms(eu.PrefillMs))
