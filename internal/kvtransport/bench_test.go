@@ -204,7 +204,7 @@ func benchReceive(b *testing.B, size int, pebbe bool) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	in := watch(pull, true)
+	in := c.watch(pull, true)
 	defer in.Close()
 	if err := pull.SetRcvhwm(0); err != nil {
 		b.Fatal(err)

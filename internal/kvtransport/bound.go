@@ -33,7 +33,7 @@ func (c *Context) BindSubscriber(endpoints []string, o SubscriberOptions) (*Boun
 	if err != nil {
 		return nil, err
 	}
-	b := &BoundSubscriber{sock: watch(sock, true), waker: o.Waker}
+	b := &BoundSubscriber{sock: c.watch(sock, true), waker: o.Waker}
 	fail := func(what string, err error) (*BoundSubscriber, error) {
 		b.Close()
 		return nil, fmt.Errorf("kvtransport: bound subscriber %v: %s: %w", endpoints, what, err)

@@ -15,6 +15,8 @@ var ErrTimeout = errors.New("kvtransport: timed out")
 type Context struct {
 	zctx *zmq.Context
 	ids  idSource
+	// bufs are receive buffers its sockets gave back (frameReader).
+	bufs bufferPool
 	// ioPolicy says why the I/O threads run under the normal policy;
 	// nil when they run under SCHED_BATCH (see startIOThreads).
 	ioPolicy error
@@ -66,6 +68,13 @@ func (c *Context) newSocket(t zmq.Type) (*zmq.Socket, error) {
 		return nil, fmt.Errorf("kvtransport: set linger: %w", err)
 	}
 	return s, nil
+}
+
+// watch wraps a socket of c whose receives share c's buffer pool.
+func (c *Context) watch(s *zmq.Socket, tracked bool) *watched {
+	w := watch(s, tracked)
+	w.fr.pool = &c.bufs
+	return w
 }
 
 // errStart marks a failure to start the I/O threads at all, as opposed

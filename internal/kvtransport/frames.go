@@ -98,6 +98,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"sync"
 	"syscall"
 	"unsafe"
 
@@ -130,14 +131,79 @@ const FrameSlack = 64 << 10
 // not hold it for good.
 const frameRetainBytes = 1 << 20
 
+// releaseBytes is the smallest buffer a socket gives back to its
+// context's pool when a receive finds nothing queued. Live messages
+// mostly fit in less and keep their buffer; a snapshot's reply batches
+// do not, and a calibration round runs many snapshots at once, each of
+// which would otherwise hold a batch's buffer while it waits for the
+// engine's next one.
+const releaseBytes = 64 << 10
+
+// poolBuffers is how many given-back buffers a context keeps. Only the
+// sockets whose owners are running at the moment hold one, so a few
+// are enough for a process's sockets; a buffer given back past them is
+// left to the collector.
+const poolBuffers = 8
+
+// PoolBytes bounds what a context's pool of receive buffers holds: at
+// most poolBuffers buffers of at most frameRetainBytes each. It comes
+// on top of each socket's own buffer (one message at most).
+const PoolBytes = poolBuffers * frameRetainBytes
+
+// bufferPool holds receive buffers that sockets gave back when they ran
+// out of input, for the next socket that needs a large one.
+type bufferPool struct {
+	mu   sync.Mutex
+	bufs [][]byte
+}
+
+// get takes a buffer of at least need bytes and, when limit is not 0,
+// at most limit; nil when the pool has none.
+func (p *bufferPool) get(need, limit int) []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i, b := range p.bufs {
+		if cap(b) >= need && (limit == 0 || cap(b) <= limit) {
+			last := len(p.bufs) - 1
+			p.bufs[i] = p.bufs[last]
+			p.bufs[last] = nil
+			p.bufs = p.bufs[:last]
+			return b[:0]
+		}
+	}
+	return nil
+}
+
+// put keeps b for a later get when there is room for it.
+func (p *bufferPool) put(b []byte) {
+	if cap(b) > frameRetainBytes {
+		return
+	}
+	p.mu.Lock()
+	if len(p.bufs) < poolBuffers {
+		p.bufs = append(p.bufs, b[:0])
+	}
+	p.mu.Unlock()
+}
+
+// held is how many buffers the pool keeps, for tests.
+func (p *bufferPool) held() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.bufs)
+}
+
 // frameReader receives whole messages into one buffer it reuses, so a
 // message costs one cgo call and no allocation: pebbe/zmq4's receive
 // makes a new slice for every frame (fresh memory, which the hundred
 // megabytes of a 262,144-block snapshot fault in page by page) and asks
-// libzmq for each frame and its "more" flag separately.
+// libzmq for each frame and its "more" flag separately. A buffer of
+// releaseBytes or more goes back to pool, when there is one, as soon as
+// a receive finds nothing queued: its frames are no longer valid then.
 type frameReader struct {
-	msg *C.kvt_msg
-	buf []byte
+	msg  *C.kvt_msg
+	buf  []byte
+	pool *bufferPool
 	// limit bounds a message's frames together; 0 means no bound.
 	limit  int64
 	need   C.size_t
@@ -196,6 +262,14 @@ func (r *frameReader) recv(sock *zmq.Socket) ([][]byte, error) {
 			if r.limit > 0 {
 				c = min(c, int(r.limit))
 			}
+			// A buffer this large would go back to the pool at the next
+			// empty receive, so one from the pool serves as well.
+			if r.pool != nil && c >= releaseBytes {
+				if b := r.pool.get(int(r.need), int(r.limit)); b != nil {
+					r.buf = b
+					continue
+				}
+			}
 			r.buf = make([]byte, 0, c)
 		case n == -3:
 			return nil, ErrTooManyFrames
@@ -203,6 +277,10 @@ func (r *frameReader) recv(sock *zmq.Socket) ([][]byte, error) {
 			return nil, fmt.Errorf("%w: %d bytes, over the %d allowed", ErrMessageTooLarge, r.need, r.limit)
 		default:
 			if e, ok := err.(syscall.Errno); ok {
+				if e == syscall.EAGAIN && r.pool != nil && cap(r.buf) >= releaseBytes {
+					r.pool.put(r.buf)
+					r.buf = nil
+				}
 				return nil, zmq.Errno(e)
 			}
 			return nil, fmt.Errorf("kvtransport: receive failed without an errno (%v)", err)
@@ -221,11 +299,14 @@ func (s *watched) setMaxMessage(n int64) error {
 	return nil
 }
 
-// drop frees parts still held for a larger buffer; the socket's owner
-// calls it when it closes the socket.
+// drop frees parts still held for a larger buffer and gives the buffer
+// back; the socket's owner calls it when it closes the socket.
 func (r *frameReader) drop() {
 	if r.msg != nil {
 		C.kvt_drop(r.msg)
+	}
+	if r.pool != nil && cap(r.buf) >= releaseBytes {
+		r.pool.put(r.buf)
 	}
 	r.buf = nil
 }

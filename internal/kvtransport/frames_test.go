@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	zmq "github.com/pebbe/zmq4"
 )
@@ -32,7 +33,7 @@ func framePair(t *testing.T, c *Context) (*zmq.Socket, *watched) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	in := watch(pull, true)
+	in := c.watch(pull, true)
 	t.Cleanup(func() { in.Close() })
 	if err := pull.Bind("tcp://127.0.0.1:*"); err != nil {
 		t.Fatal(err)
@@ -272,5 +273,89 @@ func TestReceiveDropsMessageOverItsLimit(t *testing.T) {
 	}
 	if cap(in.fr.buf) > maxMsg+FrameSlack {
 		t.Fatalf("the buffer grew to %d bytes, past the %d a message may have", cap(in.fr.buf), maxMsg+FrameSlack)
+	}
+}
+
+// drainOnce receives what in has queued until a receive finds nothing,
+// as a stream's owner does before it waits again.
+func drainOnce(t *testing.T, in *watched) {
+	t.Helper()
+	for {
+		m, err := in.recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m == nil {
+			return
+		}
+	}
+}
+
+// TestReceiveBuffersGoBackToThePool: a socket that received a large
+// message (a snapshot's reply batch) gives its buffer back to the
+// context's pool at the first receive that finds nothing, so sockets
+// that take turns, as a calibration round's snapshots do, share one
+// buffer instead of holding one each (R-CFG-2). A socket whose limit is
+// below a pooled buffer does not take it, and the pool keeps at most
+// poolBuffers.
+func TestReceiveBuffersGoBackToThePool(t *testing.T) {
+	c := pubTestContext(t)
+	const sockets = poolBuffers + 4
+	batch := 200 << 10
+	var shared *byte
+	for i := range sockets {
+		push, in := framePair(t, c)
+		msg := [][]byte{[]byte("seq"), bytes.Repeat([]byte{byte(i)}, batch)}
+		sendFrames(t, push, msg)
+		got := recvFrames(t, in)
+		if len(got) != 2 || !bytes.Equal(got[1], msg[1]) {
+			t.Fatalf("socket %d: received %d frames, or the wrong bytes", i, len(got))
+		}
+		p := unsafe.SliceData(got[0])
+		if i == 0 {
+			shared = p
+		} else if p != shared {
+			t.Fatalf("socket %d received into a buffer of its own, not the one socket 0 gave back", i)
+		}
+		drainOnce(t, in)
+		if cap(in.fr.buf) != 0 {
+			t.Fatalf("socket %d keeps a buffer of %d bytes after finding nothing queued", i, cap(in.fr.buf))
+		}
+		if n := c.bufs.held(); n != 1 {
+			t.Fatalf("after socket %d: the pool holds %d buffers, want 1", i, n)
+		}
+	}
+
+	// A socket whose messages may have at most 64 KiB and FrameSlack
+	// grows its own buffer rather than take the pool's, which is larger.
+	push, small := framePair(t, c)
+	if err := small.setMaxMessage(64 << 10); err != nil {
+		t.Fatal(err)
+	}
+	sendFrames(t, push, [][]byte{make([]byte, 100<<10)})
+	if got := recvFrames(t, small); len(got) != 1 || len(got[0]) != 100<<10 {
+		t.Fatalf("received %d frames", len(got))
+	}
+	if cap(small.fr.buf) > 64<<10+FrameSlack {
+		t.Fatalf("a socket limited to %d bytes took a buffer of %d", 64<<10+FrameSlack, cap(small.fr.buf))
+	}
+	if n := c.bufs.held(); n != 1 {
+		t.Fatalf("the pool holds %d buffers, want the 1 the limited socket left alone", n)
+	}
+
+	// Sockets that hold their buffers at once give them all back, and
+	// the pool keeps poolBuffers of them.
+	var ins []*watched
+	for i := range sockets {
+		push, in := framePair(t, c)
+		sendFrames(t, push, [][]byte{bytes.Repeat([]byte{byte(i)}, batch)})
+		recvFrames(t, in)
+		ins = append(ins, in)
+	}
+	for _, in := range ins {
+		drainOnce(t, in)
+	}
+	if n := c.bufs.held(); n != poolBuffers {
+		t.Fatalf("the pool holds %d buffers after %d were given back, want %d", n, sockets, poolBuffers)
 	}
 }

@@ -33,7 +33,7 @@ func (c *Context) DialReplay(endpoint string, o ReplayOptions) (*Replayer, error
 	if err != nil {
 		return nil, err
 	}
-	r := &Replayer{endpoint: endpoint, dealer: watch(d, true)}
+	r := &Replayer{endpoint: endpoint, dealer: c.watch(d, true)}
 	fail := func(what string, err error) (*Replayer, error) {
 		r.Close()
 		return nil, fmt.Errorf("kvtransport: replay %s: %s: %w", endpoint, what, err)

@@ -90,7 +90,7 @@ func (c *Context) Subscribe(endpoint, topic string, o SubscriberOptions) (*Subsc
 	if err != nil {
 		return nil, err
 	}
-	s := &Subscriber{endpoint: endpoint, sub: watch(sub, true), waker: o.Waker}
+	s := &Subscriber{endpoint: endpoint, sub: c.watch(sub, true), waker: o.Waker}
 	fail := func(what string, err error) (*Subscriber, error) {
 		s.Close()
 		return nil, fmt.Errorf("kvtransport: subscribe %s: %s: %w", endpoint, what, err)
