@@ -144,6 +144,10 @@ func (d *discardWriter) Header() http.Header         { return d.h }
 func (d *discardWriter) WriteHeader(code int)        { d.code = code }
 func (d *discardWriter) Write(p []byte) (int, error) { return len(p), nil }
 
+// sentStatus makes the handler's metrics read the status from the writer,
+// as they do from kvcar's own server's.
+func (d *discardWriter) sentStatus() int { return d.code }
+
 // BenchmarkInferenceHandler runs a /v1/completions of 2k and 16k prompt
 // ids through the whole handler, in process: parse, an RR decision, the
 // relay to a real HTTP engine on loopback that reads the body and answers

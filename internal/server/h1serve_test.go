@@ -742,6 +742,18 @@ func TestH1Metrics(t *testing.T) {
 	rc.send(completionRequest(`{"prompt":[1]}`) + completionRequest(`{"prompt":"x`))
 	rc.answer(http.MethodPost)
 	rc.answer(http.MethodPost)
+	counts := requestCounts(t, reg)
+	for _, want := range []string{"code=200 route=/v1/completions ", "code=400 route=/v1/completions "} {
+		if counts[want] != 1 {
+			t.Errorf("kvcar_http_requests_total{%s} = %v; all: %v", want, counts[want], counts)
+		}
+	}
+}
+
+// requestCounts returns kvcar_http_requests_total's series in reg, keyed
+// by their labels ("code=200 route=/v1/completions ").
+func requestCounts(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -759,11 +771,7 @@ func TestH1Metrics(t *testing.T) {
 			counts[key] = m.GetCounter().GetValue()
 		}
 	}
-	for _, want := range []string{"code=200 route=/v1/completions ", "code=400 route=/v1/completions "} {
-		if counts[want] != 1 {
-			t.Errorf("kvcar_http_requests_total{%s} = %v; all: %v", want, counts[want], counts)
-		}
-	}
+	return counts
 }
 
 // TestH1RefusedLargeBodyAnswerArrives: a handler that answers without

@@ -65,6 +65,10 @@ func (w *h1writer) reset(h *reqHead) {
 
 func (w *h1writer) Header() http.Header { return w.header }
 
+// sentStatus is the final status of the answer, 0 while none was set
+// (statusReporter).
+func (w *h1writer) sentStatus() int { return w.status }
+
 func (w *h1writer) WriteHeader(code int) {
 	if w.wroteHeader || w.headSent {
 		return

@@ -1,8 +1,11 @@
 package server
 
 import (
+	"maps"
 	"net/http"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,6 +21,76 @@ type httpMetrics struct {
 	decisions *prometheus.CounterVec
 	decision  *prometheus.HistogramVec
 	hitRatio  *prometheus.HistogramVec
+
+	// routes and policies keep the series of each route and policy seen,
+	// so that a request finds them with one map read instead of hashing
+	// its labels into each vector (WithLabelValues) several times.
+	routes   seriesMap[routeSeries]
+	policies seriesMap[policySeries]
+}
+
+// seriesMap maps a label value to the series kept for it. Its set of
+// keys is small and fixed (mux patterns, policies), so an insert copies
+// the map and readers take no lock.
+type seriesMap[T any] struct {
+	mu sync.Mutex
+	m  atomic.Pointer[map[string]*T]
+}
+
+// get returns key's series, made by mk the first time.
+func (s *seriesMap[T]) get(key string, mk func(string) *T) *T {
+	if m := s.m.Load(); m != nil {
+		if v, ok := (*m)[key]; ok {
+			return v
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.m.Load()
+	if old != nil {
+		if v, ok := (*old)[key]; ok {
+			return v
+		}
+	}
+	next := map[string]*T{}
+	if old != nil {
+		next = maps.Clone(*old)
+	}
+	v := mk(key)
+	next[key] = v
+	s.m.Store(&next)
+	return v
+}
+
+// routeSeries are one route's request series.
+type routeSeries struct {
+	route   string
+	latency prometheus.Observer
+	// codes holds the request counter of each status code from 100 to
+	// 599, set the first time the code is seen.
+	codes [500]atomic.Pointer[counterRef]
+}
+
+type counterRef struct{ prometheus.Counter }
+
+// count adds one request answered with code.
+func (r *routeSeries) count(requests *prometheus.CounterVec, code int) {
+	if code < 100 || code > 599 {
+		requests.WithLabelValues(r.route, strconv.Itoa(code)).Inc()
+		return
+	}
+	c := r.codes[code-100].Load()
+	if c == nil {
+		c = &counterRef{requests.WithLabelValues(r.route, strconv.Itoa(code))}
+		r.codes[code-100].Store(c)
+	}
+	c.Inc()
+}
+
+// policySeries are one policy's decision series.
+type policySeries struct {
+	byDefault, byPD    prometheus.Counter
+	decision, hitRatio prometheus.Observer
 }
 
 func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
@@ -51,13 +124,27 @@ func newHTTPMetrics(reg prometheus.Registerer) *httpMetrics {
 }
 
 func (m *httpMetrics) observeDecision(d lb.Decision, took time.Duration) {
-	role := "default"
+	p := m.policies.get(d.Policy, m.newPolicySeries)
 	if d.Decode != "" {
-		role = "pd"
+		p.byPD.Inc()
+	} else {
+		p.byDefault.Inc()
 	}
-	m.decisions.WithLabelValues(d.Policy, role).Inc()
-	m.decision.WithLabelValues(d.Policy).Observe(took.Seconds())
-	m.hitRatio.WithLabelValues(d.Policy).Observe(d.HitRatio)
+	p.decision.Observe(took.Seconds())
+	p.hitRatio.Observe(d.HitRatio)
+}
+
+func (m *httpMetrics) newPolicySeries(policy string) *policySeries {
+	return &policySeries{
+		byDefault: m.decisions.WithLabelValues(policy, "default"),
+		byPD:      m.decisions.WithLabelValues(policy, "pd"),
+		decision:  m.decision.WithLabelValues(policy),
+		hitRatio:  m.hitRatio.WithLabelValues(policy),
+	}
+}
+
+func (m *httpMetrics) newRouteSeries(route string) *routeSeries {
+	return &routeSeries{route: route, latency: m.latency.WithLabelValues(route)}
 }
 
 // instrument counts and times every request by its mux pattern, so the
@@ -65,15 +152,34 @@ func (m *httpMetrics) observeDecision(d lb.Decision, took time.Duration) {
 func (m *httpMetrics) instrument(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
-		next.ServeHTTP(rec, r)
+		code := http.StatusOK
+		if sr, ok := w.(statusReporter); ok {
+			next.ServeHTTP(w, r)
+			if c := sr.sentStatus(); c != 0 {
+				code = c
+			}
+		} else {
+			rec := &statusRecorder{ResponseWriter: w, code: http.StatusOK}
+			next.ServeHTTP(rec, r)
+			code = rec.code
+		}
 		route := r.Pattern
 		if route == "" {
 			route = "unmatched"
 		}
-		m.requests.WithLabelValues(route, strconv.Itoa(rec.code)).Inc()
-		m.latency.WithLabelValues(route).Observe(time.Since(start).Seconds())
+		rs := m.routes.get(route, m.newRouteSeries)
+		rs.count(m.requests, code)
+		rs.latency.Observe(time.Since(start).Seconds())
 	})
+}
+
+// statusReporter is a ResponseWriter that tells the final status it
+// sent (kvcar's own HTTP/1 server's), so that instrument needs no
+// wrapper of its own, which would cost an allocation a request.
+type statusReporter interface {
+	http.ResponseWriter
+	// sentStatus is the final status sent, 0 while none was.
+	sentStatus() int
 }
 
 // statusRecorder remembers the status code; Unwrap keeps flushing and
