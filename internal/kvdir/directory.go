@@ -51,6 +51,8 @@ type Directory struct {
 	lockedWalks atomic.Uint64
 
 	scratch sync.Pool // *queryScratch
+	// batches is the decode storage the streams gave back.
+	batches batchPool
 }
 
 // streamSet is an immutable list of streams sorted by instance then DP
@@ -234,11 +236,12 @@ func (d *Directory) start(s *stream) {
 		s.waker = w
 	}
 	y := &syncer{
-		s:    s,
-		lim:  d.lim,
-		log:  d.log,
-		tctx: d.tctx,
-		dec:  kvevent.NewDecoder(d.lim.MaxMessageBytes),
+		s:       s,
+		lim:     d.lim,
+		log:     d.log,
+		tctx:    d.tctx,
+		dec:     kvevent.NewDecoder(d.lim.MaxMessageBytes),
+		batches: &d.batches,
 		// The first synchronisation is logged like a recovery.
 		lastReason: s.reason,
 	}

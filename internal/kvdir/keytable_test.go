@@ -397,8 +397,8 @@ func TestKeyTableBound(t *testing.T) {
 	}
 	lim := Limits{MaxBlocksPerStream: 1000, MaxMessageBytes: 1 << 20, MaxBufferedBytes: 4 << 20}
 	b := lim.MemoryBound()
-	if got, want := b.Process(128)-128*(2*b.Heap()+b.Queued), 2*KeyTableBound(128, 1000)+2*kvtransport.PoolBytes; got != want {
-		t.Errorf("Process(128) adds %d bytes for the key tables and the receive pool, want %d", got, want)
+	if got, want := b.Process(128)-128*(2*b.Heap()+b.Queued), 2*KeyTableBound(128, 1000)+2*(kvtransport.PoolBytes+batchPoolBytes); got != want {
+		t.Errorf("Process(128) adds %d bytes for the key tables and the pools, want %d", got, want)
 	}
 }
 

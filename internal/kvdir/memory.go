@@ -49,13 +49,13 @@ func (l Limits) MemoryBound() MemoryBound {
 func (b MemoryBound) Heap() int64 { return b.Index + b.Buffered + b.Message }
 
 // Process is what streams streams may add to a process's resident
-// memory: the Go heap part, the shared key tables and the receive
-// buffers the streams' sockets gave back to their pool
-// (kvtransport.PoolBytes) twice over, since the collector lets the heap
-// grow to twice what is live at the default GOGC of 100, plus what
-// libzmq queues.
+// memory: the Go heap part, the shared key tables, and the receive
+// buffers and decode storage the streams gave back to their pools
+// (kvtransport.PoolBytes, batchPoolBytes) twice over, since the
+// collector lets the heap grow to twice what is live at the default
+// GOGC of 100, plus what libzmq queues.
 func (b MemoryBound) Process(streams int) int64 {
-	return int64(streams)*(2*b.Heap()+b.Queued) + 2*KeyTableBound(streams, b.maxBlocks) + 2*kvtransport.PoolBytes
+	return int64(streams)*(2*b.Heap()+b.Queued) + 2*KeyTableBound(streams, b.maxBlocks) + 2*(kvtransport.PoolBytes+batchPoolBytes)
 }
 
 // KeyTableBound bounds the shared key tables of streams streams of at

@@ -445,7 +445,7 @@ func (y *syncer) orderedReplay(frames [][]byte) {
 		return
 	}
 	cu.batches++
-	if err := y.dec.DecodeBatch(payload, &y.batch); err != nil {
+	if err := y.decodeBatch(payload); err != nil {
 		y.s.counters.decodeErrors.Add(1)
 		if seq >= h.expected {
 			y.orderedBadBatch(seq, fmt.Sprintf("decode: %v", err))

@@ -130,34 +130,51 @@ func (y *syncer) setReason(reason string) {
 	y.s.mu.Unlock()
 }
 
+// drainReplay takes the replay socket's replies, up to drainMax, and
+// gives large decode storage back to the pool unless more replies wait.
 func (y *syncer) drainReplay() {
+	if y.replayDrained() {
+		y.releaseBatch()
+	}
+}
+
+// replayDrained reports whether the drain stopped because no reply is
+// left: none queued, or the snapshot or catch-up ended or failed.
+func (y *syncer) replayDrained() bool {
 	if y.s.spec.ordered() {
-		for i := 0; i < drainMax && y.ord.cu != nil; i++ {
+		for range drainMax {
+			if y.ord.cu == nil {
+				return true
+			}
 			frames, err := y.ord.cu.rep.Recv()
 			if err != nil {
 				y.catchUpFailedNow(fmt.Sprintf("replay receive: %v", err))
-				return
+				return true
 			}
 			if frames == nil {
-				return
+				return true
 			}
 			y.orderedReplay(frames)
 			y.trimBatch()
 		}
-		return
+		return y.ord.cu == nil
 	}
-	for i := 0; i < drainMax && y.snap != nil; i++ {
+	for range drainMax {
+		if y.snap == nil {
+			return true
+		}
 		frames, err := y.snap.rep.Recv()
 		if err != nil {
 			y.snapshotFailed(fmt.Sprintf("snapshot receive: %v", err))
-			return
+			return true
 		}
 		if frames == nil {
-			return
+			return true
 		}
 		y.onReplay(frames)
 		y.trimBatch()
 	}
+	return y.snap == nil
 }
 
 func (y *syncer) onReplay(frames [][]byte) {
@@ -184,7 +201,7 @@ func (y *syncer) onReplay(frames [][]byte) {
 		sn.firstReply = time.Now()
 	}
 	sn.batches++
-	if err := y.dec.DecodeBatch(payload, &y.batch); err != nil {
+	if err := y.decodeBatch(payload); err != nil {
 		y.s.counters.decodeErrors.Add(1)
 		y.snapshotFailed(fmt.Sprintf("snapshot batch %d: decode: %v", sn.batches, err))
 		return

@@ -52,6 +52,9 @@ type stream struct {
 
 	counters streamCounters
 	obs      *streamObservers // nil without metrics; set before the goroutine starts
+	// decodeHeld is the decode storage the goroutine kept after its
+	// last message (trimBatch) or drain (releaseBatch).
+	decodeHeld atomic.Int64
 
 	stop chan struct{}
 	done chan struct{}

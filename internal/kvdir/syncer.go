@@ -28,14 +28,16 @@ const (
 // syncer is the stream goroutine's private state: sockets, decoder,
 // sequence tracking and the snapshot in progress.
 type syncer struct {
-	s      *stream
-	lim    Limits
-	log    *slog.Logger
-	tctx   *kvtransport.Context
-	sub    *kvtransport.Subscriber
-	dec    *kvevent.Decoder
-	batch  kvevent.Batch
-	linkUp bool
+	s     *stream
+	lim   Limits
+	log   *slog.Logger
+	tctx  *kvtransport.Context
+	sub   *kvtransport.Subscriber
+	dec   *kvevent.Decoder
+	batch kvevent.Batch
+	// batches is the directory's pool of decode storage (batchpool.go).
+	batches *batchPool
+	linkUp  bool
 
 	// Live sequence tracking while synchronised.
 	expected uint64
@@ -290,6 +292,7 @@ func (y *syncer) drainLive() {
 			return
 		}
 		if frames == nil {
+			y.releaseBatch()
 			return
 		}
 		y.onLive(frames)
@@ -308,6 +311,29 @@ func (y *syncer) trimBatch() {
 	if y.batch.StorageBytes() > batchRetainBytes {
 		y.batch = kvevent.Batch{}
 	}
+	y.s.decodeHeld.Store(int64(y.batch.StorageBytes()))
+}
+
+// decodeBatch decodes payload into y.batch, with storage from the pool
+// when the payload needs much and y.batch has little.
+func (y *syncer) decodeBatch(payload []byte) error {
+	if y.batches != nil && len(payload) >= batchPoolMinBytes/8 && y.batch.StorageBytes() < batchPoolMinBytes {
+		if b, ok := y.batches.get(); ok {
+			y.batch = b
+		}
+	}
+	return y.dec.DecodeBatch(payload, &y.batch)
+}
+
+// releaseBatch gives large decode storage back to the pool; a drain
+// calls it when it finds no message left, when nothing refers to the
+// storage any more (a batch kept for later is a clone).
+func (y *syncer) releaseBatch() {
+	if y.batches != nil && y.batch.StorageBytes() >= batchPoolMinBytes {
+		y.batches.put(y.batch)
+		y.batch = kvevent.Batch{}
+	}
+	y.s.decodeHeld.Store(int64(y.batch.StorageBytes()))
 }
 
 func (y *syncer) onLive(frames [][]byte) {
@@ -335,7 +361,7 @@ func (y *syncer) onLive(frames [][]byte) {
 		y.log.Info("publisher sends this stream's topic", "stream", y.s.spec.String(), "topic", string(topic))
 	}
 	if y.s.spec.ordered() {
-		if err := y.dec.DecodeBatch(payload, &y.batch); err != nil {
+		if err := y.decodeBatch(payload); err != nil {
 			y.s.counters.decodeErrors.Add(1)
 			if y.ord.idx != nil {
 				y.ord.lastLive, y.ord.haveLastLive = seq, true
@@ -450,7 +476,7 @@ func seqFault(expected, got uint64) string {
 // decode parses payload into y.batch and checks it belongs to this DP.
 // A bound stream's batch of another rank is errOtherRank.
 func (y *syncer) decode(payload []byte) error {
-	if err := y.dec.DecodeBatch(payload, &y.batch); err != nil {
+	if err := y.decodeBatch(payload); err != nil {
 		y.s.counters.decodeErrors.Add(1)
 		return fmt.Errorf("decode: %w", err)
 	}
