@@ -16,7 +16,10 @@
 // one bound subscriber.
 //
 // Each stream's state changes only on that stream's goroutine; queries
-// never wait on the network. A query walks the prompt once per key group
+// never wait on the network. A goroutine decodes into storage it keeps
+// between messages; large storage (a snapshot's reply batches) goes back
+// to a pool the Directory keeps once the goroutine has nothing left to
+// decode (batchpool.go). A query walks the prompt once per key group
 // (block size, seed) over the group's shared key table (keytable.go),
 // which mirrors the content keys of every stream's published index as
 // per-slot tier bitsets, so its cost does not grow with the number of

@@ -12,6 +12,9 @@
 // sockets that may have input, and libzmq's own threads run under
 // SCHED_BATCH. A message is received in one call into libzmq, its
 // frames copied into a buffer the socket reuses (frames.go), so a
-// receive allocates nothing and its frames last until the next one.
+// receive allocates nothing and its frames last until the next one; a
+// buffer of 64 KiB or more goes back to a pool the Context keeps when a
+// receive finds nothing queued, so that sockets taking turns with large
+// messages (snapshots) share a few buffers.
 // The package must not decode payloads or keep any stream state.
 package kvtransport
