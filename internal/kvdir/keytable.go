@@ -37,8 +37,10 @@ import (
 // fifth of either is in use (streams left, engines dropped most of their
 // blocks), are rebuilt beside the served ones and swapped in (see wmu),
 // so no query waits for a rebuild and memory follows what the streams
-// hold; dense entries live in fixed pages that never move, so adding one
-// copies nothing.
+// hold; a large cell array grows a step per write instead (see
+// migration), so no writer waits for a whole rebuild either; dense
+// entries live in fixed pages that never move, so adding one copies
+// nothing.
 //
 // Size: a stream's index holds at most max_blocks_per_stream keys on a
 // tier, and a stream has bits on at most the keys of its published view
@@ -80,6 +82,15 @@ type keyTable struct {
 	cells []cell
 	live  int  // cells in use
 	pool  slab // dense entries, 2*words words each
+	// mig is the larger cell array being built beside cells, nil when
+	// none is (see migration). Cell arrays of migrateFrom cells or more
+	// grow that way; tests set it lower.
+	mig         *migration
+	migrateFrom int
+	// allocating is set while a writer makes a migration's array
+	// without wmu (see makeRoom), with newCells.
+	allocating bool
+	newCells   func(n int) []cell
 	// reserved is the room fills in progress made for their keys (see
 	// reserve); it keeps the cells from being compacted meanwhile.
 	reserved int
@@ -240,7 +251,7 @@ type keyChange struct {
 
 func newKeyTable(blockSize int, seed uint64) *keyTable {
 	t := &keyTable{blockSize: blockSize, seed: seed, words: 1, published: make([]uint64, 1), slotUsed: make([]bool, 64),
-		lockedWalks: new(atomic.Uint64)}
+		lockedWalks: new(atomic.Uint64), migrateFrom: migrateFrom, newCells: func(n int) []cell { return make([]cell, n) }}
 	t.publish()
 	return t
 }
@@ -387,10 +398,9 @@ func (t *keyTable) apply(slot int, changes []keyChange) {
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
 	// Room for every change to add a key is made first, without mu (see
-	// rebuildCells), so that set never rebuilds the cells with mu held.
-	if t.needsRebuild(len(changes)) {
-		t.rebuildCells(len(changes))
-	}
+	// rebuildCells and makeRoom), so that set never rebuilds the cells
+	// with mu held.
+	t.makeRoom(len(changes), len(changes))
 	// The loads run without mu: only writers change the cells and
 	// records, and wmu keeps them out.
 	for base := 0; base < len(changes); base += keyBatch {
@@ -404,6 +414,9 @@ func (t *keyTable) apply(slot int, changes []keyChange) {
 		for i := range chunk {
 			c := &chunk[i]
 			t.set(slot, c.k, c.dev, c.host)
+			if t.mig != nil {
+				t.mirror(c.k)
+			}
 		}
 		t.endWrite()
 		t.mu.Unlock()
@@ -426,7 +439,10 @@ func (t *keyTable) sparse() bool {
 
 // compact rebuilds the cells for the live keys at rebuildLoad, and the
 // dense entries into as few pages as they need (see rebuild).
-func (t *keyTable) compact() { t.rebuild(0, true) }
+func (t *keyTable) compact() {
+	t.setMigration(nil)
+	t.rebuild(0, true)
+}
 
 // inlineOf returns the inline holders of dense entry d (Device words,
 // then Host words, w each) when at most two slots hold it.
@@ -652,8 +668,10 @@ func homeOfTag(tag uint32, n int) int { return int(uint64(tag) * uint64(n) >> 32
 // lookup returns the cell of k, or when k is not held the empty cell that
 // ends its probe run, where insert puts it (-1 when there are no cells).
 // The probe is not repeated by insert.
-func (t *keyTable) lookup(k kvindex.Key) (int, bool) {
-	cells := t.cells
+func (t *keyTable) lookup(k kvindex.Key) (int, bool) { return lookupIn(t.cells, k) }
+
+// lookupIn is lookup in cells.
+func lookupIn(cells []cell, k kvindex.Key) (int, bool) {
 	n := len(cells)
 	if n == 0 {
 		return -1, false
@@ -681,7 +699,7 @@ func (t *keyTable) needsRebuild(extra int) bool {
 // insert adds k, which the table does not hold, with holders h, in cell i
 // if that is not -1 (the empty cell lookup found for k).
 func (t *keyTable) insert(k kvindex.Key, i int, h uint32) {
-	if t.needsRebuild(1) {
+	if t.mig == nil && !t.allocating && t.needsRebuild(1) {
 		t.rebuildCells(1)
 		i = -1
 	}
@@ -711,10 +729,7 @@ func emptyFrom(cells []cell, i int) int {
 func (t *keyTable) reserve(extra int) (grew bool) {
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
-	grew = t.needsRebuild(extra)
-	if grew {
-		t.rebuildCells(extra)
-	}
+	grew = t.makeRoom(extra, 0)
 	t.reserved += extra
 	return grew
 }
@@ -729,6 +744,11 @@ func (t *keyTable) unreserve(extra int, grew bool) {
 	switch {
 	case t.sparse():
 		t.compact()
+	case t.mig != nil:
+		// A migration this fill began and no longer needs is dropped.
+		if grew && !t.needsRebuild(0) {
+			t.setMigration(nil)
+		}
 	case grew && 20*rebuildLoadDen*t.live < 19*rebuildLoadNum*len(t.cells):
 		t.rebuildCells(0)
 	}
@@ -784,7 +804,13 @@ func (t *keyTable) rebuild(extra int, repack bool) {
 // does not lie after the hole move back into it in turn, so every key
 // stays reachable from its home through cells in use.
 func (t *keyTable) remove(i int) {
-	cells := t.cells
+	t.shiftOut(t.cells, i, true)
+	t.live--
+}
+
+// shiftOut empties cell i of cells, the served ones (with stores walks
+// may read) or a migration's.
+func (t *keyTable) shiftOut(cells []cell, i int, served bool) {
 	n := len(cells)
 	for j := i; ; {
 		if j++; j == n {
@@ -803,18 +829,29 @@ func (t *keyTable) remove(i int) {
 		} else if i < h || h <= j {
 			continue
 		}
-		t.store(i, *c)
+		if served {
+			t.store(i, *c)
+		} else {
+			cells[i] = *c
+		}
 		i = j
 	}
-	t.store(i, cell{})
-	t.live--
+	if served {
+		t.store(i, cell{})
+	} else {
+		cells[i] = cell{}
+	}
 }
 
 // storageBytes is the memory the table holds, by capacity.
 func (t *keyTable) storageBytes() int64 {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	return t.pool.bytes(2*t.words) + int64(len(t.cells))*int64(unsafe.Sizeof(cell{})) + int64(len(t.stamps))*8
+	cells := len(t.cells)
+	if t.mig != nil {
+		cells += len(t.mig.cells)
+	}
+	return t.pool.bytes(2*t.words) + int64(cells)*int64(unsafe.Sizeof(cell{})) + int64(len(t.stamps))*8
 }
 
 // records returns the number of keys the table holds.

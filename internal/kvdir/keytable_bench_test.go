@@ -3,7 +3,9 @@ package kvdir
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/kvcar/kvcar/internal/kvindex"
 )
@@ -28,6 +30,118 @@ func BenchmarkKeyTableRebuild(b *testing.B) {
 				b.Fatalf("table holds %d keys, want %d", tab.records(), n)
 			}
 		})
+	}
+}
+
+// BenchmarkKeyTableGrowth measures what the writers of a shared key
+// table of about keys= random keys wait while it grows. Each operation
+// applies 64 new keys for one slot while a second writer writes for
+// another slot, as the streams of a key group write at once; a growth
+// happens within the run. "at-once" rebuilds the cells
+// within the write that needs them, as every table did before
+// migrations; "in-steps" is what tables of migrateFrom cells or more do,
+// a step per write, the new array made without the writers' lock. It
+// reports the timed writer's p50, p99 and longest write (max-ms), the
+// other writer's longest (other-max-ms), and how many timed writes the
+// growth took (growth-writes). The table is filled to its load untimed
+// before each run, so keys= is the size the first run finds; keys is
+// what the last run left.
+func BenchmarkKeyTableGrowth(b *testing.B) {
+	for _, n := range []int{4 << 20, 32 << 20} {
+		for _, mode := range []string{"at-once", "in-steps"} {
+			b.Run(fmt.Sprintf("keys=%d/mode=%s", n, mode), func(b *testing.B) {
+				tab, slot, _ := randomKeyTable(n, rand.New(rand.NewPCG(7, 8)))
+				if mode == "at-once" {
+					tab.migrateFrom = 1 << 62
+				}
+				benchGrowth(b, tab, slot, tab.allocSlot())
+			})
+		}
+	}
+}
+
+// cellCount returns the number of cells served.
+func (t *keyTable) cellCount() int {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return len(t.cells)
+}
+
+// freshChanges fills changes with new keys for a Device holder.
+func freshChanges(rng *rand.Rand, changes []keyChange) {
+	for j := range changes {
+		changes[j] = keyChange{kvindex.Key{Hi: rng.Uint64(), Lo: rng.Uint64()}, true, false}
+	}
+}
+
+func benchGrowth(b *testing.B, tab *keyTable, slot, other int) {
+	rng := rand.New(rand.NewPCG(9, uint64(b.N)))
+	changes := make([]keyChange, keyBatch)
+	for tab.mig != nil || !tab.needsRebuild(2*len(changes)) {
+		freshChanges(rng, changes)
+		tab.apply(slot, changes)
+	}
+	cells := len(tab.cells)
+	stop := make(chan struct{})
+	otherMax := make(chan time.Duration)
+	go func() {
+		// The other writer is at steady state: every 200 µs or so a
+		// write stores 64 new keys and drops the 64 it stored 64 writes
+		// before, so that it holds 4,096 keys throughout, as a busy
+		// group's other streams write (128 streams sending 5 prefills a
+		// second make one every 1.6 ms).
+		rng := rand.New(rand.NewPCG(10, uint64(b.N)))
+		ring := make([][]keyChange, 64)
+		var longest time.Duration
+		for w := 0; ; w++ {
+			select {
+			case <-stop:
+				otherMax <- longest
+				return
+			default:
+			}
+			r := &ring[w%len(ring)]
+			changes := make([]keyChange, 0, 2*keyBatch)
+			for _, c := range *r {
+				changes = append(changes, keyChange{c.k, false, false})
+			}
+			*r = make([]keyChange, keyBatch)
+			freshChanges(rng, *r)
+			changes = append(changes, *r...)
+			t0 := time.Now()
+			tab.apply(other, changes[:min(len(changes), keyBatch)])
+			tab.apply(other, changes[min(len(changes), keyBatch):])
+			longest = max(longest, time.Since(t0))
+			time.Sleep(200 * time.Microsecond)
+		}
+	}()
+	lat := make([]time.Duration, 0, b.N)
+	growth := 0
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		freshChanges(rng, changes)
+		b.StartTimer()
+		t0 := time.Now()
+		tab.apply(slot, changes)
+		lat = append(lat, time.Since(t0))
+		if tab.cellCount() == cells {
+			growth++
+		}
+	}
+	b.StopTimer()
+	close(stop)
+	b.ReportMetric(float64((<-otherMax).Microseconds())/1e3, "other-max-ms")
+	reportPercentiles(b, lat)
+	b.ReportMetric(float64(slices.Max(lat).Microseconds())/1e3, "max-ms")
+	b.ReportMetric(float64(tab.records()), "keys")
+	// The framework's first run, of one write, ends before a growth in
+	// steps does; the next run goes on from there.
+	if tab.cellCount() != cells {
+		b.ReportMetric(float64(growth+1), "growth-writes")
+	} else if b.N > 1 {
+		b.Fatalf("the cells did not grow in %d writes (%d keys)", b.N, tab.records())
 	}
 }
 

@@ -438,12 +438,21 @@ func randomStream(tab *keyTable, rng *rand.Rand, name string, blocks int) (*stre
 // new streams join, so that the table's cells are rebuilt and its
 // bitsets widen (past 64 slots) under the queries. The unchanged stream
 // must keep its exact answer throughout (R-DIR-4: growth is invisible to
-// queries). Run it under -race.
+// queries), whether the cells are rebuilt at once or, as large ones are,
+// a step per write (migration). Run it under -race.
 func TestSharedTableGrowsUnderQueries(t *testing.T) {
+	for _, from := range []int{migrateFrom, minCells} {
+		t.Run(fmt.Sprintf("migrate_from=%d", from), func(t *testing.T) { growUnderQueries(t, from) })
+	}
+}
+
+func growUnderQueries(t *testing.T, from int) {
 	d, tab, prompt := steadyStream(t, 4)
+	tab.migrateFrom = from
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
+	migrating := 0 // fills after which a migration was under way
 	go func() {
 		defer wg.Done()
 		rng := rand.New(rand.NewPCG(3, 4))
@@ -457,6 +466,11 @@ func TestSharedTableGrowsUnderQueries(t *testing.T) {
 				t.Error(err)
 				return
 			}
+			tab.wmu.Lock()
+			if tab.mig != nil {
+				migrating++
+			}
+			tab.wmu.Unlock()
 			if n >= 150 {
 				return // 150 streams of 200 keys: past 64 and 128 slots, cells rebuilt several times
 			}
@@ -480,10 +494,10 @@ func TestSharedTableGrowsUnderQueries(t *testing.T) {
 	tab.mu.RLock()
 	words, cells := tab.words, len(tab.cells)
 	tab.mu.RUnlock()
-	if words < 3 || cells < 32768 {
-		t.Fatalf("the table did not grow as meant: %d words, %d cells", words, cells)
+	if words < 3 || cells < 32768 || (from < migrateFrom) != (migrating > 0) {
+		t.Fatalf("the table did not grow as meant: %d words, %d cells, a migration under way after %d fills", words, cells, migrating)
 	}
-	t.Logf("%d queries while the table grew to %d words and %d cells", queries, words, cells)
+	t.Logf("%d queries while the table grew to %d words and %d cells, a migration under way after %d fills", queries, words, cells, migrating)
 }
 
 // TestSharedTableCompactsUnderQueries queries a stream whose view never

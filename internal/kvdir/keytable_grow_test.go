@@ -1,0 +1,298 @@
+package kvdir
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/kvcar/kvcar/internal/kvindex"
+)
+
+// checkMigration checks the migration under way against the served
+// cells: it holds exactly the served keys whose home lies before its
+// bound, each with the served holders, and every one of its keys is
+// reachable from its home.
+func checkMigration(t *testing.T, tab *keyTable, when string) {
+	t.Helper()
+	m := tab.mig
+	n := len(tab.cells)
+	copied := 0
+	for i := range tab.cells {
+		c := &tab.cells[i]
+		if !c.used() || homeOfTag(c.tag(), n) >= m.bound {
+			continue
+		}
+		copied++
+		k := kvindex.Key{Hi: c.hi, Lo: uint64(c.tag()) << 32}
+		j, ok := lookupIn(m.cells, k)
+		if !ok {
+			t.Fatalf("%s: key %x (home %d, bound %d) not in the new cells", when, k, homeOfTag(c.tag(), n), m.bound)
+		}
+		if got := m.cells[j].holders(); got != c.holders() {
+			t.Fatalf("%s: key %x has holders %x in the new cells, %x served", when, k, got, c.holders())
+		}
+	}
+	inUse := 0
+	for i := range m.cells {
+		if m.cells[i].used() {
+			inUse++
+		}
+	}
+	if inUse != copied || m.live != copied {
+		t.Fatalf("%s: the new cells hold %d keys (%d counted), %d copied keys are served", when, inUse, m.live, copied)
+	}
+}
+
+// TestKeyTableGrowsAStepAtATime: a cell array of migrateFrom cells or
+// more grows while writes go on, a step per write, so that no write holds
+// the group's writers for a whole rebuild. Five slots add keys (inline
+// holders and, past two, dense entries) until the table has grown
+// several times, while changing and dropping others. After every write
+// the served cells must answer for every key as the model does (no stale
+// hit, R-REC-1), the new array must hold exactly the served keys the
+// copy has passed with their holders, the served load must stay under
+// hardLoad, and a migration must take several writes; at the end the
+// table has swapped in every array it built.
+func TestKeyTableGrowsAStepAtATime(t *testing.T) {
+	tab := newKeyTable(modelBlock, 1024)
+	tab.migrateFrom = minCells
+	slots := make([]int, 5)
+	for i := range slots {
+		slots[i] = tab.allocSlot()
+	}
+	model := map[kvindex.Key]map[int]held{}
+	var keys []kvindex.Key
+	rng := rand.New(rand.NewPCG(11, 12))
+	var changes []keyChange
+	migrations, writes, longest := 0, 0, 0
+	for round := 0; len(model) < 40000; round++ {
+		slot := slots[rng.IntN(len(slots))]
+		changes = changes[:0]
+		for range keyBatch {
+			var k kvindex.Key
+			if len(keys) == 0 || rng.IntN(3) > 0 {
+				k = kvindex.Key{Hi: rng.Uint64(), Lo: rng.Uint64()}
+				keys = append(keys, k)
+			} else {
+				k = keys[rng.IntN(len(keys))]
+			}
+			dev, host := rng.IntN(2) == 0, rng.IntN(2) == 0
+			if rng.IntN(5) == 0 {
+				dev, host = false, false
+			}
+			changes = append(changes, keyChange{k, dev, host})
+			if model[k] == nil {
+				model[k] = map[int]held{}
+			}
+			if dev || host {
+				model[k][slot] = held{dev, host}
+			} else {
+				delete(model[k], slot)
+			}
+			if len(model[k]) == 0 {
+				delete(model, k)
+			}
+		}
+		before := tab.mig
+		tab.apply(slot, changes)
+		if hardLoadDen*tab.live > hardLoadNum*len(tab.cells) {
+			t.Fatalf("round %d: %d live keys in %d cells, past the hard load", round, tab.live, len(tab.cells))
+		}
+		switch {
+		case tab.mig != nil && tab.mig == before:
+			writes++
+		case tab.mig != nil:
+			writes = 1
+		}
+		if before != nil && tab.mig != before {
+			migrations++
+			longest = max(longest, writes)
+			writes = 0
+		}
+		if tab.mig != nil {
+			checkMigration(t, tab, fmt.Sprintf("round %d", round))
+		}
+		if round%20 == 0 || tab.mig != before {
+			checkKeyTable(t, tab, keys, slots, model, fmt.Sprintf("round %d", round))
+		}
+	}
+	if migrations < 2 || longest < 4 {
+		t.Fatalf("%d migrations, the longest over %d writes: the table did not grow a step at a time", migrations, longest)
+	}
+	t.Logf("%d keys held in %d cells after %d migrations, the longest over %d writes", tab.live, len(tab.cells), migrations, longest)
+}
+
+// TestKeyTableFillDropsAMigrationItDidNotNeed: a fill's reservation
+// begins a migration when its keys could pass the load; when they were
+// all held already (another slot's), the migration is dropped at the
+// end of the fill and the cells stay as they were. A fill of new keys
+// keeps its migration, which the writes after it finish. Every key keeps
+// its holders throughout (R-DIR-2).
+func TestKeyTableFillDropsAMigrationItDidNotNeed(t *testing.T) {
+	tab := newKeyTable(benchBlockSize, 1024)
+	tab.migrateFrom = minCells
+	a, b, c := tab.allocSlot(), tab.allocSlot(), tab.allocSlot()
+	rng := rand.New(rand.NewPCG(13, 14))
+	var keys []kvindex.Key
+	var changes []keyChange
+	write := func(slot int, ks []kvindex.Key) {
+		for i := 0; i < len(ks); i += keyBatch {
+			changes = changes[:0]
+			for _, k := range ks[i:min(i+keyBatch, len(ks))] {
+				changes = append(changes, keyChange{k, true, false})
+			}
+			tab.apply(slot, changes)
+		}
+	}
+	newKeys := func(n int) []kvindex.Key {
+		ks := make([]kvindex.Key, n)
+		for i := range ks {
+			ks[i] = kvindex.Key{Hi: rng.Uint64(), Lo: rng.Uint64()}
+		}
+		return ks
+	}
+	// Slot a's keys, until the cells are a few batches short of their
+	// load and of 65,536 cells or more; then m more keys would pass it,
+	// and the copy m changes make (migrateRatio each) covers a fraction
+	// of the cells only.
+	const m = 1024
+	for len(tab.cells) < 1<<16 || tab.mig != nil || !tab.needsRebuild(8*keyBatch) {
+		ks := newKeys(keyBatch)
+		keys = append(keys, ks...)
+		write(a, ks)
+	}
+	cells := len(tab.cells)
+	grew := tab.reserve(m)
+	if !grew || tab.mig == nil {
+		t.Fatalf("a reservation of %d keys beside %d in %d cells began no migration", m, tab.live, cells)
+	}
+	write(b, keys[:m])
+	if tab.mig == nil {
+		t.Fatal("the migration ended within the fill")
+	}
+	tab.unreserve(m, grew)
+	if tab.mig != nil || len(tab.cells) != cells {
+		t.Fatalf("a fill of keys already held left a migration (%v) or %d cells, want %d", tab.mig != nil, len(tab.cells), cells)
+	}
+	fresh := newKeys(4 * m)
+	grew = tab.reserve(len(fresh))
+	write(c, fresh)
+	tab.unreserve(len(fresh), grew)
+	for i := 0; tab.mig != nil; i++ {
+		if i > len(tab.cells) {
+			t.Fatal("the migration did not end")
+		}
+		tab.apply(c, changes)
+	}
+	if len(tab.cells) <= cells || tab.live != len(keys)+len(fresh) {
+		t.Fatalf("after a fill of new keys: %d live keys in %d cells, want %d in more than %d", tab.live, len(tab.cells), len(keys)+len(fresh), cells)
+	}
+	for i, k := range keys {
+		r, ok := tab.lookup(k)
+		if !ok {
+			t.Fatalf("key %x missing", k)
+		}
+		if dev, _ := tab.slotTiers(r, a); !dev {
+			t.Fatalf("key %x lost slot %d", k, a)
+		}
+		if dev, _ := tab.slotTiers(r, b); dev != (i < m) {
+			t.Fatalf("key %x has %v on slot %d, want %v", k, dev, b, i < m)
+		}
+	}
+	for _, k := range fresh {
+		r, ok := tab.lookup(k)
+		if dev, _ := tab.slotTiers(r, c); !ok || !dev {
+			t.Fatalf("new key %x missing", k)
+		}
+	}
+}
+
+// TestKeyTableWritesGoOnWhileAnArrayIsMade: the writer whose write
+// begins a migration makes the new array without the writers' lock, so
+// another writer's writes go on meanwhile, past the load that began it
+// (they may not begin a migration of their own, nor rebuild the cells
+// with the lock held). When the array is made, the migration begins with
+// it, copies what they wrote, and every key of both slots ends up with
+// its holders (R-DIR-2, and no stale hit, R-REC-1).
+func TestKeyTableWritesGoOnWhileAnArrayIsMade(t *testing.T) {
+	tab := newKeyTable(benchBlockSize, 1024)
+	tab.migrateFrom = minCells
+	a, b := tab.allocSlot(), tab.allocSlot()
+	slots := []int{a, b}
+	rng := rand.New(rand.NewPCG(15, 16))
+	model := map[kvindex.Key]map[int]held{}
+	var keys []kvindex.Key
+	batch := func(slot int, fresh bool) []keyChange {
+		changes := make([]keyChange, keyBatch)
+		for i := range changes {
+			k := kvindex.Key{Hi: rng.Uint64(), Lo: rng.Uint64()}
+			if !fresh {
+				k = keys[rng.IntN(len(keys))]
+			}
+			if fresh {
+				keys = append(keys, k)
+			}
+			dev := !fresh && rng.IntN(4) == 0
+			changes[i] = keyChange{k, dev || fresh, !dev && !fresh && rng.IntN(2) == 0}
+			if model[k] == nil {
+				model[k] = map[int]held{}
+			}
+			if c := changes[i]; c.dev || c.host {
+				model[k][slot] = held{c.dev, c.host}
+			} else {
+				delete(model[k], slot)
+			}
+			if len(model[k]) == 0 {
+				delete(model, k)
+			}
+		}
+		return changes
+	}
+	for len(tab.cells) < 1<<14 || tab.mig != nil || !tab.needsRebuild(keyBatch) {
+		tab.apply(a, batch(a, true))
+	}
+	cells := len(tab.cells)
+	started, release := make(chan int), make(chan struct{})
+	tab.newCells = func(n int) []cell {
+		started <- n
+		<-release
+		return make([]cell, n)
+	}
+	first := batch(a, true)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tab.apply(a, first)
+	}()
+	n := <-started
+	wrote := make(chan struct{})
+	go func() {
+		defer close(wrote)
+		for i := range 40 {
+			tab.apply(b, batch(b, i%2 == 0))
+		}
+	}()
+	select {
+	case <-wrote:
+	case <-time.After(20 * time.Second):
+		t.Fatal("another writer's writes did not go on while the array was made")
+	}
+	if tab.mig != nil || tab.live*maxLoadDen <= maxLoadNum*len(tab.cells) {
+		t.Fatalf("while the array was made: migration %v, %d keys in %d cells; want none, past the load", tab.mig != nil, tab.live, len(tab.cells))
+	}
+	close(release)
+	<-done
+	if tab.mig == nil || len(tab.mig.cells) != n {
+		t.Fatalf("no migration began with the array made (%d cells)", n)
+	}
+	tab.newCells = func(n int) []cell { return make([]cell, n) }
+	for tab.mig != nil {
+		checkMigration(t, tab, "during the migration")
+		tab.apply(b, batch(b, false))
+	}
+	if len(tab.cells) != n || n <= cells {
+		t.Fatalf("the cells went from %d to %d, want the %d made", cells, len(tab.cells), n)
+	}
+	checkKeyTable(t, tab, keys, slots, model, "after the migration")
+}
