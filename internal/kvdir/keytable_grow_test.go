@@ -61,7 +61,7 @@ func TestKeyTableGrowsAStepAtATime(t *testing.T) {
 	for i := range slots {
 		slots[i] = tab.allocSlot()
 	}
-	model := map[kvindex.Key]map[int]held{}
+	model := keyModel{}
 	var keys []kvindex.Key
 	rng := rand.New(rand.NewPCG(11, 12))
 	var changes []keyChange
@@ -82,17 +82,7 @@ func TestKeyTableGrowsAStepAtATime(t *testing.T) {
 				dev, host = false, false
 			}
 			changes = append(changes, keyChange{k, dev, host})
-			if model[k] == nil {
-				model[k] = map[int]held{}
-			}
-			if dev || host {
-				model[k][slot] = held{dev, host}
-			} else {
-				delete(model[k], slot)
-			}
-			if len(model[k]) == 0 {
-				delete(model, k)
-			}
+			model.set(slot, changes[len(changes)-1])
 		}
 		before := tab.mig
 		tab.apply(slot, changes)
@@ -221,7 +211,7 @@ func TestKeyTableWritesGoOnWhileAnArrayIsMade(t *testing.T) {
 	a, b := tab.allocSlot(), tab.allocSlot()
 	slots := []int{a, b}
 	rng := rand.New(rand.NewPCG(15, 16))
-	model := map[kvindex.Key]map[int]held{}
+	model := keyModel{}
 	var keys []kvindex.Key
 	batch := func(slot int, fresh bool) []keyChange {
 		changes := make([]keyChange, keyBatch)
@@ -235,17 +225,7 @@ func TestKeyTableWritesGoOnWhileAnArrayIsMade(t *testing.T) {
 			}
 			dev := !fresh && rng.IntN(4) == 0
 			changes[i] = keyChange{k, dev || fresh, !dev && !fresh && rng.IntN(2) == 0}
-			if model[k] == nil {
-				model[k] = map[int]held{}
-			}
-			if c := changes[i]; c.dev || c.host {
-				model[k][slot] = held{c.dev, c.host}
-			} else {
-				delete(model[k], slot)
-			}
-			if len(model[k]) == 0 {
-				delete(model, k)
-			}
+			model.set(slot, changes[i])
 		}
 		return changes
 	}

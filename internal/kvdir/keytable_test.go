@@ -590,7 +590,7 @@ func (t *keyTable) slotTiers(i int, slot int) (dev, host bool) {
 func TestKeyTableCellsUnderChurn(t *testing.T) {
 	tab := newKeyTable(modelBlock, 1024)
 	slots := []int{tab.allocSlot(), tab.allocSlot(), tab.allocSlot()}
-	model := map[kvindex.Key]map[int]held{}
+	model := keyModel{}
 	var keys []kvindex.Key // every key ever used, held or dropped
 	rng := rand.New(rand.NewPCG(5, 6))
 	const target = 3000
@@ -613,17 +613,7 @@ func TestKeyTableCellsUnderChurn(t *testing.T) {
 				dev, host = false, false
 			}
 			changes = append(changes, keyChange{k, dev, host})
-			if model[k] == nil {
-				model[k] = map[int]held{}
-			}
-			if dev || host {
-				model[k][slot] = held{dev, host}
-			} else {
-				delete(model[k], slot)
-			}
-			if len(model[k]) == 0 {
-				delete(model, k)
-			}
+			model.set(slot, changes[len(changes)-1])
 		}
 		tab.apply(slot, changes)
 		peak = max(peak, len(model))
@@ -651,19 +641,16 @@ func TestKeyTableCompactsWhenSparse(t *testing.T) {
 		slots[i] = tab.allocSlot()
 	}
 	rng := rand.New(rand.NewPCG(7, 8))
-	model := map[kvindex.Key]map[int]held{}
+	model := keyModel{}
 	var keys []kvindex.Key
 	perSlot := map[int][]keyChange{}
 	hold := func(k kvindex.Key, slot int) {
-		h := held{rng.IntN(3) != 0, rng.IntN(2) == 0}
-		if !h.dev && !h.host {
-			h.dev = true
+		c := keyChange{k, rng.IntN(3) != 0, rng.IntN(2) == 0}
+		if !c.dev && !c.host {
+			c.dev = true
 		}
-		if model[k] == nil {
-			model[k] = map[int]held{}
-		}
-		model[k][slot] = h
-		perSlot[slot] = append(perSlot[slot], keyChange{k, h.dev, h.host})
+		model.set(slot, c)
+		perSlot[slot] = append(perSlot[slot], c)
 	}
 	newKey := func() kvindex.Key {
 		k := kvindex.Key{Hi: rng.Uint64(), Lo: rng.Uint64()}
@@ -759,12 +746,31 @@ func denseRecords(tab *keyTable) int {
 // held is one slot's tiers of a key in the key table tests' model.
 type held struct{ dev, host bool }
 
+// keyModel is the key table tests' model: the slots' tiers of each key
+// some slot holds.
+type keyModel map[kvindex.Key]map[int]held
+
+// set records c for slot.
+func (m keyModel) set(slot int, c keyChange) {
+	if m[c.k] == nil {
+		m[c.k] = map[int]held{}
+	}
+	if c.dev || c.host {
+		m[c.k][slot] = held{c.dev, c.host}
+	} else {
+		delete(m[c.k], slot)
+	}
+	if len(m[c.k]) == 0 {
+		delete(m, c.k)
+	}
+}
+
 // checkKeyTable checks tab against model, the slots' tiers of each key
 // of keys that some slot holds: each held key must be found with its
 // tiers, each dropped one not at all (no stale hit, R-REC-1), every live
 // record must have exactly one cell, and no empty cell may lie between
 // a key's home and its cell.
-func checkKeyTable(t *testing.T, tab *keyTable, keys []kvindex.Key, slots []int, model map[kvindex.Key]map[int]held, when string) {
+func checkKeyTable(t *testing.T, tab *keyTable, keys []kvindex.Key, slots []int, model keyModel, when string) {
 	t.Helper()
 	for _, k := range keys {
 		r, ok := tab.lookup(k)
