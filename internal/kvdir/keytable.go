@@ -82,15 +82,6 @@ type keyTable struct {
 	cells []cell
 	live  int  // cells in use
 	pool  slab // dense entries, 2*words words each
-	// mig is the larger cell array being built beside cells, nil when
-	// none is (see migration). Cell arrays of migrateFrom cells or more
-	// grow that way; tests set it lower.
-	mig         *migration
-	migrateFrom int
-	// allocating is set while a writer makes a migration's array
-	// without wmu (see makeRoom), with newCells.
-	allocating bool
-	newCells   func(n int) []cell
 	// reserved is the room fills in progress made for their keys (see
 	// reserve); it keeps the cells from being compacted meanwhile.
 	reserved int
@@ -125,6 +116,17 @@ type keyTable struct {
 	walkers     atomic.Int64
 	lockedWalks *atomic.Uint64
 	_           [64]byte
+
+	// mig is the larger cell array being built beside cells, nil when
+	// none is (see migration). Cell arrays of migrateFrom cells or more
+	// grow that way; tests set it lower. The fields sit after the ones
+	// every write reads, which keep the offsets they had before them.
+	mig         *migration
+	migrateFrom int
+	// allocating is set while a writer makes a migration's array
+	// without wmu (see makeRoom), with newCells.
+	allocating bool
+	newCells   func(n int) []cell
 }
 
 // tableView is the table as a walk finds it: the arrays a walk reads,
@@ -414,8 +416,10 @@ func (t *keyTable) apply(slot int, changes []keyChange) {
 		for i := range chunk {
 			c := &chunk[i]
 			t.set(slot, c.k, c.dev, c.host)
-			if t.mig != nil {
-				t.mirror(c.k)
+		}
+		if t.mig != nil {
+			for i := range chunk {
+				t.mirror(chunk[i].k)
 			}
 		}
 		t.endWrite()

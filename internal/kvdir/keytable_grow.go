@@ -153,8 +153,8 @@ func (m *migration) place(c cell) {
 }
 
 // mirror makes the migration's record of k what the served array's is,
-// once the copy has passed k's home; set has just changed k. The caller
-// holds wmu.
+// once the copy has passed k's home; set has changed k since the last
+// step. The caller holds wmu.
 func (t *keyTable) mirror(k kvindex.Key) {
 	m := t.mig
 	if homeOf(k, len(t.cells)) >= m.bound {
