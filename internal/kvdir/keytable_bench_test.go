@@ -40,10 +40,11 @@ func BenchmarkKeyTableRebuild(b *testing.B) {
 // happens within the run. "at-once" rebuilds the cells
 // within the write that needs them, as every table did before
 // migrations; "in-steps" is what tables of migrateFrom cells or more do,
-// a step per write, the new array made without the writers' lock. It
-// reports the timed writer's p50, p99 and longest write (max-ms), the
-// other writer's longest (other-max-ms), and how many timed writes the
-// growth took (growth-writes). The table is filled to its load untimed
+// a step per write, the new array made without the writers' lock by the
+// writer whose write began the growth, either of the two. It reports the
+// timed writer's p50, p99 and longest write (max-ms), the other writer's
+// longest (other-max-ms), and how many timed writes the growth took
+// (growth-writes). The table is filled to its load untimed
 // before each run, so keys= is the size the first run finds; keys is
 // what the last run left.
 func BenchmarkKeyTableGrowth(b *testing.B) {

@@ -8,7 +8,7 @@ import (
 
 // A large cell array grows a step at a time. Rebuilding one at once holds
 // wmu, so every writer of the key group, for as long as it takes to read
-// every cell and place it again: 455–473 ms at 37.8 M keys on the
+// every cell and place it again: 0.46–0.64 s at 37.8 M keys on the
 // development machine (BenchmarkKeyTableGrowth, "at-once"), about the
 // size of 128 streams of 262,144 blocks, during which no stream's events
 // reach the directory. Instead, a growth of an array of migrateFrom cells or more
