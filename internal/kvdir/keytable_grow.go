@@ -79,9 +79,10 @@ func (t *keyTable) makeRoom(extra, changes int) (grew bool) {
 		return true
 	}
 	// The new array is made without wmu: the runtime clears the memory
-	// it reuses, which took the allocating writer 20–175 ms for arrays
-	// of 0.4–0.8 GB on the development machine, and the other writers
-	// write on meanwhile. allocating keeps them from making one too.
+	// it reuses, which took the allocating writer up to 175 ms for
+	// arrays of 0.4–0.8 GB on the development machine, and the other
+	// writers write on meanwhile. allocating keeps them from making one
+	// too.
 	n := ((t.live+extra)*rebuildLoadDen + rebuildLoadNum - 1) / rebuildLoadNum
 	t.allocating = true
 	t.wmu.Unlock()
