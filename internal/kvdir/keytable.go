@@ -749,7 +749,8 @@ func (t *keyTable) unreserve(extra int, grew bool) {
 	case t.sparse():
 		t.compact()
 	case t.mig != nil:
-		// A migration this fill began and no longer needs is dropped.
+		// A migration under way since the reservation grew the table is
+		// dropped when the fill's keys took no room after all.
 		if grew && !t.needsRebuild(0) {
 			t.setMigration(nil)
 		}
