@@ -23,7 +23,9 @@
 // (block size, seed) over the group's shared key table (keytable.go),
 // which mirrors the content keys of every stream's published index as
 // per-slot tier bitsets, so its cost does not grow with the number of
-// streams; it then reads each stream's status from a lock-free copy.
+// streams; it then reads each stream's status from a lock-free copy. A
+// large key table grows a step per write (keytable_grow.go), so that no
+// stream's events wait for the whole table to be rebuilt.
 // A router's query (Directory.Hits) reads only the walk's dense per-slot
 // results and answers against the stream set's immutable Layout, so it
 // touches no stream structure. kvdir must not do HTTP or etcd I/O, and
