@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,8 +44,8 @@ func BenchmarkKeyTableRebuild(b *testing.B) {
 // a step per write, the new array made without the writers' lock by the
 // writer whose write began the growth, either of the two. It reports the
 // timed writer's p50, p99 and longest write (max-ms), the other writer's
-// longest (other-max-ms), and how many timed writes the growth took
-// (growth-writes). The table is filled to its load untimed
+// longest (other-max-ms), how long making the new array took (make-ms,
+// in steps), and how many timed writes the growth took (growth-writes). The table is filled to its load untimed
 // before each run, so keys= is the size the first run finds; keys is
 // what the last run left.
 func BenchmarkKeyTableGrowth(b *testing.B) {
@@ -83,6 +84,15 @@ func benchGrowth(b *testing.B, tab *keyTable, slot, other int) {
 		tab.apply(slot, changes)
 	}
 	cells := len(tab.cells)
+	// make-ms is how long making the migration's array took, whichever
+	// writer made it.
+	var making atomic.Int64
+	tab.newCells = func(n int) []cell {
+		t0 := time.Now()
+		c := make([]cell, n)
+		making.Store(int64(time.Since(t0)))
+		return c
+	}
 	stop := make(chan struct{})
 	otherMax := make(chan time.Duration)
 	go func() {
@@ -134,6 +144,9 @@ func benchGrowth(b *testing.B, tab *keyTable, slot, other int) {
 	b.StopTimer()
 	close(stop)
 	b.ReportMetric(float64((<-otherMax).Microseconds())/1e3, "other-max-ms")
+	if d := time.Duration(making.Load()); d > 0 {
+		b.ReportMetric(float64(d.Microseconds())/1e3, "make-ms")
+	}
 	reportPercentiles(b, lat)
 	b.ReportMetric(float64(slices.Max(lat).Microseconds())/1e3, "max-ms")
 	b.ReportMetric(float64(tab.records()), "keys")
