@@ -12,9 +12,10 @@ import (
 )
 
 // BenchmarkKeyTableRebuild measures rebuilding the cells of a shared key
-// table that holds keys= random keys, as a writer does when the table
-// grows: every cell is placed again in a new array far larger than the
-// processor's caches.
+// table that holds keys= random keys at once, as a compaction does and as
+// a growth of an array under migrateFrom cells does (larger ones grow a
+// step per write, see BenchmarkKeyTableGrowth): every cell is placed
+// again in a new array far larger than the processor's caches.
 func BenchmarkKeyTableRebuild(b *testing.B) {
 	for _, n := range []int{4 << 20} {
 		b.Run(fmt.Sprintf("keys=%d", n), func(b *testing.B) {
