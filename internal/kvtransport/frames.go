@@ -277,9 +277,8 @@ func (r *frameReader) recv(sock *zmq.Socket) ([][]byte, error) {
 			return nil, fmt.Errorf("%w: %d bytes, over the %d allowed", ErrMessageTooLarge, r.need, r.limit)
 		default:
 			if e, ok := err.(syscall.Errno); ok {
-				if e == syscall.EAGAIN && r.pool != nil && cap(r.buf) >= releaseBytes {
-					r.pool.put(r.buf)
-					r.buf = nil
+				if e == syscall.EAGAIN {
+					r.release()
 				}
 				return nil, zmq.Errno(e)
 			}
@@ -305,8 +304,15 @@ func (r *frameReader) drop() {
 	if r.msg != nil {
 		C.kvt_drop(r.msg)
 	}
+	r.release()
+	r.buf = nil
+}
+
+// release gives a buffer of releaseBytes or more back to the pool, when
+// there is one; nothing refers to its frames any more.
+func (r *frameReader) release() {
 	if r.pool != nil && cap(r.buf) >= releaseBytes {
 		r.pool.put(r.buf)
+		r.buf = nil
 	}
-	r.buf = nil
 }
