@@ -113,28 +113,20 @@ func TestKeyTableGrowsAStepAtATime(t *testing.T) {
 	t.Logf("%d keys held in %d cells after %d migrations, the longest over %d writes", tab.live, len(tab.cells), migrations, longest)
 }
 
-// TestKeyTableFillDropsAMigrationItDidNotNeed: a fill's reservation
-// begins a migration when its keys could pass the load; when they were
-// all held already (another slot's), the migration is dropped at the
-// end of the fill and the cells stay as they were. A fill of new keys
-// keeps its migration, which the writes after it finish. Every key keeps
+// TestKeyTableFillGrowsALargeTableOnlyForNewKeys: a fill into cells of
+// migrateFrom or more makes no room ahead. Keys another slot holds
+// already (a replica) take none, so at the load's edge such a fill
+// leaves the cells as they were, with no migration begun and no array
+// made. A fill of new keys grows the cells by its own writes, a step at
+// a time, and the writes after it finish the migration. Every key keeps
 // its holders throughout (R-DIR-2).
-func TestKeyTableFillDropsAMigrationItDidNotNeed(t *testing.T) {
+func TestKeyTableFillGrowsALargeTableOnlyForNewKeys(t *testing.T) {
 	tab := newKeyTable(benchBlockSize, 1024)
 	tab.migrateFrom = minCells
 	a, b, c := tab.allocSlot(), tab.allocSlot(), tab.allocSlot()
 	rng := rand.New(rand.NewPCG(13, 14))
 	var keys []kvindex.Key
 	var changes []keyChange
-	write := func(slot int, ks []kvindex.Key) {
-		for i := 0; i < len(ks); i += keyBatch {
-			changes = changes[:0]
-			for _, k := range ks[i:min(i+keyBatch, len(ks))] {
-				changes = append(changes, keyChange{k, true, false})
-			}
-			tab.apply(slot, changes)
-		}
-	}
 	newKeys := func(n int) []kvindex.Key {
 		ks := make([]kvindex.Key, n)
 		for i := range ks {
@@ -142,38 +134,40 @@ func TestKeyTableFillDropsAMigrationItDidNotNeed(t *testing.T) {
 		}
 		return ks
 	}
-	// Slot a's keys, until the cells are a few batches short of their
-	// load and of 65,536 cells or more; then m more keys would pass it,
-	// and the copy m changes make (migrateRatio each) covers a fraction
-	// of the cells only.
+	// Slot a's keys, until m more would pass the load of 65,536 cells
+	// or more.
 	const m = 1024
-	for len(tab.cells) < 1<<16 || tab.mig != nil || !tab.needsRebuild(8*keyBatch) {
+	for len(tab.cells) < 1<<16 || tab.mig != nil || !tab.needsRebuild(m) {
 		ks := newKeys(keyBatch)
 		keys = append(keys, ks...)
-		write(a, ks)
+		changes = changes[:0]
+		for _, k := range ks {
+			changes = append(changes, keyChange{k, true, false})
+		}
+		tab.apply(a, changes)
 	}
 	cells := len(tab.cells)
-	grew := tab.reserve(m)
-	if !grew || tab.mig == nil {
-		t.Fatalf("a reservation of %d keys beside %d in %d cells began no migration", m, tab.live, cells)
+	made := 0
+	tab.newCells = func(n int) []cell {
+		made++
+		return make([]cell, n)
 	}
-	write(b, keys[:m])
-	if tab.mig == nil {
-		t.Fatal("the migration ended within the fill")
-	}
-	tab.unreserve(m, grew)
-	if tab.mig != nil || len(tab.cells) != cells {
-		t.Fatalf("a fill of keys already held left a migration (%v) or %d cells, want %d", tab.mig != nil, len(tab.cells), cells)
+	var buf []keyChange
+	tab.fill(b, keyList(keys[:m]), &buf)
+	if tab.mig != nil || len(tab.cells) != cells || made != 0 || tab.reserved != 0 {
+		t.Fatalf("a fill of %d keys already held: migration %v, %d cells (want %d), %d arrays made, %d reserved", m, tab.mig != nil, len(tab.cells), cells, made, tab.reserved)
 	}
 	fresh := newKeys(4 * m)
-	grew = tab.reserve(len(fresh))
-	write(c, fresh)
-	tab.unreserve(len(fresh), grew)
+	tab.fill(c, keyList(fresh), &buf)
+	if made != 1 || (tab.mig == nil && len(tab.cells) == cells) {
+		t.Fatalf("a fill of %d new keys past the load made %d arrays and left %d cells, want one growth", len(fresh), made, len(tab.cells))
+	}
 	for i := 0; tab.mig != nil; i++ {
 		if i > len(tab.cells) {
 			t.Fatal("the migration did not end")
 		}
-		tab.apply(c, changes)
+		// Slot a's last keys again: changes that hold what they found.
+		tab.apply(a, changes)
 	}
 	if len(tab.cells) <= cells || tab.live != len(keys)+len(fresh) {
 		t.Fatalf("after a fill of new keys: %d live keys in %d cells, want %d in more than %d", tab.live, len(tab.cells), len(keys)+len(fresh), cells)
