@@ -1196,6 +1196,15 @@ func (t *keyTable) warmChanges(changes []keyChange) {
 			prefetch.Elem(t.cells, h+l*cellsPerLine)
 		}
 	}
+	// A migration's array is read too, by mirror, for each key whose
+	// home the copy has passed.
+	if m := t.mig; m != nil {
+		for j := range changes {
+			if k := changes[j].k; homeOf(k, n) < m.bound {
+				prefetch.Elem(m.cells, homeOf(k, len(m.cells)))
+			}
+		}
+	}
 }
 
 // keySource is a view's keys as fill reads them; *kvindex.Index is one.
