@@ -49,6 +49,9 @@ type Directory struct {
 	// lockedWalks counts the walks of every table, past ones included,
 	// that fell back to the table's lock.
 	lockedWalks atomic.Uint64
+	// makers counts the goroutines making the tables' grown arrays,
+	// those of tables since dropped included.
+	makers sync.WaitGroup
 
 	scratch sync.Pool // *queryScratch
 	// batches is the decode storage the streams gave back.
@@ -185,6 +188,7 @@ func (d *Directory) SetStreams(specs []StreamSpec) error {
 			if !ok {
 				t = newKeyTable(g.blockSize, g.seed)
 				t.lockedWalks = &d.lockedWalks
+				t.makers = &d.makers
 				d.tables[g] = t
 			}
 			s.attach(t)
@@ -282,6 +286,8 @@ func (d *Directory) Close() error {
 	}
 	d.closed = true
 	stopAll(d.set.Load().streams)
+	// The key tables' growths may still be making an array.
+	d.makers.Wait()
 	d.set.Store((&streamSet{}).index())
 	for k, h := range d.hubs {
 		h.close()

@@ -24,8 +24,10 @@
 // which mirrors the content keys of every stream's published index as
 // per-slot tier bitsets, so its cost does not grow with the number of
 // streams; it then reads each stream's status from a lock-free copy. A
-// large key table grows a step per write (keytable_grow.go), so that no
-// stream's events wait for the whole table to be rebuilt.
+// large key table grows a step per write (keytable_grow.go), its new
+// array made on a goroutine the Directory waits for at Close, so that no
+// stream's events wait for the whole table to be rebuilt, nor for a
+// gigabyte to be allocated.
 // A router's query (Directory.Hits) reads only the walk's dense per-slot
 // results and answers against the stream set's immutable Layout, so it
 // touches no stream structure. kvdir must not do HTTP or etcd I/O, and

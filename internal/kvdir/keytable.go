@@ -123,10 +123,13 @@ type keyTable struct {
 	// every write reads, which keep the offsets they had before them.
 	mig         *migration
 	migrateFrom int
-	// allocating is set while a writer makes a migration's array
-	// without wmu (see makeRoom), with newCells.
-	allocating bool
+	// next is the array being made for the next migration while writes
+	// go on (see makeRoom), by newCells and touchPages on a goroutine makers
+	// counts: the table's own, or its Directory's, which Close waits for.
+	next       *nextArray
 	newCells   func(n int) []cell
+	touchPages func(cells []cell, stop *atomic.Bool)
+	makers     *sync.WaitGroup
 }
 
 // tableView is the table as a walk finds it: the arrays a walk reads,
@@ -253,7 +256,8 @@ type keyChange struct {
 
 func newKeyTable(blockSize int, seed uint64) *keyTable {
 	t := &keyTable{blockSize: blockSize, seed: seed, words: 1, published: make([]uint64, 1), slotUsed: make([]bool, 64),
-		lockedWalks: new(atomic.Uint64), migrateFrom: migrateFrom, newCells: func(n int) []cell { return make([]cell, n) }}
+		lockedWalks: new(atomic.Uint64), migrateFrom: migrateFrom, newCells: func(n int) []cell { return make([]cell, n) },
+		touchPages: touchPages, makers: new(sync.WaitGroup)}
 	t.publish()
 	return t
 }
@@ -445,6 +449,7 @@ func (t *keyTable) sparse() bool {
 // dense entries into as few pages as they need (see rebuild).
 func (t *keyTable) compact() {
 	t.setMigration(nil)
+	t.setNext(nil)
 	t.rebuild(0, true)
 }
 
@@ -703,7 +708,7 @@ func (t *keyTable) needsRebuild(extra int) bool {
 // insert adds k, which the table does not hold, with holders h, in cell i
 // if that is not -1 (the empty cell lookup found for k).
 func (t *keyTable) insert(k kvindex.Key, i int, h uint32) {
-	if t.mig == nil && !t.allocating && t.needsRebuild(1) {
+	if t.mig == nil && t.next == nil && t.needsRebuild(1) {
 		t.rebuildCells(1)
 		i = -1
 	}
@@ -857,6 +862,9 @@ func (t *keyTable) storageBytes() int64 {
 	cells := len(t.cells)
 	if t.mig != nil {
 		cells += len(t.mig.cells)
+	}
+	if t.next != nil {
+		cells += t.next.n
 	}
 	return t.pool.bytes(2*t.words) + int64(cells)*int64(unsafe.Sizeof(cell{})) + int64(len(t.stamps))*8
 }

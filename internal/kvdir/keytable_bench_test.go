@@ -39,16 +39,17 @@ func BenchmarkKeyTableRebuild(b *testing.B) {
 // table of about keys= random keys wait while it grows. Each operation
 // applies 64 new keys for one slot while a second writer writes for
 // another slot, as the streams of a key group write at once; a growth
-// happens within the run. "at-once" rebuilds the cells
-// within the write that needs them, as every table did before
-// migrations; "in-steps" is what tables of migrateFrom cells or more do,
-// a step per write, the new array made without the writers' lock by the
-// writer whose write began the growth, either of the two. It reports the
-// timed writer's p50, p99 and longest write (max-ms), the other writer's
-// longest (other-max-ms), how long making the new array took (make-ms,
-// in steps), and how many timed writes the growth took (growth-writes). The table is filled to its load untimed
-// before each run, so keys= is the size the first run finds; keys is
-// what the last run left.
+// happens within the run. "at-once" rebuilds the cells within the write
+// that needs them, as every table did before migrations; "in-steps" is
+// what tables of migrateFrom cells or more do, a step per write, the new
+// array made and its pages touched on a goroutine while the writers
+// write on. It reports the timed writer's p50, p99 and longest write
+// (max-ms), the other writer's longest (other-max-ms), how long
+// allocating the new array took (make-ms, in steps), and how many timed
+// writes the growth took from the first write past the load
+// (growth-writes). The table is filled to its load untimed before each
+// run, so keys= is the size the first run finds; keys is what the last
+// run left.
 func BenchmarkKeyTableGrowth(b *testing.B) {
 	for _, n := range []int{4 << 20, 32 << 20} {
 		for _, mode := range []string{"at-once", "in-steps"} {
@@ -80,13 +81,12 @@ func freshChanges(rng *rand.Rand, changes []keyChange) {
 func benchGrowth(b *testing.B, tab *keyTable, slot, other int) {
 	rng := rand.New(rand.NewPCG(9, uint64(b.N)))
 	changes := make([]keyChange, keyBatch)
-	for tab.mig != nil || !tab.needsRebuild(2*len(changes)) {
+	for tab.mig != nil || tab.next != nil || !tab.needsRebuild(2*len(changes)) {
 		freshChanges(rng, changes)
 		tab.apply(slot, changes)
 	}
 	cells := len(tab.cells)
-	// make-ms is how long making the migration's array took, whichever
-	// writer made it.
+	// make-ms is how long allocating the migration's array took.
 	var making atomic.Int64
 	tab.newCells = func(n int) []cell {
 		t0 := time.Now()
@@ -246,7 +246,7 @@ func BenchmarkKeyTableFill(b *testing.B) {
 				rng := rand.New(rand.NewPCG(11, 12))
 				tab, slot, keys := randomKeyTable(n, rng)
 				changes := make([]keyChange, keyBatch)
-				for tab.mig != nil || !tab.needsRebuild(view) {
+				for tab.mig != nil || tab.next != nil || !tab.needsRebuild(view) {
 					freshChanges(rng, changes)
 					tab.apply(slot, changes)
 				}

@@ -3,6 +3,7 @@ package kvdir
 import (
 	"fmt"
 	"math/rand/v2"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -137,7 +138,7 @@ func TestKeyTableFillGrowsALargeTableOnlyForNewKeys(t *testing.T) {
 	// Slot a's keys, until m more would pass the load of 65,536 cells
 	// or more.
 	const m = 1024
-	for len(tab.cells) < 1<<16 || tab.mig != nil || !tab.needsRebuild(m) {
+	for len(tab.cells) < 1<<16 || tab.mig != nil || tab.next != nil || !tab.needsRebuild(m) {
 		ks := newKeys(keyBatch)
 		keys = append(keys, ks...)
 		changes = changes[:0]
@@ -147,22 +148,24 @@ func TestKeyTableFillGrowsALargeTableOnlyForNewKeys(t *testing.T) {
 		tab.apply(a, changes)
 	}
 	cells := len(tab.cells)
-	made := 0
+	var made atomic.Int64
 	tab.newCells = func(n int) []cell {
-		made++
+		made.Add(1)
 		return make([]cell, n)
 	}
 	var buf []keyChange
 	tab.fill(b, keyList(keys[:m]), &buf)
-	if tab.mig != nil || len(tab.cells) != cells || made != 0 || tab.reserved != 0 {
-		t.Fatalf("a fill of %d keys already held: migration %v, %d cells (want %d), %d arrays made, %d reserved", m, tab.mig != nil, len(tab.cells), cells, made, tab.reserved)
+	tab.makers.Wait()
+	if tab.mig != nil || tab.next != nil || len(tab.cells) != cells || made.Load() != 0 || tab.reserved != 0 {
+		t.Fatalf("a fill of %d keys already held: migration %v, array %v, %d cells (want %d), %d arrays made, %d reserved", m, tab.mig != nil, tab.next != nil, len(tab.cells), cells, made.Load(), tab.reserved)
 	}
 	fresh := newKeys(4 * m)
 	tab.fill(c, keyList(fresh), &buf)
-	if made != 1 || (tab.mig == nil && len(tab.cells) == cells) {
-		t.Fatalf("a fill of %d new keys past the load made %d arrays and left %d cells, want one growth", len(fresh), made, len(tab.cells))
+	tab.makers.Wait()
+	if made.Load() != 1 || (tab.mig == nil && tab.next == nil && len(tab.cells) == cells) {
+		t.Fatalf("a fill of %d new keys past the load made %d arrays and left %d cells, want one growth", len(fresh), made.Load(), len(tab.cells))
 	}
-	for i := 0; tab.mig != nil; i++ {
+	for i := 0; tab.mig != nil || tab.next != nil; i++ {
 		if i > len(tab.cells) {
 			t.Fatal("the migration did not end")
 		}
@@ -192,13 +195,13 @@ func TestKeyTableFillGrowsALargeTableOnlyForNewKeys(t *testing.T) {
 	}
 }
 
-// TestKeyTableWritesGoOnWhileAnArrayIsMade: the writer whose write
-// begins a migration makes the new array without the writers' lock, so
-// another writer's writes go on meanwhile, past the load that began it
-// (they may not begin a migration of their own, nor rebuild the cells
-// with the lock held). When the array is made, the migration begins with
-// it, copies what they wrote, and every key of both slots ends up with
-// its holders (R-DIR-2, and no stale hit, R-REC-1).
+// TestKeyTableWritesGoOnWhileAnArrayIsMade: a migration's array is made
+// on a goroutine, so no writer waits for it, the one whose write asked
+// for it included: their writes go on meanwhile, past the load that
+// asked for it (they may not ask for another, nor rebuild the cells with
+// the lock held). The first write to find the array made begins the
+// migration with it, which copies what they wrote, and every key of both
+// slots ends up with its holders (R-DIR-2, and no stale hit, R-REC-1).
 func TestKeyTableWritesGoOnWhileAnArrayIsMade(t *testing.T) {
 	tab := newKeyTable(benchBlockSize, 1024)
 	tab.migrateFrom = minCells
@@ -223,41 +226,39 @@ func TestKeyTableWritesGoOnWhileAnArrayIsMade(t *testing.T) {
 		}
 		return changes
 	}
-	for len(tab.cells) < 1<<14 || tab.mig != nil || !tab.needsRebuild(keyBatch) {
+	for len(tab.cells) < 1<<14 || tab.mig != nil || tab.next != nil || !tab.needsRebuild(keyBatch) {
 		tab.apply(a, batch(a, true))
 	}
 	cells := len(tab.cells)
-	started, release := make(chan int), make(chan struct{})
+	started, release := make(chan int, 1), make(chan struct{})
 	tab.newCells = func(n int) []cell {
 		started <- n
 		<-release
 		return make([]cell, n)
 	}
-	first := batch(a, true)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		tab.apply(a, first)
-	}()
-	n := <-started
 	wrote := make(chan struct{})
 	go func() {
 		defer close(wrote)
-		for i := range 40 {
+		tab.apply(a, batch(a, true))
+		// 576 new keys in all: past the load, well short of hardLoad.
+		for i := range 16 {
 			tab.apply(b, batch(b, i%2 == 0))
 		}
 	}()
+	var n int
 	select {
 	case <-wrote:
+		n = <-started
 	case <-time.After(20 * time.Second):
-		t.Fatal("another writer's writes did not go on while the array was made")
+		t.Fatal("the writers' writes did not go on while the array was made")
 	}
-	if tab.mig != nil || tab.live*maxLoadDen <= maxLoadNum*len(tab.cells) {
-		t.Fatalf("while the array was made: migration %v, %d keys in %d cells; want none, past the load", tab.mig != nil, tab.live, len(tab.cells))
+	if tab.mig != nil || tab.next == nil || tab.live*maxLoadDen <= maxLoadNum*len(tab.cells) {
+		t.Fatalf("while the array was made: migration %v, array asked for %v, %d keys in %d cells; want no migration, an array, past the load", tab.mig != nil, tab.next != nil, tab.live, len(tab.cells))
 	}
 	close(release)
-	<-done
-	if tab.mig == nil || len(tab.mig.cells) != n {
+	tab.makers.Wait()
+	tab.apply(b, batch(b, false))
+	if tab.mig == nil || len(tab.mig.cells) != n || tab.next != nil {
 		t.Fatalf("no migration began with the array made (%d cells)", n)
 	}
 	tab.newCells = func(n int) []cell { return make([]cell, n) }
@@ -269,4 +270,116 @@ func TestKeyTableWritesGoOnWhileAnArrayIsMade(t *testing.T) {
 		t.Fatalf("the cells went from %d to %d, want the %d made", cells, len(tab.cells), n)
 	}
 	checkKeyTable(t, tab, keys, slots, model, "after the migration")
+}
+
+// TestKeyTableArrayMadeForAGrowth: the array made for a growth is used
+// only if the growth is still due: keys dropped meanwhile leave it
+// unused, and not held. Writes go on while it is made, past the load,
+// until the served cells come within a migration's worth of keys of
+// hardLoad; a write past that waits for the array's allocation, not for
+// its pages to be touched, and begins the migration with it, rather than
+// rebuild the cells at once. Every key keeps its holders throughout
+// (R-DIR-2, R-REC-1).
+func TestKeyTableArrayMadeForAGrowth(t *testing.T) {
+	for _, c := range []string{"keys dropped", "keys near hardLoad", "pages not yet touched"} {
+		t.Run(c, func(t *testing.T) {
+			tab := newKeyTable(benchBlockSize, 1024)
+			tab.migrateFrom = minCells
+			a := tab.allocSlot()
+			rng := rand.New(rand.NewPCG(17, 18))
+			model := keyModel{}
+			var keys []kvindex.Key
+			write := func(n int, fresh bool) {
+				changes := make([]keyChange, 0, keyBatch)
+				for range n {
+					ch := keyChange{kvindex.Key{Hi: rng.Uint64(), Lo: rng.Uint64()}, true, false}
+					if fresh {
+						keys = append(keys, ch.k)
+					} else {
+						ch = keyChange{keys[len(keys)-1], false, false}
+						keys = keys[:len(keys)-1]
+					}
+					model.set(a, ch)
+					if changes = append(changes, ch); len(changes) == keyBatch {
+						tab.apply(a, changes)
+						changes = changes[:0]
+					}
+				}
+				if len(changes) > 0 {
+					tab.apply(a, changes)
+				}
+			}
+			for len(tab.cells) < 1<<14 || tab.mig != nil || tab.next != nil || !tab.needsRebuild(keyBatch) {
+				write(keyBatch, true)
+			}
+			cells := len(tab.cells)
+			release := make(chan struct{})
+			var asked atomic.Int64
+			tab.newCells = func(n int) []cell {
+				if asked.Add(1) == 1 && c != "pages not yet touched" {
+					<-release
+				}
+				return make([]cell, n)
+			}
+			if c == "pages not yet touched" {
+				// The first array's pages are touched until the write
+				// that needs it asks the toucher to stop.
+				tab.touchPages = func(cells []cell, stop *atomic.Bool) {
+					for asked.Load() == 1 && !stop.Load() {
+						time.Sleep(time.Millisecond)
+					}
+				}
+			}
+			write(keyBatch, true)
+			first := tab.next
+			if first == nil {
+				t.Fatal("a write past the load asked for no array")
+			}
+			switch c {
+			case "keys dropped":
+				write(4*keyBatch, false)
+				close(release)
+				tab.makers.Wait()
+				write(1, true)
+				if tab.next != nil || tab.mig != nil || len(tab.cells) != cells {
+					t.Fatalf("after the keys were dropped: array held %v, migration %v, %d cells (want %d)", tab.next != nil, tab.mig != nil, len(tab.cells), cells)
+				}
+			case "keys near hardLoad", "pages not yet touched":
+				for !tab.overfull(keyBatch + len(tab.cells)/migrateRatio) {
+					write(keyBatch, true)
+				}
+				if tab.mig != nil || tab.next != first || len(tab.cells) != cells {
+					t.Fatalf("short of hardLoad: migration %v, array %v (asked for %v), %d cells (was %d)", tab.mig != nil, tab.next, first, len(tab.cells), cells)
+				}
+				wrote := make(chan struct{})
+				go func() {
+					defer close(wrote)
+					write(keyBatch, true)
+				}()
+				if c == "keys near hardLoad" {
+					select {
+					case <-wrote:
+						t.Fatal("a write past hardLoad less a migration's keys did not wait for the array")
+					case <-time.After(50 * time.Millisecond):
+					}
+				}
+				close(release)
+				<-wrote
+				if tab.mig == nil || len(tab.mig.cells) != first.n || tab.next != nil {
+					t.Fatalf("after the array was made: migration %v, next array %v", tab.mig != nil, tab.next)
+				}
+			}
+			for i := 0; tab.mig != nil || tab.next != nil; i++ {
+				if i > len(tab.cells) {
+					t.Fatal("the growth did not end")
+				}
+				tab.makers.Wait()
+				write(1, true)
+			}
+			if tab.overfull(0) {
+				t.Fatalf("%d keys in %d cells: past hardLoad", tab.live, len(tab.cells))
+			}
+			checkKeyTable(t, tab, keys, []int{a}, model, c)
+		})
+	}
 }
