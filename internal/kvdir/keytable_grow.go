@@ -92,10 +92,10 @@ func (a *nextArray) ready() bool {
 // fresh from the kernel faults in a page at a time when first written,
 // which on the development machine's virtual machine took 1.9 s for
 // 704 MiB. Meanwhile every writer writes on into the served cells, past
-// their load; the first write to find the array made begins the
+// their load; the first write to find the array ready begins the
 // migration with it. Only a write that would bring the served cells
 // within a migration's worth of keys (a 1/migrateRatio of the cells) of
-// hardLoad waits for it.
+// hardLoad waits, and only for its allocation.
 func (t *keyTable) makeRoom(extra, changes int) (grew bool) {
 	if t.mig != nil {
 		if t.overfull(extra) {

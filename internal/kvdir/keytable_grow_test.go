@@ -199,7 +199,7 @@ func TestKeyTableFillGrowsALargeTableOnlyForNewKeys(t *testing.T) {
 // on a goroutine, so no writer waits for it, the one whose write asked
 // for it included: their writes go on meanwhile, past the load that
 // asked for it (they may not ask for another, nor rebuild the cells with
-// the lock held). The first write to find the array made begins the
+// the lock held). The first write to find the array ready begins the
 // migration with it, which copies what they wrote, and every key of both
 // slots ends up with its holders (R-DIR-2, and no stale hit, R-REC-1).
 func TestKeyTableWritesGoOnWhileAnArrayIsMade(t *testing.T) {
