@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/enginesim"
 	"github.com/kvcar/kvcar/internal/kvindex"
 )
 
@@ -381,5 +382,65 @@ func TestKeyTableArrayMadeForAGrowth(t *testing.T) {
 			}
 			checkKeyTable(t, tab, keys, []int{a}, model, c)
 		})
+	}
+}
+
+// TestDirectoryCloseWaitsForAGrowthsArray: the goroutine that makes a
+// key table's grown array belongs to the Directory, whose Close returns
+// only once it has finished, with the table's streams removed before.
+func TestDirectoryCloseWaitsForAGrowthsArray(t *testing.T) {
+	e := startEngine(t, enginesim.Config{DeviceBlocks: 64})
+	d := newDirectory(t, testLimits(), specOf(e, 0))
+	waitSynced(t, d, StreamKey{e.Name(), 0}, 0)
+	d.mu.Lock()
+	tab := d.tables[keyGroup{e.BlockSize(), 1024}]
+	d.mu.Unlock()
+	tab.wmu.Lock()
+	tab.migrateFrom = minCells
+	tab.wmu.Unlock()
+	slot := tab.allocSlot()
+	rng := rand.New(rand.NewPCG(19, 20))
+	changes := make([]keyChange, keyBatch)
+	for {
+		tab.wmu.Lock()
+		due := len(tab.cells) >= minCells && tab.mig == nil && tab.next == nil && tab.needsRebuild(keyBatch)
+		tab.wmu.Unlock()
+		if due {
+			break
+		}
+		freshChanges(rng, changes)
+		tab.apply(slot, changes)
+	}
+	release := make(chan struct{})
+	tab.wmu.Lock()
+	tab.newCells = func(n int) []cell {
+		<-release
+		return make([]cell, n)
+	}
+	tab.wmu.Unlock()
+	freshChanges(rng, changes)
+	tab.apply(slot, changes)
+	tab.wmu.Lock()
+	next := tab.next
+	tab.wmu.Unlock()
+	if next == nil {
+		t.Fatal("a write past the load asked for no array")
+	}
+	if err := d.SetStreams(nil); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- d.Close() }()
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while an array was being made", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	if !next.ready() {
+		t.Fatal("Close returned before the array's goroutine finished")
 	}
 }
