@@ -2,6 +2,7 @@ package kvdir
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
@@ -43,6 +44,19 @@ func checkMigration(t *testing.T, tab *keyTable, when string) {
 	}
 	if inUse != copied || m.live != copied {
 		t.Fatalf("%s: the new cells hold %d keys (%d counted), %d copied keys are served", when, inUse, m.live, copied)
+	}
+}
+
+// settle finishes whatever growth is under way or due: it waits for an
+// array being made, begins the migration if the growth is still due,
+// and copies the rest of the cells at once.
+func (t *keyTable) settle() {
+	t.makers.Wait()
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	t.makeRoom(0, 0)
+	if t.mig != nil {
+		t.migrate(math.MaxInt)
 	}
 }
 
