@@ -132,9 +132,11 @@ func buildStreams(tb testing.TB, maxBlocks, bs int, chains func(i int, add func(
 	// a router joining them with a registry snapshot needs them.
 	slices.SortFunc(streams, func(a, b *stream) int { return strings.Compare(a.spec.InstanceName, b.spec.InstanceName) })
 	// A growth the fills began goes on with the writes after them, a
-	// step per write; it is finished here, so that the timed writes are
-	// a directory's steady state and not the end of its fill
-	// (BenchmarkKeyTableGrowth measures growths).
+	// step per write; it is finished here, and the cells left as a
+	// growth leaves them, so that the timed writes are a directory's
+	// steady state, not the end of its fill nor wherever between two
+	// growths the fills stopped (BenchmarkKeyTableGrowth measures
+	// growths).
 	tab.settle()
 	// The fill leaves gigabytes of garbage at 262,144 blocks per stream:
 	// the indexes' and the table's outgrown arrays. Left to the runtime,
@@ -437,7 +439,8 @@ func queryUnderWrites(b *testing.B, r *realDirectory, perStream int) {
 // prefill's blocks come as one event or as 64 of one block each, the
 // shape of a batch of engines' decode steps, each request filling a
 // block. The stream's view is first replaced by one the generator
-// filled, through the calibration swap; replace-ms reports that swap.
+// filled, through the calibration swap; replace-ms reports that swap,
+// and load the share of the shared table's cells in use after the run.
 // blocks/cpu-s counts blocks per CPU second of the benchmark's thread,
 // which other work on shared cores does not inflate as it does the wall
 // clock.
@@ -460,6 +463,7 @@ func BenchmarkDecodeApplyShared(b *testing.B) {
 				cpu.Report(b, float64(b.N)*prefillgen.Blocks)
 				b.ReportMetric(float64(b.N)*prefillgen.Blocks/b.Elapsed().Seconds(), "blocks/s")
 				b.ReportMetric(float64(replace.Microseconds())/1e3, "replace-ms")
+				b.ReportMetric(r.d.set.Load().tables[0].load(), "load")
 				b.StopTimer()
 				if dev, _ := w.ix.Counts(); dev != perStream {
 					b.Fatalf("index holds %d blocks, want %d", dev, perStream)
