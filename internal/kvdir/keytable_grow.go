@@ -64,8 +64,7 @@ func (t *keyTable) overfull(extra int) bool {
 // asked to stop.
 type nextArray struct {
 	n     int
-	cells []cell        // set before made is closed
-	made  chan struct{} // closed once cells is allocated
+	cells []cell        // set before done is closed
 	stop  atomic.Bool   // asks the goroutine to stop touching pages
 	done  chan struct{} // closed once the goroutine has let go of cells
 }
@@ -120,8 +119,8 @@ func (t *keyTable) makeRoom(extra, changes int) (grew bool) {
 				return false
 			}
 			// The write waits for the array's allocation, not for its
-			// pages: the migration's steps fault in those not touched.
-			<-next.made
+			// pages: the goroutine touches none once asked to stop, and
+			// the migration's steps fault in those not touched.
 			next.stop.Store(true)
 			<-next.done
 		}
@@ -141,15 +140,13 @@ func (t *keyTable) makeRoom(extra, changes int) (grew bool) {
 		t.rebuildCells(extra)
 		return true
 	}
-	next = &nextArray{n: ((t.live+extra)*rebuildLoadDen + rebuildLoadNum - 1) / rebuildLoadNum,
-		made: make(chan struct{}), done: make(chan struct{})}
+	next = &nextArray{n: ((t.live+extra)*rebuildLoadDen + rebuildLoadNum - 1) / rebuildLoadNum, done: make(chan struct{})}
 	t.setNext(next)
 	newCells, touch := t.newCells, t.touchPages
 	t.makers.Add(1)
 	go func() {
 		defer t.makers.Done()
 		next.cells = newCells(next.n)
-		close(next.made)
 		touch(next.cells, &next.stop)
 		close(next.done)
 	}()
