@@ -124,8 +124,9 @@ type keyTable struct {
 	mig         *migration
 	migrateFrom int
 	// next is the array being made for the next migration while writes
-	// go on (see makeRoom), by newCells and touchPages on a goroutine makers
-	// counts: the table's own, or its Directory's, which Close waits for.
+	// go on (see makeRoom), by newCells and touchPages on a goroutine
+	// makers counts: the table's own, or its Directory's, which Close
+	// waits for.
 	next       *nextArray
 	newCells   func(n int) []cell
 	touchPages func(cells []cell, stop *atomic.Bool)

@@ -65,10 +65,10 @@ func (b MemoryBound) Process(streams int) int64 {
 // R = 2·streams·maxBlocks keys: a cell array sized for at most R+keyBatch
 // keys at the rebuild load, of 16-byte cells, with the old one (no
 // larger) beside it while it is rebuilt, while its successor is made or
-// while it grows a step at a time (migration), each with an 8-byte stamp per stripe of 256 cells; at
-// most one dense entry of 16·W bytes per key, W = ⌈streams/64⌉, in pages
-// of 4096, copied once more while W grows; and a free list of 4 bytes per
-// dense entry.
+// while it grows a step at a time (migration), each with an 8-byte stamp
+// per stripe of 256 cells; at most one dense entry of 16·W bytes per
+// key, W = ⌈streams/64⌉, in pages of 4096, copied once more while W
+// grows; and a free list of 4 bytes per dense entry.
 func KeyTableBound(streams, maxBlocks int) int64 {
 	if streams <= 0 {
 		return 0
