@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
-	"os"
 	"strconv"
-	"strings"
+
+	"github.com/kvcar/kvcar/internal/freeport"
 )
 
 // DiscoveryOffsets are the port offsets kvcar's discovery adds to an
@@ -60,11 +60,11 @@ func freeDiscoveryPort(host string, dpSize int, rankServers bool, eventOffset, r
 	// ephemeral range, where the OS hands out ports to other sockets at
 	// any moment and a port found free could be taken before the bind.
 	var quiet []int
-	ephLo, ephHi := ephemeralRange()
+	ephLo, ephHi := freeport.EphemeralRange()
 	for base := lo; base <= hi; base++ {
 		ok := true
 		for _, off := range offsets {
-			if p := base + off; p >= ephLo && p <= ephHi {
+			if p := base + off; !freeport.Quiet(p, ephLo, ephHi) {
 				ok = false
 				break
 			}
@@ -84,25 +84,6 @@ func freeDiscoveryPort(host string, dpSize int, rankServers bool, eventOffset, r
 		}
 	}
 	return 0, fmt.Errorf("enginesim: no free discovery ports on %s after %d attempts: %w", host, freePortAttempts, lastErr)
-}
-
-// ephemeralRange is the kernel's range for automatically assigned ports
-// (Linux's default when it cannot be read).
-func ephemeralRange() (lo, hi int) {
-	lo, hi = 32768, 60999
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return lo, hi
-	}
-	f := strings.Fields(string(b))
-	if len(f) == 2 {
-		l, err1 := strconv.Atoi(f[0])
-		h, err2 := strconv.Atoi(f[1])
-		if err1 == nil && err2 == nil && l <= h {
-			return l, h
-		}
-	}
-	return lo, hi
 }
 
 // discoveryPortOffsets lists the offsets from the base HTTP port of every

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 
+	"github.com/kvcar/kvcar/internal/freeport"
 	"github.com/kvcar/kvcar/internal/zapslog"
 )
 
@@ -311,26 +312,17 @@ func (s *Server) removeDir() error {
 	return nil
 }
 
-// freePorts finds three distinct free loopback ports. The listeners are
-// open at once so the kernel cannot hand out one port twice.
+// freePorts finds three distinct free loopback ports, outside the
+// kernel's ephemeral range: Stop lets them go and Start binds them again,
+// and inside that range any other process's connection could take one
+// meanwhile (freeport).
 func freePorts() ([3]int, error) {
 	var ports [3]int
-	var ls [3]net.Listener
-	defer func() {
-		for _, l := range ls {
-			if l != nil {
-				l.Close()
-			}
-		}
-	}()
-	for i := range ls {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return ports, fmt.Errorf("etcdembed: find free port: %w", err)
-		}
-		ls[i] = l
-		ports[i] = l.Addr().(*net.TCPAddr).Port
+	p, err := freeport.Loopback(len(ports))
+	if err != nil {
+		return ports, fmt.Errorf("etcdembed: find free ports: %w", err)
 	}
+	copy(ports[:], p)
 	return ports, nil
 }
 

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/freeport"
 	"github.com/kvcar/kvcar/internal/testlog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -118,6 +121,29 @@ func TestRestartKeepsDataAndWatchResumes(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("watch did not resume after restart")
+	}
+}
+
+// A restart binds the same three ports again (the client's, the inner
+// client's and the peer's). They must lie outside the kernel's ephemeral
+// range, where no other socket gets one unasked: inside it, any
+// process's connection could take one while the server was stopped, and
+// the restart failed with "address already in use" (R-TEST: the registry
+// tests restart etcd while other packages' tests run).
+func TestPortsLieOutsideTheEphemeralRange(t *testing.T) {
+	lo, hi := freeport.EphemeralRange()
+	if lo <= 10000 && hi >= 65535 {
+		t.Skipf("the ephemeral range %d..%d leaves no port outside it", lo, hi)
+	}
+	s := start(t)
+	for _, u := range []url.URL{s.clientURL, s.innerURL, s.peerURL} {
+		port, err := strconv.Atoi(u.Port())
+		if err != nil {
+			t.Fatalf("%s: %v", u.String(), err)
+		}
+		if !freeport.Quiet(port, lo, hi) {
+			t.Errorf("%s lies in the ephemeral range %d..%d", u.String(), lo, hi)
+		}
 	}
 }
 

@@ -121,6 +121,10 @@ var layout = map[string]place{
 	// and baidu_std servers and the load driver share, knowing nothing
 	// of HTTP or of kvcar's parts.
 	"internal/sockio": {layer: 0, forbid: slices.Concat([]string{"net/http/...", "go.etcd.io/...", "github.com/pebbe/zmq4"}, routing)},
+	// Loopback ports for the servers the development and test harnesses
+	// start (the embedded etcd, emulated engines): a bind to check a port,
+	// nothing served, nothing of kvcar imported.
+	"internal/freeport": {layer: 0, forbid: slices.Concat([]string{"net/http/...", "go.etcd.io/...", "github.com/pebbe/zmq4"}, routing)},
 	// brpc's protocol knows no xLLM message and no kvcar part; the
 	// generated messages know nothing at all.
 	"internal/baidustd":          {layer: 1, forbid: slices.Concat([]string{"internal/xllmpb/...", "go.etcd.io/...", "github.com/pebbe/zmq4"}, routing)},

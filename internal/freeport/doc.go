@@ -1,0 +1,14 @@
+// Package freeport finds free loopback TCP ports for servers a process
+// starts itself (an embedded etcd, emulated engines) and may stop and
+// start again on the same ports.
+//
+// It picks ports outside the kernel's ephemeral range. Inside it, the
+// kernel hands out ports to every socket that connects or listens on
+// port 0, in any process: a port found free there, or let go for a
+// restart, can be taken by another test's client connection before the
+// server binds it again. Outside it, only a process that asks for that
+// very port can take it.
+//
+// It owns choosing ports and nothing else: it binds nothing beyond the
+// check, and callers bind their servers themselves.
+package freeport
