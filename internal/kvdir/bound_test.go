@@ -2,42 +2,25 @@ package kvdir
 
 import (
 	"fmt"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvcar/kvcar/internal/config"
 	"github.com/kvcar/kvcar/internal/enginesim"
+	"github.com/kvcar/kvcar/internal/freeport"
 	"github.com/kvcar/kvcar/internal/instance"
 )
 
 // freePorts returns a port p such that p .. p+n-1 are free on loopback
-// right now.
+// right now, outside the kernel's ephemeral range (freeport.Run).
 func freePorts(t *testing.T, n int) int {
 	t.Helper()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		ok := p+n-1 <= 65535
-		for i := 1; ok && i < n; i++ {
-			l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+i))
-			if err != nil {
-				ok = false
-				break
-			}
-			l.Close()
-		}
-		if ok {
-			return p
-		}
+	p, err := freeport.Run(n)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("no %d consecutive free ports", n)
-	return 0
+	return p
 }
 
 // waitRelayed waits until the hub of bind relays to n stream connections.
