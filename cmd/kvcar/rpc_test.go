@@ -11,19 +11,20 @@ import (
 	"time"
 
 	"github.com/kvcar/kvcar/internal/baidustd"
+	"github.com/kvcar/kvcar/internal/freeport"
 	"github.com/kvcar/kvcar/internal/xllmpb"
 	"github.com/kvcar/kvcar/internal/xllmpb/xservicepb"
 )
 
-// freeTCPPort returns a loopback port that is free right now.
+// freeTCPPort returns a loopback port that is free right now, outside
+// the kernel's ephemeral range (freeport).
 func freeTCPPort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freeport.Loopback(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	return strconv.Itoa(p[0])
 }
 
 func TestPortFlags(t *testing.T) {

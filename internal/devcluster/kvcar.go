@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvcar/kvcar/internal/buildinfo"
+	"github.com/kvcar/kvcar/internal/freeport"
 	"github.com/kvcar/kvcar/internal/server"
 )
 
@@ -274,14 +274,15 @@ func BuildKVCarRevision(ctx context.Context, dir, rev string) (string, error) {
 	return bin, nil
 }
 
-// FreePort returns a loopback TCP port that is free right now.
+// FreePort returns a loopback TCP port that is free right now, outside
+// the kernel's ephemeral range (freeport), so that no other socket is
+// given it before the child process binds it.
 func FreePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freeport.Loopback(1)
 	if err != nil {
 		return 0, fmt.Errorf("free port: %w", err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return p[0], nil
 }
 
 // StreamState is what kvcar's streams listing says of one stream.
