@@ -1,6 +1,7 @@
-// Package freeport finds free loopback TCP ports for servers a process
-// starts itself (an embedded etcd, emulated engines) and may stop and
-// start again on the same ports.
+// Package freeport finds free loopback TCP ports for servers whose ports
+// are chosen before they bind them: an embedded etcd, which a restart
+// binds again on the same ports; kvcar started as a child process; the
+// tests' publishers. Emulated engines take its ephemeral range too.
 //
 // It picks ports outside the kernel's ephemeral range. Inside it, the
 // kernel hands out ports to every socket that connects or listens on
