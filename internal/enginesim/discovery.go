@@ -1,11 +1,7 @@
 package enginesim
 
 import (
-	"errors"
 	"fmt"
-	"math/rand/v2"
-	"net"
-	"strconv"
 
 	"github.com/kvcar/kvcar/internal/freeport"
 )
@@ -22,10 +18,6 @@ type DiscoveryOffsets struct {
 func DefaultDiscoveryOffsets() *DiscoveryOffsets {
 	return &DiscoveryOffsets{Event: DefaultEventPortOffset, Replay: DefaultReplayPortOffset}
 }
-
-// freePortAttempts bounds the search for a free set of ports; a busy
-// machine fails it only when most of the port range is taken.
-const freePortAttempts = 256
 
 // FreeDiscoveryPort finds an HTTP port on 127.0.0.1 such that it and every
 // port the discovery rule derives from it for dpSize ranks are free right
@@ -47,43 +39,11 @@ func freeDiscoveryPort(host string, dpSize int, rankServers bool, eventOffset, r
 	if err != nil {
 		return 0, err
 	}
-	lo, hi := 1024, 65535
-	for _, off := range offsets {
-		lo = max(lo, 1-off)
-		hi = min(hi, 65535-off)
+	port, err := freeport.Base(host, offsets)
+	if err != nil {
+		return 0, fmt.Errorf("enginesim: discovery ports for offsets %d/%d with dp size %d: %w", eventOffset, replayOffset, dpSize, err)
 	}
-	if lo > hi {
-		return 0, fmt.Errorf("enginesim: offsets %d/%d with dp size %d leave no valid HTTP port",
-			eventOffset, replayOffset, dpSize)
-	}
-	// Prefer bases whose every derived port lies outside the kernel's
-	// ephemeral range, where the OS hands out ports to other sockets at
-	// any moment and a port found free could be taken before the bind.
-	var quiet []int
-	ephLo, ephHi := freeport.EphemeralRange()
-	for base := lo; base <= hi; base++ {
-		ok := true
-		for _, off := range offsets {
-			if p := base + off; !freeport.Quiet(p, ephLo, ephHi) {
-				ok = false
-				break
-			}
-		}
-		if ok {
-			quiet = append(quiet, base)
-		}
-	}
-	var lastErr error
-	for range freePortAttempts {
-		base := lo + rand.IntN(hi-lo+1)
-		if len(quiet) > 0 {
-			base = quiet[rand.IntN(len(quiet))]
-		}
-		if lastErr = portsFree(host, base, offsets); lastErr == nil {
-			return base, nil
-		}
-	}
-	return 0, fmt.Errorf("enginesim: no free discovery ports on %s after %d attempts: %w", host, freePortAttempts, lastErr)
+	return port, nil
 }
 
 // discoveryPortOffsets lists the offsets from the base HTTP port of every
@@ -110,26 +70,4 @@ func discoveryPortOffsets(dpSize int, rankServers bool, eventOffset, replayOffse
 		}
 	}
 	return offsets, nil
-}
-
-// portsFree binds every base+offset port at once, so that the ports are
-// known to be free together, and releases them.
-func portsFree(host string, base int, offsets []int) error {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	for _, off := range offsets {
-		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(base+off)))
-		if err != nil {
-			return err
-		}
-		ls = append(ls, l)
-	}
-	if len(ls) == 0 {
-		return errors.New("no ports to check")
-	}
-	return nil
 }

@@ -1,7 +1,8 @@
 // Package freeport finds free loopback TCP ports for servers whose ports
 // are chosen before they bind them: an embedded etcd, which a restart
 // binds again on the same ports; kvcar started as a child process; the
-// tests' publishers. Emulated engines take its ephemeral range too.
+// tests' publishers; an emulated engine's HTTP port and the KV event
+// ports derived from it.
 //
 // It picks ports outside the kernel's ephemeral range. Inside it, the
 // kernel hands out ports to every socket that connects or listens on

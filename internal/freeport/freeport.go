@@ -16,11 +16,11 @@ const (
 	defaultEphemeralHi = 60999
 )
 
-// lowest is the lowest port picked: below it lie the ports well-known
-// services bind.
-const lowest = 10000
+// lowest is the lowest port picked: below it only privileged ports.
+const lowest = 1024
 
-// attempts bounds the random picks for each port or run of ports.
+// attempts bounds the random picks for each port or set of ports; a busy
+// machine fails them only when most of the port range is taken.
 const attempts = 256
 
 // maxRun bounds the run of ports Run finds.
@@ -58,8 +58,8 @@ func Loopback(n int) ([]int, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("freeport: %d ports asked for, want at least 1", n)
 	}
-	lo, hi := EphemeralRange()
-	quiet := quietBases(1, lo, hi)
+	eLo, eHi := EphemeralRange()
+	quiet := quietBases([]int{0}, lowest, 65535, eLo, eHi)
 	held := make([]net.Listener, 0, n)
 	defer func() {
 		for _, l := range held {
@@ -78,81 +78,82 @@ func Loopback(n int) ([]int, error) {
 	return ports, nil
 }
 
-// Run returns a port p such that p, p+1, ... p+n-1 are free on 127.0.0.1,
-// outside the ephemeral range where it leaves room for them: for servers
-// that bind a run of ports from one base (a publisher's DP ranks). The
-// ports are let go before Run returns, as with Loopback.
+// Run returns a port p such that p, p+1, ... p+n-1 are free on 127.0.0.1
+// (Base with the offsets 0 to n-1): for servers that bind a run of ports
+// from one base, a publisher's DP ranks.
 func Run(n int) (int, error) {
 	if n <= 0 || n > maxRun {
 		return 0, fmt.Errorf("freeport: a run of %d ports asked for, want 1 to %d", n, maxRun)
 	}
-	lo, hi := EphemeralRange()
-	quiet := quietBases(n, lo, hi)
+	offsets := make([]int, n)
+	for i := range offsets {
+		offsets[i] = i
+	}
+	return Base("127.0.0.1", offsets)
+}
+
+// Base returns a port b from lowest up such that b+off is free on host
+// right now, and at most 65535, for every one of offsets: for a server
+// that derives the ports it binds from one (an engine's HTTP port and
+// the KV event ports kvcar's discovery adds to it). It prefers bases
+// whose every port lies outside the ephemeral range, and picks them at
+// random, which keeps concurrent callers apart. The ports are bound at
+// once to check them and let go before Base returns, as with Loopback.
+func Base(host string, offsets []int) (int, error) {
+	if len(offsets) == 0 {
+		return 0, errors.New("freeport: no offsets")
+	}
+	lo, hi := lowest, 65535
+	for _, off := range offsets {
+		lo = max(lo, 1-off)
+		hi = min(hi, 65535-off)
+	}
+	if lo > hi {
+		return 0, fmt.Errorf("freeport: offsets %v leave no base from %d with every port at most 65535", offsets, lowest)
+	}
+	eLo, eHi := EphemeralRange()
+	quiet := quietBases(offsets, lo, hi, eLo, eHi)
 	var lastErr error
 	for range attempts {
-		base := 0
+		base := lo + rand.IntN(hi-lo+1)
 		if len(quiet) > 0 {
-			base = pick(quiet)
-		} else {
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				return 0, fmt.Errorf("freeport: no free loopback port: %w", err)
-			}
-			base = l.Addr().(*net.TCPAddr).Port
-			l.Close()
-			if base+n-1 > 65535 {
-				continue
-			}
+			base = quiet[rand.IntN(len(quiet))]
 		}
-		if lastErr = runFree(base, n); lastErr == nil {
+		if lastErr = portsFree(host, base, offsets); lastErr == nil {
 			return base, nil
 		}
 	}
-	return 0, fmt.Errorf("freeport: no run of %d free loopback ports in %d tries: %w", n, attempts, lastErr)
+	return 0, fmt.Errorf("freeport: no free ports on %s at offsets %v in %d tries: %w", host, offsets, attempts, lastErr)
 }
 
-// span is the bases first..last.
-type span struct{ first, last int }
-
-// quietBases returns the spans of bases b whose run b .. b+n-1 lies
-// wholly outside the ephemeral range lo..hi, at or above lowest.
-func quietBases(n, lo, hi int) []span {
-	var s []span
-	if last := lo - n; last >= lowest {
-		s = append(s, span{lowest, last})
-	}
-	if first := max(hi+1, lowest); first+n-1 <= 65535 {
-		s = append(s, span{first, 65535 - n + 1})
-	}
-	return s
-}
-
-// pick returns a base of spans, each equally likely.
-func pick(spans []span) int {
-	total := 0
-	for _, s := range spans {
-		total += s.last - s.first + 1
-	}
-	k := rand.IntN(total)
-	for _, s := range spans {
-		if size := s.last - s.first + 1; k >= size {
-			k -= size
-			continue
+// quietBases returns the bases from lo to hi whose every port base+off
+// lies outside the ephemeral range eLo..eHi.
+func quietBases(offsets []int, lo, hi, eLo, eHi int) []int {
+	var quiet []int
+	for base := lo; base <= hi; base++ {
+		ok := true
+		for _, off := range offsets {
+			if !Quiet(base+off, eLo, eHi) {
+				ok = false
+				break
+			}
 		}
-		return s.first + k
+		if ok {
+			quiet = append(quiet, base)
+		}
 	}
-	panic("freeport: pick out of its spans")
+	return quiet
 }
 
-// listenQuiet binds a random port of quiet, or one the kernel picks when
-// quiet is empty or every pick was taken.
-func listenQuiet(quiet []span) (net.Listener, error) {
+// listenQuiet binds a random port of quiet on 127.0.0.1, or one the
+// kernel picks when quiet is empty or every pick was taken.
+func listenQuiet(quiet []int) (net.Listener, error) {
 	var lastErr error
 	for range attempts {
 		if len(quiet) == 0 {
 			break
 		}
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(pick(quiet))))
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(quiet[rand.IntN(len(quiet))])))
 		if err == nil {
 			return l, nil
 		}
@@ -165,16 +166,17 @@ func listenQuiet(quiet []span) (net.Listener, error) {
 	return l, nil
 }
 
-// runFree binds base .. base+n-1 at once and lets them go.
-func runFree(base, n int) error {
-	held := make([]net.Listener, 0, n)
+// portsFree binds every base+offset port on host at once, so that the
+// ports are known to be free together, and lets them go.
+func portsFree(host string, base int, offsets []int) error {
+	held := make([]net.Listener, 0, len(offsets))
 	defer func() {
 		for _, l := range held {
 			l.Close()
 		}
 	}()
-	for p := base; p < base+n; p++ {
-		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+	for _, off := range offsets {
+		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(base+off)))
 		if err != nil {
 			return err
 		}

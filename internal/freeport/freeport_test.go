@@ -2,7 +2,6 @@ package freeport
 
 import (
 	"net"
-	"slices"
 	"strconv"
 	"testing"
 )
@@ -84,31 +83,68 @@ func TestRunIsFreeAndQuiet(t *testing.T) {
 	}
 }
 
-// TestQuietBases checks the spans of bases whose whole run lies outside
-// the range, at its edges and where no run fits.
+// TestBaseWithOffsets asks for ports as an engine of two DP ranks binds
+// them (its HTTP port and, at offsets from it, each rank's event and
+// replay ports): every one must bind on host and lie outside the
+// ephemeral range; offsets that leave no base fail.
+func TestBaseWithOffsets(t *testing.T) {
+	lo, hi := EphemeralRange()
+	offsets := []int{0, 1000, 1001, 2000, 2001}
+	for range 20 {
+		base, err := Base("127.0.0.1", offsets)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var held []net.Listener
+		for _, off := range offsets {
+			p := base + off
+			if !Quiet(p, lo, hi) {
+				t.Errorf("base %d: port %d lies in the ephemeral range %d..%d", base, p, lo, hi)
+			}
+			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+			if err != nil {
+				t.Errorf("base %d: port %d is not free: %v", base, p, err)
+				continue
+			}
+			held = append(held, l)
+		}
+		for _, l := range held {
+			l.Close()
+		}
+	}
+	for _, offsets := range [][]int{nil, {0, 70000}, {-70000, 0}} {
+		if base, err := Base("127.0.0.1", offsets); err == nil {
+			t.Errorf("Base(%v) = %d, want an error", offsets, base)
+		}
+	}
+}
+
+// TestQuietBases checks the bases whose every port lies outside the
+// range, at its edges and where none is left.
 func TestQuietBases(t *testing.T) {
 	for _, c := range []struct {
-		n, lo, hi int
-		want      []span
+		offsets        []int
+		lo, hi         int
+		eLo, eHi       int
+		first, last, n int
 	}{
-		{1, 32768, 60999, []span{{lowest, 32767}, {61000, 65535}}},
-		{8, 32768, 60999, []span{{lowest, 32760}, {61000, 65528}}},
-		{1, 1024, 65535, nil},
-		{8, 10005, 65530, nil},
-		{4, 10004, 65531, []span{{lowest, lowest}, {65532, 65532}}},
+		{[]int{0}, 1024, 65535, 32768, 60999, 1024, 65535, 65535 - 1024 + 1 - (60999 - 32768 + 1)},
+		{[]int{0, 7}, 1024, 65528, 32768, 60999, 1024, 65528, 32760 - 1024 + 1 + 65528 - 61000 + 1},
+		{[]int{0}, 1024, 65535, 1024, 65535, 0, 0, 0},
+		{[]int{0, 3}, 1024, 65532, 1028, 65531, 1024, 65532, 2},
 	} {
-		got := quietBases(c.n, c.lo, c.hi)
-		if !slices.Equal(got, c.want) {
-			t.Errorf("quietBases(%d, %d, %d) = %v, want %v", c.n, c.lo, c.hi, got, c.want)
+		got := quietBases(c.offsets, c.lo, c.hi, c.eLo, c.eHi)
+		if len(got) != c.n {
+			t.Errorf("quietBases(%v, %d, %d, %d, %d): %d bases, want %d", c.offsets, c.lo, c.hi, c.eLo, c.eHi, len(got), c.n)
+			continue
 		}
-		for range 100 {
-			if len(got) == 0 {
-				break
-			}
-			b := pick(got)
-			for p := b; p < b+c.n; p++ {
-				if !Quiet(p, c.lo, c.hi) || p < lowest || p > 65535 {
-					t.Fatalf("pick gave base %d, whose run of %d holds port %d (range %d..%d)", b, c.n, p, c.lo, c.hi)
+		if c.n > 0 && (got[0] != c.first || got[len(got)-1] != c.last) {
+			t.Errorf("quietBases(%v, ...) runs %d..%d, want %d..%d", c.offsets, got[0], got[len(got)-1], c.first, c.last)
+		}
+		for _, b := range got {
+			for _, off := range c.offsets {
+				if !Quiet(b+off, c.eLo, c.eHi) {
+					t.Fatalf("base %d: port %d lies in %d..%d", b, b+off, c.eLo, c.eHi)
 				}
 			}
 		}
