@@ -18,10 +18,32 @@ const modelBlock = 2
 
 // modelStream is one stream of the randomized model test with the
 // engine hashes it has stored, to draw parents and removals from.
+//
+// A stream with freshHashes names every stored block by a new engine
+// hash, so that its index often holds one content key under several
+// hashes. The others name a block by its parent's hash and its tokens,
+// as engines do, so that the same content always has the same hash and
+// no key is held twice (see kvindex.Index on shared keys).
 type modelStream struct {
-	s      *stream
-	hashes []kvevent.EngineHash
-	next   uint64
+	s           *stream
+	hashes      []kvevent.EngineHash
+	next        uint64
+	freshHashes bool
+}
+
+// blockHash names a block stored under parent with tokens: a new hash for
+// a stream with freshHashes, else one made of the parent's and the tokens.
+func (m *modelStream) blockHash(parent kvevent.EngineHash, tokens []uint32) kvevent.EngineHash {
+	if m.freshHashes {
+		m.next++
+		return kvevent.IntHash(m.next)
+	}
+	h := (parent.Lo ^ parent.Hi*0x9E3779B97F4A7C15) + 0xA0761D6478BD642F
+	for _, t := range tokens {
+		h = (h ^ uint64(t) + 1) * 0xE7037ED1A0B428DB
+		h ^= h >> 29
+	}
+	return kvevent.IntHash(h | 1) // never 0, the root's parent
 }
 
 // event draws a random event: chained stores over a two-token alphabet
@@ -45,16 +67,17 @@ func (m *modelStream) event(rng *rand.Rand) *kvevent.Event {
 	n := 1 + rng.IntN(4)
 	ev := &kvevent.Event{Kind: kvevent.BlockStored, Medium: medium, BlockSize: modelBlock, PlainText: true,
 		BlockHashes: make([]kvevent.EngineHash, n), TokenIDs: make([]uint32, n*modelBlock)}
-	for i := range ev.BlockHashes {
-		m.next++
-		ev.BlockHashes[i] = kvevent.IntHash(m.next)
-		m.hashes = append(m.hashes, ev.BlockHashes[i])
-	}
 	for i := range ev.TokenIDs {
 		ev.TokenIDs[i] = uint32(rng.IntN(2))
 	}
-	if len(m.hashes) > n && rng.IntN(4) != 0 {
-		ev.HasParent, ev.ParentHash = true, m.hashes[rng.IntN(len(m.hashes)-n)]
+	if len(m.hashes) > 0 && rng.IntN(4) != 0 {
+		ev.HasParent, ev.ParentHash = true, known()
+	}
+	parent := ev.ParentHash
+	for i := range ev.BlockHashes {
+		parent = m.blockHash(parent, ev.TokenIDs[i*modelBlock:(i+1)*modelBlock])
+		ev.BlockHashes[i] = parent
+		m.hashes = append(m.hashes, parent)
 	}
 	return ev
 }
@@ -79,22 +102,24 @@ func modelDirectory(t *testing.T, n int) (*Directory, []*modelStream) {
 	for i := range ms {
 		s := newStream(StreamSpec{InstanceName: fmt.Sprintf("10.0.0.%d:8000", i), BlockSize: modelBlock, HashSeed: 1024})
 		s.attach(tab)
-		ms[i] = &modelStream{s: s, next: uint64(i) << 32}
+		ms[i] = &modelStream{s: s, next: uint64(i) << 32, freshHashes: i%2 == 1}
 		streams[i] = s
 	}
 	return viewOf(streams), ms
 }
 
 // referenceMatch is the answer the per-stream walk gave before the
-// shared table: the stream's own index matched under its lock, zero for
-// an unsynchronised stream (R-REC-1).
+// shared table: the stream's own index matched under its lock, through a
+// KeyLookup built for it, zero for an unsynchronised stream (R-REC-1).
 func referenceMatch(s *stream, keys []kvindex.Key) (dev, hostOnly int) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if !s.synced || s.idx == nil {
 		return 0, 0
 	}
-	m := s.idx.Match(keys)
+	var l kvindex.KeyLookup
+	l.Build(s.idx)
+	m := l.Match(keys)
 	return m.DeviceBlocks, m.HostOnlyBlocks
 }
 
@@ -103,7 +128,9 @@ func referenceMatch(s *stream, keys []kvindex.Key) (dev, hostOnly int) {
 // invalidations, snapshot publications (fresh and calibration), clears
 // and slot reuse, and checks after every step that Directory.Query gives
 // every stream exactly what its own index matches, and nothing for an
-// unsynchronised stream (R-IDX-3, R-REC-1, R-REC-2, R-DIR-4).
+// unsynchronised stream (R-IDX-3, R-REC-1, R-REC-2, R-DIR-4). A stream
+// whose index holds a content key under several engine hashes
+// (freshHashes) may get less, never more (R-DIR-1).
 func TestSharedTableAgainstPerStreamMatch(t *testing.T) {
 	hitSlots := map[int]bool{}
 	for seed := uint64(1); seed <= 4; seed++ {
@@ -218,9 +245,13 @@ func TestSharedTableAgainstPerStreamMatch(t *testing.T) {
 					if h.OK != (len(tokens) >= modelBlock && got.Synchronized) || h.DeviceTokens != got.DeviceHitTokens || h.HostOnlyTokens != got.HostOnlyHitTokens {
 						t.Fatalf("seed %d step %d stream %d: hits %+v, query %+v", seed, step, i, h, got)
 					}
-					if got.DeviceHitTokens != wd*modelBlock || got.HostOnlyHitTokens != wh*modelBlock {
-						t.Fatalf("seed %d step %d stream %d (slot %d, synced %v): query %d/%d tokens, own index %d/%d blocks",
-							seed, step, i, mm.s.slot, got.Synchronized, got.DeviceHitTokens, got.HostOnlyHitTokens, wd, wh)
+					exact := got.DeviceHitTokens == wd*modelBlock && got.HostOnlyHitTokens == wh*modelBlock
+					if !exact && (!mm.freshHashes || got.DeviceHitTokens > wd*modelBlock || got.DeviceHitTokens+got.HostOnlyHitTokens > (wd+wh)*modelBlock) {
+						t.Fatalf("seed %d step %d stream %d (slot %d, synced %v, fresh hashes %v): query %d/%d tokens, own index %d/%d blocks",
+							seed, step, i, mm.s.slot, got.Synchronized, mm.freshHashes, got.DeviceHitTokens, got.HostOnlyHitTokens, wd, wh)
+					}
+					if !exact {
+						seen["under-report of a shared key"]++
 					}
 					if want := wantStatus(mm.s); got.Synchronized != want.Synchronized || got.Sequence != want.Sequence ||
 						got.Error != want.Error || got.DeviceBlocks != want.DeviceBlocks || got.HostBlocks != want.HostBlocks {
@@ -237,6 +268,7 @@ func TestSharedTableAgainstPerStreamMatch(t *testing.T) {
 			}
 		}
 		for _, c := range []string{"invalidate", "calibration", "fresh publish", "slot reuse", "fault", "hit", "host-only hit", "additions pending", "run of events",
+			"under-report of a shared key",
 			kvevent.BlockStored.String(), kvevent.BlockRemoved.String(), kvevent.AllBlocksCleared.String()} {
 			if seen[c] == 0 {
 				t.Errorf("seed %d: random steps never produced %q", seed, c)

@@ -185,7 +185,8 @@ func (r *realDirectory) prompts(kind string) ([][]uint32, int) {
 // reporting per-query p50 and p99 and the share of queries delayed past
 // the p50 (see reportPercentiles). "perstream" is the walk the directory
 // did before the shared key table (every stream's own index, under its
-// lock) over the same data and "all" prompts, for comparison;
+// lock, through a key table per index, built here as the indexes no
+// longer keep one) over the same data and "all" prompts, for comparison;
 // "all-cold" is "all" with the caches evicted (coldBytes written) before
 // each query, as a router's sparse decisions find them, and the prompt
 // then copied to the request's buffer, as its parser just wrote it. The
@@ -228,6 +229,14 @@ func benchQueryRealSize(b *testing.B, bs int, sizes []int) {
 					prompts, want := r.prompts(pk)
 					dst := make([]Match, 0, realStreams)
 					var keys []kvindex.Key
+					var lookups []kvindex.KeyLookup
+					if kind == "perstream" {
+						streams := r.d.set.Load().streams
+						lookups = make([]kvindex.KeyLookup, len(streams))
+						for i, s := range streams {
+							lookups[i].Build(s.idx)
+						}
+					}
 					query := func(p []uint32) {
 						if kind != "perstream" {
 							dst = r.d.Query(p, dst[:0])
@@ -235,9 +244,9 @@ func benchQueryRealSize(b *testing.B, bs int, sizes []int) {
 						}
 						keys = kvindex.KeysFor(p, r.bs, 1024, keys[:0])
 						dst = dst[:0]
-						for _, s := range r.d.set.Load().streams {
+						for i, s := range r.d.set.Load().streams {
 							s.mu.RLock()
-							m := s.idx.Match(keys)
+							m := lookups[i].Match(keys)
 							s.mu.RUnlock()
 							dst = append(dst, Match{DeviceHitTokens: m.DeviceBlocks * r.bs})
 						}

@@ -90,10 +90,25 @@ func snapshotState(ix *Index) map[uint64]entryState {
 	return m
 }
 
+// matchOf is the prefix of keys ix holds, through a lookup built for it.
+func matchOf(ix *Index, keys []Key) Match {
+	var l KeyLookup
+	l.Build(ix)
+	return l.Match(keys)
+}
+
+// keyTiersOf is the union of the tiers of the entries of ix holding k.
+func keyTiersOf(ix *Index, k Key) (onDevice, onHost bool) {
+	var l KeyLookup
+	l.Build(ix)
+	return l.Tiers(k)
+}
+
 func keysOf(tokens []uint32) []Key { return KeysFor(tokens, testBlockSize, testSeed, nil) }
 
 // checkInvariants verifies the internal structures against each other:
-// each entry is reachable once through each table, the ghost queue holds
+// each entry is reachable once through the engine table, and each keyed
+// entry on a tier once through a KeyLookup built now, the ghost queue holds
 // every entry on neither tier, each queued slot once and flagged, and the
 // replica counters add up.
 func checkInvariants(ix *Index) error {
@@ -121,21 +136,23 @@ func checkInvariants(ix *Index) error {
 	if err != nil {
 		return err
 	}
-	bk, err := count(&ix.byKey)
+	var l KeyLookup
+	l.Build(ix)
+	bk, err := count(&l.t)
 	if err != nil {
 		return err
 	}
-	orphans := 0
+	looked := 0
 	for s := range n {
-		if ix.meta[s]&flagUnkeyed != 0 {
-			orphans++
+		if ix.meta[s]&flagUnkeyed == 0 && ix.tiers(uint32(s)) != 0 {
+			looked++
 		}
 	}
-	if len(be) != n || len(bk) != n-orphans {
-		return fmt.Errorf("tables hold %d/%d slots, entries %d of which %d orphans", len(be), len(bk), n, orphans)
+	if len(be) != n || len(bk) != looked {
+		return fmt.Errorf("tables hold %d/%d slots, entries %d of which %d keyed on a tier", len(be), len(bk), n, looked)
 	}
-	for _, t := range []*table{&ix.byEngine, &ix.byKey} {
-		if err := checkHomes(ix, t, t == &ix.byKey); err != nil {
+	for _, t := range []*table{&ix.byEngine, &l.t} {
+		if err := checkHomes(ix, t, t == &l.t); err != nil {
 			return err
 		}
 	}
@@ -144,14 +161,11 @@ func checkInvariants(ix *Index) error {
 		e := &ix.entries[s]
 		orphan := ix.meta[s]&flagUnkeyed != 0
 		wantKey := 1
-		if orphan {
+		if orphan || ix.tiers(uint32(s)) == 0 {
 			wantKey = 0
 		}
 		if be[uint32(s)] != 1 || bk[uint32(s)] != wantKey {
 			return fmt.Errorf("slot %d (orphan %v) appears %d/%d times", s, orphan, be[uint32(s)], bk[uint32(s)])
-		}
-		if orphan && ix.meta[s]&flagDup != 0 {
-			return fmt.Errorf("orphan slot %d flagged as sharing a key", s)
 		}
 		if got, ok := ix.findEngine(e.engine); !ok || got != uint32(s) {
 			return fmt.Errorf("engine %#x resolves to %d,%v, want %d", e.engine, got, ok, s)
@@ -162,13 +176,13 @@ func checkInvariants(ix *Index) error {
 		if ix.tiers(uint32(s))&tierHost != 0 {
 			host++
 		}
-		if orphan {
+		if wantKey == 0 {
 			continue
 		}
-		if home, _ := ix.byKey.keyHash(e.key); !reachable(&ix.byKey, home, uint32(s)) {
+		if home, _ := l.t.keyHash(e.key); !reachable(&l.t, home, uint32(s)) {
 			return fmt.Errorf("slot %d unreachable from its key's home", s)
 		}
-		if t := ix.keyTiers(e.key); t&tierDevice == 0 && t&ix.tiers(uint32(s)) != ix.tiers(uint32(s)) {
+		if t := l.tiers(e.key, false); t&ix.tiers(uint32(s)) != ix.tiers(uint32(s)) {
 			return fmt.Errorf("key of slot %d hides its tiers %b", s, ix.tiers(uint32(s)))
 		}
 	}

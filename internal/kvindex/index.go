@@ -119,11 +119,6 @@ const (
 	tierHost   uint8 = 1 << kvevent.Host
 )
 
-// flagDup marks an entry whose content key was seen on another entry when
-// it was inserted into the key table. It may stay set after the other
-// entry is gone; it only tells a query to look further for a Device copy.
-const flagDup uint8 = 1 << 2
-
 // flagQueued marks an entry that is on the ghost queue.
 const flagQueued uint8 = 1 << 3
 
@@ -136,8 +131,8 @@ const flagQueued uint8 = 1 << 3
 // block is reachable again.
 const flagUnkeyed uint8 = 1 << 4
 
-// entry is one engine block, 32 bytes; its tier bits, flagDup and
-// flagQueued are in the parallel meta slice, one byte each, which keeps
+// entry is one engine block, 32 bytes; its tier bits, flagQueued and
+// flagUnkeyed are in the parallel meta slice, one byte each, which keeps
 // the struct free of padding. An entry on neither tier is a ghost: it
 // keeps its engine hash → key mapping so that children and tokenless
 // replicas can still resolve it, but it is not a hit.
@@ -148,25 +143,36 @@ type entry struct {
 
 // Index is the prefix index of one stream (one instance and DP rank).
 //
-// Entries live in one slice addressed by slot; two open-addressing tables
-// of slots find them by engine hash and by content key, which keeps a
-// resident block near 45 bytes of heap (a Go map keyed by 16-byte keys
-// would cost several times that). Several entries may share a content key
-// (engines with different hash seeds, or hash collisions): a query sees the
-// union of their tiers and each entry's removals touch only its own tiers.
+// Entries live in one slice addressed by slot; an open-addressing table of
+// slots finds them by engine hash, which keeps a resident block near 40
+// bytes of heap (a Go map keyed by 16-byte keys would cost several times
+// that). No table finds them by content key: events name blocks by engine
+// hash, and queries walk the directory's shared key table, which the
+// observer keeps (see SetObserver). A KeyLookup built on demand finds keys
+// for the few callers that need to (a calibration's swap, tests).
+//
+// Several entries may share a content key (blocks kvcar does not index but
+// whose keys a later store computes, engines with different hash seeds,
+// hash collisions). Each entry's removals touch only its own tiers, and the
+// index tells the observer each entry's own tiers: a key two entries share
+// may then read as held on fewer tiers than it is, never on more. A
+// KeyLookup sees the union of their tiers.
 //
 // An Index is not safe for concurrent use; the directory serialises access.
-// Match, Counts, Len, Stats, Config and ForEach only read, so they may run
-// concurrently with each other under a shared (read) lock; Apply and Clear
-// need exclusive access.
+// Counts, Len, Stats, Config, ForEach, ForEachKey and Lookup only read, so
+// they may run concurrently with each other under a shared (read) lock;
+// Apply, Clear and AdoptKeys need exclusive access.
 type Index struct {
 	cfg    Config
 	hasher Hasher
 
 	entries  []entry
-	meta     []uint8 // per slot: tier bits, flagDup, flagQueued, flagUnkeyed
+	meta     []uint8 // per slot: tier bits, flagQueued, flagUnkeyed
 	byEngine table
-	byKey    table
+
+	// gen counts the calls that may have changed entries, so that a
+	// KeyLookup can tell it is out of date.
+	gen uint64
 
 	// ghosts queues slots in the order they became ghosts, for eviction.
 	// A ghost revived stays queued, lazily: eviction passes over queued
@@ -187,8 +193,9 @@ type Index struct {
 }
 
 // SetObserver makes fn be called after every change that may alter the
-// tiers a content key is held on, with the key's tiers after the change
-// (the union over the entries sharing the key, as KeyTiers reports). It
+// tiers a content key is held on, with the tiers of the entry that changed
+// (of one of them for a key several entries share: then a key may be told
+// to be on fewer tiers than the union of its entries, never on more). It
 // lets a caller mirror which keys the index holds without rescanning it:
 // calls come in the order of the changes, a parent's before its
 // children's when a chain is stored, and Clear reports every key that was
@@ -200,16 +207,9 @@ type Index struct {
 // call the index. nil stops the calls.
 func (ix *Index) SetObserver(fn func(k Key, onDevice, onHost, dropped bool)) { ix.observe = fn }
 
-// KeyTiers reports whether some entry holding content key k is on Device
-// and whether some entry holding it is on Host.
-func (ix *Index) KeyTiers(k Key) (onDevice, onHost bool) {
-	t := ix.keyTiersAll(k)
-	return t&tierDevice != 0, t&tierHost != 0
-}
-
-// ForEachKey calls fn for every entry on a tier with its content key and
-// the key's tiers as KeyTiers reports them; a key held by several entries
-// comes once per entry. fn must not modify the index.
+// ForEachKey calls fn for every keyed entry on a tier with its content key
+// and its own tiers; a key held by several entries comes once per entry.
+// fn must not modify the index.
 func (ix *Index) ForEachKey(fn func(k Key, onDevice, onHost bool)) {
 	for i := range ix.entries {
 		m := ix.meta[i]
@@ -217,26 +217,18 @@ func (ix *Index) ForEachKey(fn func(k Key, onDevice, onHost bool)) {
 		if t == 0 || m&flagUnkeyed != 0 {
 			continue
 		}
-		k := ix.entries[i].key
-		if m&flagDup != 0 {
-			t = ix.keyTiersAll(k)
-		}
-		fn(k, t&tierDevice != 0, t&tierHost != 0)
+		fn(ix.entries[i].key, t&tierDevice != 0, t&tierHost != 0)
 	}
 }
 
-// notify tells the observer the tiers of the key of slot s, and whether
-// the change may have dropped one; an orphan has no key to tell.
+// notify tells the observer the tiers of slot s under its key, and
+// whether the change may have dropped one; an orphan has no key to tell.
 func (ix *Index) notify(s uint32, dropped bool) {
 	if ix.observe == nil || ix.meta[s]&flagUnkeyed != 0 {
 		return
 	}
-	k, m := ix.entries[s].key, ix.meta[s]
-	t := m & (tierDevice | tierHost)
-	if m&flagDup != 0 {
-		t = ix.keyTiersAll(k)
-	}
-	ix.observe(k, t&tierDevice != 0, t&tierHost != 0, dropped)
+	t := ix.tiers(s)
+	ix.observe(ix.entries[s].key, t&tierDevice != 0, t&tierHost != 0, dropped)
 }
 
 // New returns an empty index. It allocates little: storage grows by
@@ -255,7 +247,6 @@ func New(cfg Config) *Index {
 		cfg:      cfg,
 		hasher:   *NewHasher(cfg.BlockSize, cfg.HashSeed),
 		byEngine: newTable(cfg.MaxBlocks),
-		byKey:    newTable(cfg.MaxBlocks),
 	}
 }
 
@@ -284,10 +275,10 @@ func (ix *Index) Clear() {
 			}
 		}
 	}
+	ix.gen++
 	ix.entries = ix.entries[:0]
 	ix.meta = ix.meta[:0]
 	ix.byEngine.reset()
-	ix.byKey.reset()
 	ix.ghosts.reset()
 	ix.device, ix.host = 0, 0
 }
@@ -315,25 +306,6 @@ func (ix *Index) Lookup(h kvevent.EngineHash) (onDevice, onHost, ok bool) {
 	return t&tierDevice != 0, t&tierHost != 0, true
 }
 
-// Match walks keys in order and returns the contiguous prefix held on
-// either tier, stopping at the first key on neither (R-IDX-3). A block on
-// both tiers counts as Device.
-func (ix *Index) Match(keys []Key) Match {
-	var m Match
-	for _, k := range keys {
-		t := ix.keyTiers(k)
-		switch {
-		case t&tierDevice != 0:
-			m.DeviceBlocks++
-		case t&tierHost != 0:
-			m.HostOnlyBlocks++
-		default:
-			return m
-		}
-	}
-	return m
-}
-
 // Apply applies one event. Errors wrap ErrBlockSize, ErrTokenCount,
 // ErrUnknownParent, ErrCapacity or ErrEvent; any of them means the index
 // no longer mirrors the engine and the stream must be recovered from a
@@ -347,6 +319,7 @@ func (ix *Index) Match(keys []Key) Match {
 // otherwise ignored rather than failing the stream: the replica is only
 // a missed hit, and the periodic snapshot resync repairs it.
 func (ix *Index) Apply(ev *kvevent.Event, mode Mode) error {
+	ix.gen++
 	switch ev.Kind {
 	case kvevent.BlockStored:
 		return ix.applyStored(ev, mode)
@@ -431,7 +404,6 @@ func (ix *Index) applyStored(ev *kvevent.Event, mode Mode) error {
 			b := base + j
 			keys[j] = ix.hasher.BlockKey(parent, hasParent, ev.TokenIDs[b*bs:(b+1)*bs])
 			parent, hasParent = keys[j], true
-			ix.warmKey(keys[j])
 		}
 		for j, h := range hashes {
 			if err := ix.store(h, keys[j], tier); err != nil {
@@ -499,6 +471,7 @@ func (ix *Index) AdoptKeys(from *Index) int {
 	if from == nil || ix.stats.OrphanBlocks == 0 || from.cfg.BlockSize != ix.cfg.BlockSize || from.cfg.HashSeed != ix.cfg.HashSeed {
 		return 0
 	}
+	ix.gen++
 	n := 0
 	for s := range ix.entries {
 		if ix.meta[s]&flagUnkeyed == 0 {
@@ -535,7 +508,6 @@ func (ix *Index) store(h kvevent.EngineHash, k Key, tier uint8) error {
 	ix.entries[s] = entry{key: k, engine: h}
 	ix.meta[s] = tier
 	ix.insertEngine(s)
-	ix.insertKey(s)
 	if tier == 0 {
 		ix.pushGhost(s)
 	} else {
@@ -548,19 +520,16 @@ func (ix *Index) store(h kvevent.EngineHash, k Key, tier uint8) error {
 // setKey gives slot s content key k, keeping its tiers: an orphan gets
 // its first key, or a keyed entry follows the engine reusing its hash for
 // other content (for example after a hash seed change). The observer
-// learns the tiers of the old key, if there was one, and of the new.
+// learns that the old key, if there was one, is on no tier (another entry
+// may still hold it: an under-report), and the tiers of the new.
 func (ix *Index) setKey(s uint32, k Key) {
 	orphan := ix.meta[s]&flagUnkeyed != 0
-	e := &ix.entries[s]
-	old := e.key
-	ix.deleteKey(s)
-	e.key = k
-	ix.meta[s] &^= flagDup | flagUnkeyed
-	ix.insertKey(s)
+	old := ix.entries[s].key
+	ix.entries[s].key = k
+	ix.meta[s] &^= flagUnkeyed
 	if ix.observe != nil && ix.tiers(s) != 0 {
 		if !orphan {
-			d, h := ix.KeyTiers(old)
-			ix.observe(old, d, h, true)
+			ix.observe(old, false, false, true)
 		}
 		ix.notify(s, false)
 	}
@@ -589,7 +558,6 @@ func (ix *Index) allocSlot() (uint32, error) {
 		return 0, fmt.Errorf("kvindex: %d entries, none a ghost: %w", n, ErrCapacity)
 	}
 	ix.deleteEngine(s)
-	ix.deleteKey(s)
 	ix.stats.GhostEvictions++
 	return s, nil
 }
@@ -607,7 +575,7 @@ func (ix *Index) growStorage(c int) {
 // Reserve makes room for n entries (at most MaxBlocks) at once, so that
 // filling the index to n copies and rehashes nothing on the way; grown a
 // quarter at a time, a fill copies every entry up to four times and
-// rehashes both tables at each step. A snapshot reserves what the view it
+// rehashes the table at each step. A snapshot reserves what the view it
 // replaces held.
 func (ix *Index) Reserve(n int) {
 	n = min(n, ix.cfg.MaxBlocks)
@@ -743,19 +711,20 @@ const entryBytes = int64(unsafe.Sizeof(entry{}))
 // StorageBytes is the memory the index's storage holds, by capacity.
 func (ix *Index) StorageBytes() int64 {
 	return int64(cap(ix.entries))*entryBytes + int64(cap(ix.meta)) + int64(len(ix.ghosts.buf))*4 +
-		int64(len(ix.byEngine.cells)+len(ix.byKey.cells))*4
+		int64(len(ix.byEngine.cells))*4
 }
 
 // MaxStorageBytes bounds what an index of this configuration holds at
 // any moment, whatever it is fed: MaxBlocks entries and their meta bytes,
 // and while they grow the old storage (smaller) beside the new; a ghost
 // queue of MaxBlocks slots, and the old one beside it while it grows; and
-// both tables at the size MaxBlocks entries need.
+// the engine-hash table at the size MaxBlocks entries need. A KeyLookup
+// is its caller's, not the index's.
 func (c Config) MaxStorageBytes() int64 {
 	n := c.MaxBlocks
 	if n <= 0 {
 		n = DefaultMaxBlocks
 	}
 	n = min(n, maxSlots)
-	return 2*int64(n)*(entryBytes+1) + 2*4*int64(n) + 2*4*int64(tableSize(n, n))
+	return 2*int64(n)*(entryBytes+1) + 2*4*int64(n) + 4*int64(tableSize(n, n))
 }

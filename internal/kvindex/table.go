@@ -143,20 +143,13 @@ func (t *table) keyHash(k Key) (home uint64, tag uint32) {
 	return home, t.tag(k.Hi, home)
 }
 
-// rebuildTables sizes both tables for n entries and reinserts every entry.
+// rebuildTables sizes the engine table for n entries and reinserts every
+// entry.
 func (ix *Index) rebuildTables(n int) {
-	size := tableSize(n, ix.cfg.MaxBlocks)
-	ix.byEngine.alloc(size)
-	ix.byKey.alloc(size)
+	ix.byEngine.alloc(tableSize(n, ix.cfg.MaxBlocks))
 	for s := range ix.entries {
-		e := &ix.entries[s]
-		home, tag := ix.byEngine.engineHash(e.engine)
+		home, tag := ix.byEngine.engineHash(ix.entries[s].engine)
 		ix.byEngine.place(home, ix.byEngine.cell(tag, uint32(s)))
-		if ix.meta[s]&flagUnkeyed != 0 {
-			continue
-		}
-		home, tag = ix.byKey.keyHash(e.key)
-		ix.byKey.place(home, ix.byKey.cell(tag, uint32(s)))
 	}
 }
 
@@ -197,96 +190,24 @@ func (ix *Index) findEngine(h kvevent.EngineHash) (uint32, bool) {
 	}
 }
 
-// keyTiers returns the union of the tiers of all entries holding k, or
-// just Device as soon as one of them is on Device.
-func (ix *Index) keyTiers(k Key) uint8 { return ix.lookupTiers(k, true) }
-
-// keyTiersAll returns the union of the tiers of all entries holding k.
-func (ix *Index) keyTiersAll(k Key) uint8 { return ix.lookupTiers(k, false) }
-
-func (ix *Index) lookupTiers(k Key, deviceEnough bool) uint8 {
-	t := &ix.byKey
-	if len(t.cells) == 0 {
-		return 0
-	}
-	var tiers uint8
-	i, tag := t.keyHash(k)
-	cells, sb, n := t.cells, t.sb, uint64(len(t.cells))
-	for ; ; i++ {
-		if i == n {
-			i = 0
-		}
-		c := cells[i]
-		if c == 0 {
-			return tiers
-		}
-		if c>>sb != tag {
-			continue
-		}
-		if s := c&(1<<sb-1) - 1; ix.entries[s].key == k {
-			m := ix.meta[s]
-			tiers |= m & (tierDevice | tierHost)
-			if m&flagDup == 0 || (deviceEnough && tiers&tierDevice != 0) {
-				return tiers
-			}
-		}
-	}
-}
-
 func (ix *Index) insertEngine(s uint32) {
 	t := &ix.byEngine
 	home, tag := t.engineHash(ix.entries[s].engine)
 	t.place(home, t.cell(tag, s))
 }
 
-// insertKey adds slot s to the key table, flagging every entry that shares
-// its key. All of them lie between the key's home and the first empty
-// cell, which is where s lands.
-func (ix *Index) insertKey(s uint32) {
-	t := &ix.byKey
-	e := &ix.entries[s]
-	i, tag := t.keyHash(e.key)
-	d := 0
-	for ; t.cells[i] != 0; i = t.next(i) {
-		d++
-		c := t.cells[i]
-		if c>>t.sb != tag {
-			continue
-		}
-		if o := t.slot(c); ix.entries[o].key == e.key {
-			ix.meta[o] |= flagDup
-			ix.meta[s] |= flagDup
-		}
-	}
-	t.cells[i] = t.cell(tag, s)
-	if d >= homeSpan {
-		t.far++
-	}
-}
-
 func (ix *Index) deleteEngine(s uint32) {
 	t := &ix.byEngine
 	home, _ := t.engineHash(ix.entries[s].engine)
-	ix.shiftDelete(t, home, s, false)
+	ix.shiftDelete(t, home, s)
 }
 
-// deleteKey removes slot s from the key table; an orphan is not in it.
-func (ix *Index) deleteKey(s uint32) {
-	if ix.meta[s]&flagUnkeyed != 0 {
-		return
-	}
-	t := &ix.byKey
-	home, _ := t.keyHash(ix.entries[s].key)
-	ix.shiftDelete(t, home, s, true)
-}
-
-// shiftDelete removes slot s, whose home is home, from t (byKey says which
-// table it is) by backward-shift deletion: later cells of the probe run
-// move back into the hole unless that would put them before their home,
-// so lookups never need tombstones. A later cell's home comes from its
-// home bits, or, while some cell lies far from its home, from its entry;
-// a flag rather than a hash callback keeps that computation inlined.
-func (ix *Index) shiftDelete(t *table, home uint64, s uint32, byKey bool) {
+// shiftDelete removes slot s, whose home is home, from the engine table t
+// by backward-shift deletion: later cells of the probe run move back into
+// the hole unless that would put them before their home, so lookups never
+// need tombstones. A later cell's home comes from its home bits, or, while
+// some cell lies far from its home, from its entry.
+func (ix *Index) shiftDelete(t *table, home uint64, s uint32) {
 	i, d := home, 0
 	for t.cells[i]&(1<<t.sb-1) != s+1 {
 		i = t.next(i)
@@ -329,12 +250,9 @@ func (ix *Index) shiftDelete(t *table, home uint64, s uint32, byKey bool) {
 			break
 		}
 		var h uint64
-		switch {
-		case t.far == 0:
+		if t.far == 0 {
 			h = t.cellHome(j, c)
-		case byKey:
-			h, _ = t.keyHash(ix.entries[t.slot(c)].key)
-		default:
+		} else {
 			h, _ = t.engineHash(ix.entries[t.slot(c)].engine)
 		}
 		if !between(i, h, j) {
@@ -373,16 +291,6 @@ func (ix *Index) warmEngine(hashes []kvevent.EngineHash) {
 		i, _ := t.engineHash(h)
 		prefetch.Elem(t.cells, int(i))
 	}
-}
-
-// warmKey fetches the home cell of k in the key table.
-func (ix *Index) warmKey(k Key) {
-	t := &ix.byKey
-	if len(t.cells) == 0 {
-		return
-	}
-	i, _ := t.keyHash(k)
-	prefetch.Elem(t.cells, int(i))
 }
 
 // warmEntries fetches what findEngine reads for hashes the index is
@@ -434,18 +342,15 @@ const warmProbe = 32
 
 // warmGhosts fetches the table cells that evicting the next n ghosts will
 // change, when the index is full and new entries take ghosts' slots: the
-// home cells of their engine hashes and content keys.
+// home cells of their engine hashes.
 func (ix *Index) warmGhosts(n int) {
 	if len(ix.entries) < ix.cfg.MaxBlocks || len(ix.byEngine.cells) == 0 {
 		return
 	}
 	q := &ix.ghosts
 	for j, i := 0, q.head; j < min(n, q.n); j++ {
-		e := &ix.entries[q.buf[i]]
-		he, _ := ix.byEngine.engineHash(e.engine)
-		hk, _ := ix.byKey.keyHash(e.key)
+		he, _ := ix.byEngine.engineHash(ix.entries[q.buf[i]].engine)
 		prefetch.Elem(ix.byEngine.cells, int(he))
-		prefetch.Elem(ix.byKey.cells, int(hk))
 		if i++; i == len(q.buf) {
 			i = 0
 		}
