@@ -1247,24 +1247,22 @@ func (t *keyTable) withdraw(slot int, ix keySource, buf *[]keyChange) {
 // a subset of one of the two views and its answer is at most what one of
 // them answers (R-REC-2: no over-report during a calibration).
 //
-// A key's tiers in a view are the union over the view's entries holding
-// it, which only a KeyLookup finds: the indexes keep no table by key. The
-// two lookups are built here and dropped after, a cell and a half of four
-// bytes per resident block each, for the length of one swap.
+// The views are compared block by block, by engine hash
+// (ForEachKeyAgainst), and a key's bits are those of one block holding
+// it. A key held by one block in each view, as engines name their blocks,
+// ends exactly as next holds it; one several blocks hold may end on fewer
+// tiers, never more: the first pass writes a subset of old ∩ next for
+// every block that differs and leaves the others, which are already, and
+// the second writes next's tiers of a block.
 func (t *keyTable) replace(slot int, old, next *kvindex.Index, buf *[]keyChange) {
-	var ol, nl kvindex.KeyLookup
-	ol.Build(old)
-	nl.Build(next)
-	old.ForEachKey(func(k kvindex.Key, _, _ bool) {
-		od, oh := ol.Tiers(k)
-		if nd, nh := nl.Tiers(k); nd != od || nh != oh {
+	old.ForEachKeyAgainst(next, func(k kvindex.Key, od, oh, nd, nh bool) {
+		if nd != od || nh != oh {
 			t.push(slot, buf, k, od && nd, oh && nh)
 		}
 	})
 	t.flush(slot, buf)
-	next.ForEachKey(func(k kvindex.Key, _, _ bool) {
-		nd, nh := nl.Tiers(k)
-		if od, oh := ol.Tiers(k); nd != od || nh != oh {
+	next.ForEachKeyAgainst(old, func(k kvindex.Key, nd, nh, od, oh bool) {
+		if nd != od || nh != oh {
 			t.push(slot, buf, k, nd, nh)
 		}
 	})

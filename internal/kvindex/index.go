@@ -148,8 +148,9 @@ type entry struct {
 // bytes of heap (a Go map keyed by 16-byte keys would cost several times
 // that). No table finds them by content key: events name blocks by engine
 // hash, and queries walk the directory's shared key table, which the
-// observer keeps (see SetObserver). A KeyLookup built on demand finds keys
-// for the few callers that need to (a calibration's swap, tests).
+// observer keeps (see SetObserver); a calibration compares two views by
+// engine hash (ForEachKeyAgainst). A KeyLookup built on demand finds keys
+// for tests and benchmarks.
 //
 // Several entries may share a content key (blocks kvcar does not index but
 // whose keys a later store computes, engines with different hash seeds,
@@ -218,6 +219,41 @@ func (ix *Index) ForEachKey(fn func(k Key, onDevice, onHost bool)) {
 			continue
 		}
 		fn(ix.entries[i].key, t&tierDevice != 0, t&tierHost != 0)
+	}
+}
+
+// ForEachKeyAgainst calls fn for every keyed entry of ix on a tier with
+// its content key, its own tiers and the tiers of other's entry with the
+// same engine hash, if that entry holds the same key (none otherwise).
+// Two views of one engine name the same blocks by the same hashes, so
+// this compares them block by block without a table by key; a key one
+// view holds under another hash reads as not held by it. Neither index
+// may change meanwhile.
+func (ix *Index) ForEachKeyAgainst(other *Index, fn func(k Key, onDevice, onHost, otherDevice, otherHost bool)) {
+	var slots [warmBatch]uint32
+	var hashes [warmBatch]kvevent.EngineHash
+	for base := 0; base < len(ix.entries); {
+		// Batches of hashes, whose cells in other are fetched together
+		// (see warmEntries): the views are out of cache at full size.
+		n := 0
+		for ; base < len(ix.entries) && n < warmBatch; base++ {
+			m := ix.meta[base]
+			if m&(tierDevice|tierHost) == 0 || m&flagUnkeyed != 0 {
+				continue
+			}
+			slots[n], hashes[n] = uint32(base), ix.entries[base].engine
+			n++
+		}
+		other.warmEntries(hashes[:n])
+		for j := range n {
+			e := &ix.entries[slots[j]]
+			t := ix.tiers(slots[j])
+			var o uint8
+			if s, ok := other.findEngine(e.engine); ok && other.meta[s]&flagUnkeyed == 0 && other.entries[s].key == e.key {
+				o = other.tiers(s)
+			}
+			fn(e.key, t&tierDevice != 0, t&tierHost != 0, o&tierDevice != 0, o&tierHost != 0)
+		}
 	}
 }
 

@@ -2,8 +2,9 @@ package kvindex
 
 // KeyLookup finds an index's keyed entries on a tier by content key. The
 // index keeps no such table as it changes: every stored block would pay
-// an insert and every evicted ghost a delete, for lookups only a
-// calibration's swap and tests make. A lookup is built from the index as
+// an insert and every evicted ghost a delete, for lookups only tests and
+// benchmarks make (queries walk the directory's shared key table). A
+// lookup is built from the index as
 // it stands, costs four bytes a cell (a cell and a half an entry), and is
 // valid until the index next changes; using it after that panics. The
 // zero value is empty and ready to Build.
