@@ -817,8 +817,9 @@ func TestTableFarFromHome(t *testing.T) {
 // and stores as many new ones, which take the slots of the oldest ghosts.
 // Removals then take the path that finds later cells' homes from their
 // home bits alone, and the blocks of a message are warmed and stored in
-// batches; every entry must stay reachable through both tables, removed
-// blocks must be on no tier and stored ones on Device (R-IDX-3, R-CFG-2).
+// batches; every entry must stay reachable through the engine table and
+// a KeyLookup, removed blocks must be on no tier and stored ones on
+// Device (R-IDX-3, R-CFG-2).
 func TestSteadyChurnLargeTables(t *testing.T) {
 	const window = 50
 	size := window * prefillgen.Blocks
