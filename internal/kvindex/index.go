@@ -152,12 +152,12 @@ type entry struct {
 // engine hash (ForEachKeyAgainst). A KeyLookup built on demand finds keys
 // for tests and benchmarks.
 //
-// Several entries may share a content key (blocks kvcar does not index but
-// whose keys a later store computes, engines with different hash seeds,
-// hash collisions). Each entry's removals touch only its own tiers, and the
-// index tells the observer each entry's own tiers: a key two entries share
-// may then read as held on fewer tiers than it is, never on more. A
-// KeyLookup sees the union of their tiers.
+// Several entries may share a content key: content an engine names by two
+// hashes, or a collision of keys (an engine names the same content by the
+// same hash, so both are rare). Each entry's removals touch only its own
+// tiers, and the index tells the observer each entry's own tiers: a key two
+// entries share may then read as held on fewer tiers than it is, never on
+// more. A KeyLookup sees the union of their tiers.
 //
 // An Index is not safe for concurrent use; the directory serialises access.
 // Counts, Len, Stats, Config, ForEach, ForEachKey and Lookup only read, so
