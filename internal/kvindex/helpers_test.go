@@ -144,7 +144,7 @@ func checkInvariants(ix *Index) error {
 	}
 	looked := 0
 	for s := range n {
-		if ix.meta[s]&flagUnkeyed == 0 && ix.tiers(uint32(s)) != 0 {
+		if keyedOnTier(ix.meta[s]) {
 			looked++
 		}
 	}
@@ -161,7 +161,7 @@ func checkInvariants(ix *Index) error {
 		e := &ix.entries[s]
 		orphan := ix.meta[s]&flagUnkeyed != 0
 		wantKey := 1
-		if orphan || ix.tiers(uint32(s)) == 0 {
+		if !keyedOnTier(ix.meta[s]) {
 			wantKey = 0
 		}
 		if be[uint32(s)] != 1 || bk[uint32(s)] != wantKey {

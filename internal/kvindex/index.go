@@ -160,8 +160,9 @@ type entry struct {
 // more. A KeyLookup sees the union of their tiers.
 //
 // An Index is not safe for concurrent use; the directory serialises access.
-// Counts, Len, Stats, Config, ForEach, ForEachKey and Lookup only read, so
-// they may run concurrently with each other under a shared (read) lock;
+// Counts, Len, Stats, Config, ForEach, ForEachKey, ForEachKeyAgainst and
+// Lookup only read, so they may run concurrently with each other under a
+// shared (read) lock;
 // Apply, Clear and AdoptKeys need exclusive access.
 type Index struct {
 	cfg    Config
@@ -213,11 +214,10 @@ func (ix *Index) SetObserver(fn func(k Key, onDevice, onHost, dropped bool)) { i
 // fn must not modify the index.
 func (ix *Index) ForEachKey(fn func(k Key, onDevice, onHost bool)) {
 	for i := range ix.entries {
-		m := ix.meta[i]
-		t := m & (tierDevice | tierHost)
-		if t == 0 || m&flagUnkeyed != 0 {
+		if !keyedOnTier(ix.meta[i]) {
 			continue
 		}
+		t := ix.tiers(uint32(i))
 		fn(ix.entries[i].key, t&tierDevice != 0, t&tierHost != 0)
 	}
 }
@@ -237,8 +237,7 @@ func (ix *Index) ForEachKeyAgainst(other *Index, fn func(k Key, onDevice, onHost
 		// (see warmEntries): the views are out of cache at full size.
 		n := 0
 		for ; base < len(ix.entries) && n < warmBatch; base++ {
-			m := ix.meta[base]
-			if m&(tierDevice|tierHost) == 0 || m&flagUnkeyed != 0 {
+			if !keyedOnTier(ix.meta[base]) {
 				continue
 			}
 			slots[n], hashes[n] = uint32(base), ix.entries[base].engine
@@ -306,7 +305,7 @@ func (ix *Index) Stats() Stats { return ix.stats }
 func (ix *Index) Clear() {
 	if ix.observe != nil {
 		for i := range ix.entries {
-			if ix.tiers(uint32(i)) != 0 && ix.meta[i]&flagUnkeyed == 0 {
+			if keyedOnTier(ix.meta[i]) {
 				ix.observe(ix.entries[i].key, false, false, true)
 			}
 		}
@@ -577,7 +576,7 @@ func (ix *Index) allocSlot() (uint32, error) {
 	n := len(ix.entries)
 	if n < ix.cfg.MaxBlocks {
 		if ix.byEngine.needsGrow(n + 1) {
-			ix.rebuildTables(n + 1)
+			ix.rebuildTable(n + 1)
 		}
 		if n == cap(ix.entries) {
 			// A quarter more, not double: a resident entry then carries
@@ -619,7 +618,7 @@ func (ix *Index) Reserve(n int) {
 		ix.growStorage(n)
 	}
 	if ix.byEngine.needsGrow(n) {
-		ix.rebuildTables(n)
+		ix.rebuildTable(n)
 	}
 }
 
@@ -643,6 +642,10 @@ func (ix *Index) addCount(tier uint8, d int) {
 		ix.host += d
 	}
 }
+
+// keyedOnTier reports whether meta byte m is an entry's that a query may
+// hit: on a tier, and with a content key (not an orphan).
+func keyedOnTier(m uint8) bool { return m&(tierDevice|tierHost) != 0 && m&flagUnkeyed == 0 }
 
 // tiers returns the tier bits of slot s.
 func (ix *Index) tiers(s uint32) uint8 { return ix.meta[s] & (tierDevice | tierHost) }

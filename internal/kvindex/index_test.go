@@ -786,7 +786,7 @@ func TestTableFarFromHome(t *testing.T) {
 		}
 	}
 	ix.device = n
-	ix.rebuildTables(n)
+	ix.rebuildTable(n)
 	if ix.byEngine.far != n-homeSpan {
 		t.Fatalf("%d far cells, want %d", ix.byEngine.far, n-homeSpan)
 	}

@@ -20,7 +20,7 @@ type KeyLookup struct {
 func (l *KeyLookup) Build(ix *Index) {
 	n := 0
 	for _, m := range ix.meta {
-		if m&(tierDevice|tierHost) != 0 && m&flagUnkeyed == 0 {
+		if keyedOnTier(m) {
 			n++
 		}
 	}
@@ -37,7 +37,7 @@ func (l *KeyLookup) Build(ix *Index) {
 		l.t.alloc(size)
 	}
 	for s, m := range ix.meta {
-		if m&(tierDevice|tierHost) == 0 || m&flagUnkeyed != 0 {
+		if !keyedOnTier(m) {
 			continue
 		}
 		home, tag := l.t.keyHash(ix.entries[s].key)

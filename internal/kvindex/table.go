@@ -143,9 +143,9 @@ func (t *table) keyHash(k Key) (home uint64, tag uint32) {
 	return home, t.tag(k.Hi, home)
 }
 
-// rebuildTables sizes the engine table for n entries and reinserts every
+// rebuildTable sizes the engine table for n entries and reinserts every
 // entry.
-func (ix *Index) rebuildTables(n int) {
+func (ix *Index) rebuildTable(n int) {
 	ix.byEngine.alloc(tableSize(n, ix.cfg.MaxBlocks))
 	for s := range ix.entries {
 		home, tag := ix.byEngine.engineHash(ix.entries[s].engine)
@@ -197,17 +197,17 @@ func (ix *Index) insertEngine(s uint32) {
 }
 
 func (ix *Index) deleteEngine(s uint32) {
-	t := &ix.byEngine
-	home, _ := t.engineHash(ix.entries[s].engine)
-	ix.shiftDelete(t, home, s)
+	home, _ := ix.byEngine.engineHash(ix.entries[s].engine)
+	ix.shiftDelete(home, s)
 }
 
-// shiftDelete removes slot s, whose home is home, from the engine table t
+// shiftDelete removes slot s, whose home is home, from the engine table
 // by backward-shift deletion: later cells of the probe run move back into
 // the hole unless that would put them before their home, so lookups never
 // need tombstones. A later cell's home comes from its home bits, or, while
 // some cell lies far from its home, from its entry.
-func (ix *Index) shiftDelete(t *table, home uint64, s uint32) {
+func (ix *Index) shiftDelete(home uint64, s uint32) {
+	t := &ix.byEngine
 	i, d := home, 0
 	for t.cells[i]&(1<<t.sb-1) != s+1 {
 		i = t.next(i)
