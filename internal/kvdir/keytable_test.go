@@ -64,16 +64,32 @@ func (m *modelStream) event(rng *rand.Rand) *kvevent.Event {
 	case p < 40 && len(m.hashes) > 0:
 		return &kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Host, BlockHashes: []kvevent.EngineHash{known()}, PlainText: true}
 	}
-	n := 1 + rng.IntN(4)
+	var parent kvevent.EngineHash
+	hasParent := len(m.hashes) > 0 && rng.IntN(4) != 0
+	if hasParent {
+		parent = known()
+	}
+	return m.stored(rng, 1+rng.IntN(4), medium, parent, hasParent)
+}
+
+// continuing returns a stored event of one block that continues prev's
+// chain on its tier, as engines send a batch of decode steps, or nil if
+// prev is no stored event with tokens.
+func (m *modelStream) continuing(rng *rand.Rand, prev *kvevent.Event) *kvevent.Event {
+	if prev.Kind != kvevent.BlockStored || len(prev.TokenIDs) == 0 {
+		return nil
+	}
+	return m.stored(rng, 1, prev.Medium, prev.BlockHashes[len(prev.BlockHashes)-1], true)
+}
+
+// stored returns a stored event of n blocks of random tokens.
+func (m *modelStream) stored(rng *rand.Rand, n int, medium kvevent.Medium, parent kvevent.EngineHash, hasParent bool) *kvevent.Event {
 	ev := &kvevent.Event{Kind: kvevent.BlockStored, Medium: medium, BlockSize: modelBlock, PlainText: true,
 		BlockHashes: make([]kvevent.EngineHash, n), TokenIDs: make([]uint32, n*modelBlock)}
 	for i := range ev.TokenIDs {
 		ev.TokenIDs[i] = uint32(rng.IntN(2))
 	}
-	if len(m.hashes) > 0 && rng.IntN(4) != 0 {
-		ev.HasParent, ev.ParentHash = true, known()
-	}
-	parent := ev.ParentHash
+	ev.HasParent, ev.ParentHash = hasParent, parent
 	for i := range ev.BlockHashes {
 		parent = m.blockHash(parent, ev.TokenIDs[i*modelBlock:(i+1)*modelBlock])
 		ev.BlockHashes[i] = parent
@@ -175,8 +191,17 @@ func TestSharedTableAgainstPerStreamMatch(t *testing.T) {
 				// own index holds (R-DIR-1). Half the batches go in one
 				// run under one lock hold, the others an event a run,
 				// with a query after each.
+				// A third of the events continue the chain of the one
+				// before, which the index stores as one run.
 				evs := make([]kvevent.Event, 1+rng.IntN(3))
 				for e := range evs {
+					if e > 0 && rng.IntN(3) == 0 {
+						if ev := m.continuing(rng, &evs[e-1]); ev != nil {
+							evs[e] = *ev
+							seen["chained event"]++
+							continue
+						}
+					}
 					evs[e] = *m.event(rng)
 				}
 				run := len(evs)
@@ -205,6 +230,12 @@ func TestSharedTableAgainstPerStreamMatch(t *testing.T) {
 					}
 					if len(part) > 1 {
 						seen["run of events"]++
+					}
+					for i := 1; i < len(part); i++ {
+						if prev := &part[i-1]; part[i].Kind == kvevent.BlockStored && prev.Kind == kvevent.BlockStored && len(prev.TokenIDs) > 0 &&
+							part[i].HasParent && part[i].ParentHash == prev.BlockHashes[len(prev.BlockHashes)-1] {
+							seen["chain in one run"]++
+						}
 					}
 					if e+run < len(evs) {
 						if len(s.pending) > 0 {
@@ -268,7 +299,7 @@ func TestSharedTableAgainstPerStreamMatch(t *testing.T) {
 			}
 		}
 		for _, c := range []string{"invalidate", "calibration", "fresh publish", "slot reuse", "fault", "hit", "host-only hit", "additions pending", "run of events",
-			"under-report of a shared key",
+			"chain in one run", "under-report of a shared key",
 			kvevent.BlockStored.String(), kvevent.BlockRemoved.String(), kvevent.AllBlocksCleared.String()} {
 			if seen[c] == 0 {
 				t.Errorf("seed %d: random steps never produced %q", seed, c)

@@ -202,8 +202,9 @@ func (s *stream) flushKeys() {
 // hold ends after the event that brings its blocks to runBlocks: a batch
 // of many small events (engines' decode steps, a block each) then costs
 // one lock round and one update of the query view per run, not per
-// event. A hold covers fewer than runBlocks blocks and one event more,
-// so it lasts little longer than one large event's alone.
+// event, and the index stores a chain of them together (ApplyRun). A
+// hold covers fewer than runBlocks blocks and one event more, so it lasts
+// little longer than one large event's alone.
 //
 // A change that may take a tier away from a key is written to the
 // shared table before the next event applies: a query must not find a
@@ -213,12 +214,16 @@ func (s *stream) flushKeys() {
 // an event failed.
 func (s *stream) applyPublished(ix *kvindex.Index, evs []kvevent.Event, mode kvindex.Mode) (n int, err error) {
 	s.mu.Lock()
-	for blocks := 0; n < len(evs) && blocks < runBlocks; n++ {
-		ev := &evs[n]
-		if err = ix.Apply(ev, mode); err != nil {
+	for blocks := 0; n < len(evs) && blocks < runBlocks; {
+		var k int
+		k, err = ix.ApplyRun(evs[n:], mode, runBlocks-blocks)
+		for i := n; i < n+k; i++ {
+			blocks += max(1, len(evs[i].BlockHashes))
+		}
+		if n += k; err != nil {
 			break
 		}
-		blocks += max(1, len(ev.BlockHashes))
+		// ApplyRun ends a run after an event that dropped a tier.
 		if s.dropped {
 			s.flushKeys()
 		}

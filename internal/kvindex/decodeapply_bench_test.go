@@ -16,6 +16,9 @@ import (
 // beforehand and kept at that size. blocks/s counts the stored blocks;
 // blocks/cpu-s counts them per CPU second of the benchmark's thread.
 //
+// The events are applied in runs of up to benchRunBlocks blocks
+// (ApplyRun), as a directory's stream applies them.
+//
 // With streams=32 the messages go in turn to 32 such indexes, as a
 // directory's streams take turns on its cores: each message then finds
 // its index as the other streams' messages left the caches, not as its
@@ -32,6 +35,10 @@ func BenchmarkDecodeApplyFresh(b *testing.B) {
 	}
 }
 
+// benchRunBlocks is the bound on a run's blocks that kvdir's streams
+// give ApplyRun.
+const benchRunBlocks = 64
+
 func benchDecodeApplyFresh(b *testing.B, size, streams, per int) {
 	window := size / prefillgen.Blocks
 	ixs := make([]*Index, streams)
@@ -45,8 +52,9 @@ func benchDecodeApplyFresh(b *testing.B, size, streams, per int) {
 		if err := dec.DecodeBatch(f.Payload, &batch); err != nil {
 			b.Fatal(err)
 		}
-		for e := range batch.Events {
-			if err := ix.Apply(&batch.Events[e], Delta); err != nil {
+		for e := 0; e < len(batch.Events); {
+			n, err := ix.ApplyRun(batch.Events[e:], Delta, benchRunBlocks)
+			if e += n; err != nil {
 				b.Fatalf("iteration %d event %d: %v", i, e, err)
 			}
 		}

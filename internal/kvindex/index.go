@@ -187,7 +187,11 @@ type Index struct {
 	stats        Stats
 
 	// chunk holds the keys of the blocks being stored.
-	chunk [16]Key
+	chunk [chunkBlocks]Key
+
+	// drops counts the observer calls with dropped true, so that a run
+	// can end after the event that made one (see ApplyRun).
+	drops uint64
 
 	// observe, when set, is told every content key whose tiers may have
 	// changed (see SetObserver).
@@ -263,7 +267,15 @@ func (ix *Index) notify(s uint32, dropped bool) {
 		return
 	}
 	t := ix.tiers(s)
-	ix.observe(ix.entries[s].key, t&tierDevice != 0, t&tierHost != 0, dropped)
+	ix.tell(ix.entries[s].key, t&tierDevice != 0, t&tierHost != 0, dropped)
+}
+
+// tell calls the observer, which must be set, counting drops.
+func (ix *Index) tell(k Key, onDevice, onHost, dropped bool) {
+	if dropped {
+		ix.drops++
+	}
+	ix.observe(k, onDevice, onHost, dropped)
 }
 
 // New returns an empty index. It allocates little: storage grows by
@@ -306,7 +318,7 @@ func (ix *Index) Clear() {
 	if ix.observe != nil {
 		for i := range ix.entries {
 			if keyedOnTier(ix.meta[i]) {
-				ix.observe(ix.entries[i].key, false, false, true)
+				ix.tell(ix.entries[i].key, false, false, true)
 			}
 		}
 	}
@@ -357,7 +369,8 @@ func (ix *Index) Apply(ev *kvevent.Event, mode Mode) error {
 	ix.gen++
 	switch ev.Kind {
 	case kvevent.BlockStored:
-		return ix.applyStored(ev, mode)
+		_, err := ix.applyStored(ev, nil, mode, 0)
+		return err
 	case kvevent.BlockRemoved:
 		return ix.applyRemoved(ev)
 	case kvevent.AllBlocksCleared:
@@ -379,19 +392,49 @@ func tierOf(m kvevent.Medium) (uint8, error) {
 	return 0, fmt.Errorf("kvindex: medium %d: %w", m, ErrEvent)
 }
 
-func (ix *Index) applyStored(ev *kvevent.Event, mode Mode) error {
+// ApplyRun applies the leading events of evs as Apply applies each, one
+// after another, and returns how many it applied; when one fails, it is
+// evs[n], and the events before it are applied. It applies at least one
+// event, and joins to a plain-text stored event the ones after it that
+// continue its run: stored events of plain text on its tier, each one's
+// parent the last block of the one before, up to the one that brings the
+// run to maxBlocks blocks. A run's blocks are fetched and keyed in chunks
+// across its events, as one event's are: engines send a batch of decode
+// steps as events of one block each, whose cost alone is mostly per
+// event. It stops after an event that may have taken a tier away from a
+// key (an observer call with dropped true: a block stored again with
+// other content), so that the caller can show that change before the
+// next event applies.
+func (ix *Index) ApplyRun(evs []kvevent.Event, mode Mode, maxBlocks int) (int, error) {
+	if len(evs) == 0 {
+		return 0, nil
+	}
+	if evs[0].Kind != kvevent.BlockStored {
+		if err := ix.Apply(&evs[0], mode); err != nil {
+			return 0, err
+		}
+		return 1, nil
+	}
+	ix.gen++
+	return ix.applyStored(&evs[0], evs[1:], mode, maxBlocks)
+}
+
+// applyStored applies stored event ev and the events of more that join
+// its run (see ApplyRun; none when maxBlocks is at most ev's blocks),
+// and returns how many events it applied, ev included.
+func (ix *Index) applyStored(ev *kvevent.Event, more []kvevent.Event, mode Mode, maxBlocks int) (int, error) {
 	if !ev.PlainText {
 		ix.stats.NonPlainBlocks += uint64(len(ev.BlockHashes))
-		return nil
+		return 1, nil
 	}
 	tier, err := tierOf(ev.Medium)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if tier == 0 {
 		ix.stats.UnservedBlocks += uint64(len(ev.BlockHashes))
 		if len(ev.TokenIDs) == 0 {
-			return nil // a copy of known blocks on a tier with no hits
+			return 1, nil // a copy of known blocks on a tier with no hits
 		}
 	}
 	if len(ev.TokenIDs) == 0 {
@@ -403,14 +446,14 @@ func (ix *Index) applyStored(ev *kvevent.Event, mode Mode) error {
 				ix.stats.UnresolvedReplicas++
 			}
 		}
-		return nil
+		return 1, nil
 	}
 	bs := ix.cfg.BlockSize
 	if ev.BlockSize != bs {
-		return fmt.Errorf("kvindex: stored event has block size %d, index has %d: %w", ev.BlockSize, bs, ErrBlockSize)
+		return 0, fmt.Errorf("kvindex: stored event has block size %d, index has %d: %w", ev.BlockSize, bs, ErrBlockSize)
 	}
 	if len(ev.TokenIDs) != len(ev.BlockHashes)*bs {
-		return fmt.Errorf("kvindex: stored event has %d tokens for %d blocks of %d: %w",
+		return 0, fmt.Errorf("kvindex: stored event has %d tokens for %d blocks of %d: %w",
 			len(ev.TokenIDs), len(ev.BlockHashes), bs, ErrTokenCount)
 	}
 	var parent Key
@@ -419,35 +462,97 @@ func (ix *Index) applyStored(ev *kvevent.Event, mode Mode) error {
 		s, ok := ix.findEngine(ev.ParentHash)
 		switch {
 		case !ok && mode == Delta:
-			return fmt.Errorf("kvindex: parent %v of %d stored blocks: %w", ev.ParentHash, len(ev.BlockHashes), ErrUnknownParent)
+			return 0, fmt.Errorf("kvindex: parent %v of %d stored blocks: %w", ev.ParentHash, len(ev.BlockHashes), ErrUnknownParent)
 		case !ok || ix.meta[s]&flagUnkeyed != 0:
 			// A known orphan's child is no lost event, even live.
-			return ix.storeOrphans(ev.BlockHashes, tier)
+			if err := ix.storeOrphans(ev.BlockHashes, tier); err != nil {
+				return 0, err
+			}
+			return 1, nil
 		}
 		parent, hasParent = ix.entries[s].key, true
 	}
-	// Blocks go in chunks: the table cells a chunk will probe are
-	// fetched up front (see warmEngine) so that their cache misses
-	// overlap each other and the hashing, instead of stalling every
-	// block in turn.
-	for base := 0; base < len(ev.BlockHashes); base += len(ix.chunk) {
-		hashes := ev.BlockHashes[base:min(base+len(ix.chunk), len(ev.BlockHashes))]
-		keys := ix.chunk[:len(hashes)]
-		ix.warmEngine(hashes)
-		ix.warmGhosts(len(hashes))
+	if tier == 0 {
+		more = nil // unserved blocks count per event (UnservedBlocks)
+	}
+	return ix.storeRun(ev, more[:joining(ev, more, maxBlocks)], parent, hasParent, tier)
+}
+
+// joining returns how many events at the start of more continue the run
+// of checked stored event ev: plain-text stored events on its medium,
+// with its block size and as many blocks of tokens as hashes, each one's
+// parent the last block of the one before, up to the one that brings the
+// run to maxBlocks blocks. Each of them is then applied as ev is once the
+// one before is: its parent, just stored, has the key the chain gives it.
+func joining(ev *kvevent.Event, more []kvevent.Event, maxBlocks int) int {
+	blocks, last := len(ev.BlockHashes), ev.BlockHashes[len(ev.BlockHashes)-1]
+	n := 0
+	for ; n < len(more) && blocks < maxBlocks; n++ {
+		e := &more[n]
+		if e.Kind != kvevent.BlockStored || !e.PlainText || e.Medium != ev.Medium || e.BlockSize != ev.BlockSize ||
+			len(e.BlockHashes) == 0 || len(e.TokenIDs) != len(e.BlockHashes)*ev.BlockSize ||
+			!e.HasParent || e.ParentHash != last {
+			break
+		}
+		blocks, last = blocks+len(e.BlockHashes), e.BlockHashes[len(e.BlockHashes)-1]
+	}
+	return n
+}
+
+// storeRun stores the blocks of ev and then of the events of more, the
+// chain that continues parent, and returns how many events it applied.
+// Blocks go in chunks across events: the table cells a chunk will probe
+// are fetched up front (see warmEngine) so that their cache misses
+// overlap each other and the hashing, instead of stalling every block in
+// turn. The keys of a chunk are computed before its blocks are stored,
+// which changes nothing: a key depends on the tokens and the chain alone.
+// A store that fails ends the run at its event; one that may have taken
+// a tier away from a key ends it after its event.
+func (ix *Index) storeRun(ev *kvevent.Event, more []kvevent.Event, parent Key, hasParent bool, tier uint8) (int, error) {
+	bs := ix.cfg.BlockSize
+	event := func(i int) *kvevent.Event { // event i of the run
+		if i == 0 {
+			return ev
+		}
+		return &more[i-1]
+	}
+	var (
+		hashes [chunkBlocks]kvevent.EngineHash
+		// block j of the chunk is block blk[j] of event evt[j]
+		evt, blk [chunkBlocks]int
+	)
+	drops := ix.drops
+	e, b := 0, 0 // the next block to take: block b of event e
+	for e <= len(more) {
+		n := 0
+		for ; n < chunkBlocks && e <= len(more); n++ {
+			cur := event(e)
+			hashes[n], evt[n], blk[n] = cur.BlockHashes[b], e, b
+			if b++; b == len(cur.BlockHashes) {
+				e, b = e+1, 0
+			}
+		}
+		keys := ix.chunk[:n]
+		ix.warmEngine(hashes[:n])
+		ix.warmGhosts(n)
 		for j := range keys {
-			b := base + j
-			keys[j] = ix.hasher.BlockKey(parent, hasParent, ev.TokenIDs[b*bs:(b+1)*bs])
+			keys[j] = ix.hasher.BlockKey(parent, hasParent, event(evt[j]).TokenIDs[blk[j]*bs:(blk[j]+1)*bs])
 			parent, hasParent = keys[j], true
 		}
-		for j, h := range hashes {
-			if err := ix.store(h, keys[j], tier); err != nil {
-				return fmt.Errorf("kvindex: stored block %d of %d (hash %v): %w", base+j, len(ev.BlockHashes), h, err)
+		for j := range n {
+			if blk[j] == 0 && evt[j] > 0 && ix.drops != drops {
+				return evt[j], nil
+			}
+			if err := ix.store(hashes[j], keys[j], tier); err != nil {
+				return evt[j], fmt.Errorf("kvindex: stored block %d of %d (hash %v): %w", blk[j], len(event(evt[j]).BlockHashes), hashes[j], err)
 			}
 		}
 	}
-	return nil
+	return 1 + len(more), nil
 }
+
+// chunkBlocks is how many blocks storeRun fetches and keys at once.
+const chunkBlocks = 16
 
 func (ix *Index) applyRemoved(ev *kvevent.Event) error {
 	tier, err := tierOf(ev.Medium)
@@ -564,7 +669,7 @@ func (ix *Index) setKey(s uint32, k Key) {
 	ix.meta[s] &^= flagUnkeyed
 	if ix.observe != nil && ix.tiers(s) != 0 {
 		if !orphan {
-			ix.observe(old, false, false, true)
+			ix.tell(old, false, false, true)
 		}
 		ix.notify(s, false)
 	}

@@ -1,0 +1,214 @@
+package kvindex
+
+import (
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/kvcar/kvcar/internal/kvevent"
+)
+
+// observed is one observer call.
+type observed struct {
+	key           Key
+	dev, host, dr bool
+}
+
+// runEvents returns a batch of random events that form runs: mostly
+// stored events continuing the chain of the one before (one block, now
+// and then more), broken now and then by another tier, a parent that is
+// not the last block, text that is not plain, a tokenless replica, a
+// removal, a clear or a block size the index does not have. Hashes come
+// from a small universe, so blocks are stored again with other content
+// (a key replaced, which drops a tier) and evicted ghosts come back.
+func runEvents(rng *rand.Rand, bs int) []kvevent.Event {
+	hash := func() kvevent.EngineHash { return kvevent.IntHash(uint64(rng.IntN(48))) }
+	tokens := func(blocks int) []uint32 {
+		t := make([]uint32, blocks*bs)
+		for i := range t {
+			t[i] = uint32(rng.IntN(3))
+		}
+		return t
+	}
+	var evs []kvevent.Event
+	var last kvevent.EngineHash
+	hasLast := false
+	medium := kvevent.Device
+	for range 1 + rng.IntN(40) {
+		switch p := rng.IntN(100); {
+		case p < 2:
+			evs = append(evs, kvevent.Event{Kind: kvevent.AllBlocksCleared, PlainText: true})
+			hasLast = false
+			continue
+		case p < 12:
+			evs = append(evs, kvevent.Event{Kind: kvevent.BlockRemoved, Medium: kvevent.Medium(rng.IntN(2)),
+				BlockHashes: []kvevent.EngineHash{hash(), hash()}, PlainText: true})
+			continue
+		case p < 15:
+			evs = append(evs, kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Host,
+				BlockHashes: []kvevent.EngineHash{hash()}, PlainText: true})
+			continue
+		}
+		n := 1
+		if rng.IntN(5) == 0 {
+			n += rng.IntN(3)
+		}
+		ev := kvevent.Event{Kind: kvevent.BlockStored, Medium: medium, BlockSize: bs, PlainText: true, TokenIDs: tokens(n)}
+		for range n {
+			ev.BlockHashes = append(ev.BlockHashes, hash())
+		}
+		switch p := rng.IntN(100); {
+		case p < 70 && hasLast: // the run goes on
+			ev.HasParent, ev.ParentHash = true, last
+		case p < 80: // a root
+		default: // a random parent, known or not
+			ev.HasParent, ev.ParentHash = true, hash()
+		}
+		switch p := rng.IntN(100); {
+		case p < 8:
+			ev.Medium = kvevent.Medium(rng.IntN(2))
+			medium = ev.Medium
+		case p < 10:
+			ev.Medium = kvevent.Disk
+		case p < 12:
+			ev.PlainText = false
+		case p < 13:
+			ev.BlockSize = bs + 1
+		}
+		last, hasLast = ev.BlockHashes[n-1], true
+		evs = append(evs, ev)
+	}
+	return evs
+}
+
+// TestApplyRunMatchesApply checks that ApplyRun, called as a stream calls
+// it, leaves the index, its counters and the observer's calls exactly as
+// Apply of each event in turn does, fails at the same event with the same
+// error, joins events only as its rule says, and ends a run after an
+// event that dropped a tier (R-IDX-1, R-IDX-2, R-IDX-5, R-CFG-2).
+func TestApplyRunMatchesApply(t *testing.T) {
+	const bs = 2
+	seen := map[string]int{}
+	for seed := uint64(1); seed <= 40; seed++ {
+		cfg := Config{BlockSize: bs, HashSeed: 1024 + seed, MaxBlocks: 8 + int(seed%5)*8}
+		one, run := New(cfg), New(cfg)
+		var oneLog, runLog []observed
+		oneDrops := 0
+		one.SetObserver(func(k Key, d, h, dr bool) {
+			oneLog = append(oneLog, observed{k, d, h, dr})
+			if dr {
+				oneDrops++
+			}
+		})
+		run.SetObserver(func(k Key, d, h, dr bool) { runLog = append(runLog, observed{k, d, h, dr}) })
+		rng := rand.New(rand.NewPCG(seed, 0x72756e))
+		for batch := range 300 {
+			evs := runEvents(rng, bs)
+			mode := Delta
+			if rng.IntN(4) == 0 {
+				mode = Snapshot
+			}
+			// Apply, event by event, up to the first failure; which
+			// events dropped a tier.
+			var oneErr error
+			failed := len(evs)
+			dropped := make([]bool, len(evs))
+			for i := range evs {
+				before := oneDrops
+				if oneErr = one.Apply(&evs[i], mode); oneErr != nil {
+					failed = i
+					break
+				}
+				dropped[i] = oneDrops > before
+			}
+			// ApplyRun, run after run, with a random bound on a run's
+			// blocks, as applyPublished calls it.
+			var runErr error
+			n := 0
+			for n < len(evs) {
+				limit := 1 + rng.IntN(24)
+				k, err := run.ApplyRun(evs[n:], mode, limit)
+				where := fmt.Sprintf("seed %d batch %d events [%d, %d) of %d", seed, batch, n, n+k, len(evs))
+				if err == nil && k == 0 {
+					t.Fatalf("%s: applied none without an error", where)
+				}
+				if err != nil && n+k != failed {
+					t.Fatalf("%s: failed at event %d (%v), Apply at %d (%v)", where, n+k, err, failed, oneErr)
+				}
+				if err == nil && n+k > failed {
+					t.Fatalf("%s: applied past event %d, where Apply failed: %v", where, failed, oneErr)
+				}
+				if k > 1 {
+					seen["joined"]++
+					blocks := 0
+					for i := n; i < n+k; i++ {
+						e := &evs[i]
+						if e.Kind != kvevent.BlockStored || !e.PlainText || e.Medium != evs[n].Medium || len(e.TokenIDs) == 0 {
+							t.Fatalf("%s: joined event %d, %v on %v plain %v with %d tokens", where, i, e.Kind, e.Medium, e.PlainText, len(e.TokenIDs))
+						}
+						if i > n && (!e.HasParent || e.ParentHash != evs[i-1].BlockHashes[len(evs[i-1].BlockHashes)-1]) {
+							t.Fatalf("%s: joined event %d does not continue the chain", where, i)
+						}
+						if i < n+k-1 && dropped[i] {
+							t.Fatalf("%s: went on after event %d, which dropped a tier", where, i)
+						}
+						if blocks >= limit {
+							t.Fatalf("%s: joined event %d after %d blocks, limit %d", where, i, blocks, limit)
+						}
+						blocks += len(e.BlockHashes)
+					}
+				}
+				n += k
+				if err != nil {
+					runErr = err
+					seen[sentinel(err).Error()]++
+					break
+				}
+			}
+			if (oneErr == nil) != (runErr == nil) || oneErr != nil && oneErr.Error() != runErr.Error() {
+				t.Fatalf("seed %d batch %d: ApplyRun's error %v, Apply's %v", seed, batch, runErr, oneErr)
+			}
+			for i := range failed {
+				if dropped[i] && i+1 < failed && evs[i+1].Kind == kvevent.BlockStored {
+					seen["drop inside a run's reach"]++
+				}
+			}
+			if !slices.Equal(oneLog, runLog) {
+				t.Fatalf("seed %d batch %d: observer calls differ:\nApply    %v\nApplyRun %v", seed, batch, oneLog, runLog)
+			}
+			oneLog, runLog = oneLog[:0], runLog[:0]
+			if a, b := snapshotAll(one), snapshotAll(run); !maps.Equal(a, b) {
+				t.Fatalf("seed %d batch %d: entries differ:\nApply    %v\nApplyRun %v", seed, batch, a, b)
+			}
+			if one.Stats() != run.Stats() {
+				t.Fatalf("seed %d batch %d: stats %+v, Apply's %+v", seed, batch, run.Stats(), one.Stats())
+			}
+			d1, h1 := one.Counts()
+			d2, h2 := run.Counts()
+			if d1 != d2 || h1 != h2 || one.Len() != run.Len() {
+				t.Fatalf("seed %d batch %d: counts %d/%d of %d, Apply's %d/%d of %d", seed, batch, d2, h2, run.Len(), d1, h1, one.Len())
+			}
+			if err := checkInvariants(run); err != nil {
+				t.Fatalf("seed %d batch %d: %v", seed, batch, err)
+			}
+		}
+		seen["ghost eviction"] += int(run.Stats().GhostEvictions)
+	}
+	for _, c := range []string{"joined", "drop inside a run's reach", "ghost eviction",
+		ErrCapacity.Error(), ErrUnknownParent.Error(), ErrBlockSize.Error()} {
+		if seen[c] == 0 {
+			t.Errorf("random batches never produced %q", c)
+		}
+	}
+	t.Logf("coverage: %v", seen)
+}
+
+// snapshotAll is every entry of ix by engine hash, ghosts and orphans
+// included.
+func snapshotAll(ix *Index) map[kvevent.EngineHash]entryState {
+	m := map[kvevent.EngineHash]entryState{}
+	ix.ForEach(func(h kvevent.EngineHash, k Key, d, hst bool) { m[h] = entryState{key: k, dev: d, host: hst} })
+	return m
+}
