@@ -18,11 +18,12 @@ type observed struct {
 
 // runEvents returns a batch of random events that form runs: mostly
 // stored events continuing the chain of the one before (one block, now
-// and then more), broken now and then by another tier, a parent that is
-// not the last block, text that is not plain, a tokenless replica, a
-// removal, a clear or a block size the index does not have. Hashes come
-// from a small universe, so blocks are stored again with other content
-// (a key replaced, which drops a tier) and evicted ghosts come back.
+// and then a few, or more than a chunk), broken now and then by another
+// tier, a parent that is not the last block, text that is not plain, a
+// tokenless replica, a removal, a clear or a block size the index does
+// not have. Hashes come from a small universe, so blocks are stored
+// again with other content (a key replaced, which drops a tier) and
+// evicted ghosts come back.
 func runEvents(rng *rand.Rand, bs int) []kvevent.Event {
 	hash := func() kvevent.EngineHash { return kvevent.IntHash(uint64(rng.IntN(48))) }
 	tokens := func(blocks int) []uint32 {
@@ -52,7 +53,10 @@ func runEvents(rng *rand.Rand, bs int) []kvevent.Event {
 			continue
 		}
 		n := 1
-		if rng.IntN(5) == 0 {
+		switch rng.IntN(30) {
+		case 0: // more than a chunk
+			n = chunkBlocks + 1 + rng.IntN(8)
+		case 1, 2, 3, 4, 5:
 			n += rng.IntN(3)
 		}
 		ev := kvevent.Event{Kind: kvevent.BlockStored, Medium: medium, BlockSize: bs, PlainText: true, TokenIDs: tokens(n)}
