@@ -510,51 +510,41 @@ func joining(ev *kvevent.Event, more []kvevent.Event, maxBlocks int) int {
 // a tier away from a key ends it after its event.
 func (ix *Index) storeRun(ev *kvevent.Event, more []kvevent.Event, parent Key, hasParent bool, tier uint8) (int, error) {
 	bs := ix.cfg.BlockSize
-	// A chunk is up to chunkBlocks blocks in segments, each the blocks
-	// [from, to) of event e of the run (0 being ev, i the event more[i-1]).
-	type segment struct {
-		ev          *kvevent.Event
-		e, from, to int
+	event := func(i int) *kvevent.Event { // event i of the run
+		if i == 0 {
+			return ev
+		}
+		return &more[i-1]
 	}
-	var segs [chunkBlocks]segment
+	var (
+		hashes [chunkBlocks]kvevent.EngineHash
+		// block j of the chunk is block blk[j] of event evt[j]
+		evt, blk [chunkBlocks]int
+	)
 	drops := ix.drops
-	e, b, cur := 0, 0, ev // the next block to take: block b of event e, cur
-	for cur != nil {
-		n, ns := 0, 0
-		for n < chunkBlocks && cur != nil {
-			take := min(len(cur.BlockHashes)-b, chunkBlocks-n)
-			segs[ns] = segment{cur, e, b, b + take}
-			ns++
-			n, b = n+take, b+take
-			if b == len(cur.BlockHashes) {
-				if e, b, cur = e+1, 0, nil; e <= len(more) {
-					cur = &more[e-1]
-				}
+	e, b := 0, 0 // the next block to take: block b of event e
+	for e <= len(more) {
+		n := 0
+		for ; n < chunkBlocks && e <= len(more); n++ {
+			cur := event(e)
+			hashes[n], evt[n], blk[n] = cur.BlockHashes[b], e, b
+			if b++; b == len(cur.BlockHashes) {
+				e, b = e+1, 0
 			}
 		}
 		keys := ix.chunk[:n]
-		for _, sg := range segs[:ns] {
-			ix.warmEngine(sg.ev.BlockHashes[sg.from:sg.to])
-		}
+		ix.warmEngine(hashes[:n])
 		ix.warmGhosts(n)
-		k := 0
-		for _, sg := range segs[:ns] {
-			for b := sg.from; b < sg.to; b++ {
-				keys[k] = ix.hasher.BlockKey(parent, hasParent, sg.ev.TokenIDs[b*bs:(b+1)*bs])
-				parent, hasParent = keys[k], true
-				k++
-			}
+		for j := range keys {
+			keys[j] = ix.hasher.BlockKey(parent, hasParent, event(evt[j]).TokenIDs[blk[j]*bs:(blk[j]+1)*bs])
+			parent, hasParent = keys[j], true
 		}
-		k = 0
-		for _, sg := range segs[:ns] {
-			if sg.from == 0 && sg.e > 0 && ix.drops != drops {
-				return sg.e, nil
+		for j := range n {
+			if blk[j] == 0 && evt[j] > 0 && ix.drops != drops {
+				return evt[j], nil
 			}
-			for b, h := range sg.ev.BlockHashes[sg.from:sg.to] {
-				if err := ix.store(h, keys[k], tier); err != nil {
-					return sg.e, fmt.Errorf("kvindex: stored block %d of %d (hash %v): %w", sg.from+b, len(sg.ev.BlockHashes), h, err)
-				}
-				k++
+			if err := ix.store(hashes[j], keys[j], tier); err != nil {
+				return evt[j], fmt.Errorf("kvindex: stored block %d of %d (hash %v): %w", blk[j], len(event(evt[j]).BlockHashes), hashes[j], err)
 			}
 		}
 	}
