@@ -257,8 +257,8 @@ func (y *syncer) applyOrdered(b *kvevent.Batch) error {
 		var err error
 		if h.serving {
 			n, err = y.s.applyPublished(h.idx, b.Events[i:], kvindex.History)
-		} else if err = h.idx.Apply(&b.Events[i], kvindex.History); err == nil {
-			n = 1
+		} else {
+			n, err = h.idx.ApplyRun(b.Events[i:], kvindex.History, runBlocks)
 		}
 		if err != nil {
 			return fmt.Errorf("event %d (%v): %w", i+n, b.Events[i+n].Kind, y.limitErr(err))

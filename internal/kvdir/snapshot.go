@@ -210,11 +210,9 @@ func (y *syncer) onReplay(frames [][]byte) {
 		y.snapshotFailed(fmt.Sprintf("snapshot batch %d: %v", sn.batches, err))
 		return
 	}
-	for i := range y.batch.Events {
-		if err := sn.idx.Apply(&y.batch.Events[i], kvindex.Snapshot); err != nil {
-			y.snapshotFailed(fmt.Sprintf("snapshot batch %d event %d: %v", sn.batches, i, y.limitErr(err)))
-			return
-		}
+	if i, err := applyEvents(sn.idx, y.batch.Events, kvindex.Snapshot); err != nil {
+		y.snapshotFailed(fmt.Sprintf("snapshot batch %d event %d: %v", sn.batches, i, y.limitErr(err)))
+		return
 	}
 	y.s.counters.countEvents(&y.batch)
 }
@@ -261,11 +259,9 @@ func (y *syncer) finishSnapshot() {
 			return
 		}
 		any = false
-		for i := range bb.batch.Events {
-			if err := sn.idx.Apply(&bb.batch.Events[i], kvindex.Delta); err != nil {
-				y.snapshotFailed(fmt.Sprintf("merging live delta %d: %v", bb.seq, y.limitErr(err)))
-				return
-			}
+		if _, err := applyEvents(sn.idx, bb.batch.Events, kvindex.Delta); err != nil {
+			y.snapshotFailed(fmt.Sprintf("merging live delta %d: %v", bb.seq, y.limitErr(err)))
+			return
 		}
 		y.s.counters.countEvents(bb.batch)
 		y.s.counters.lastApplied.Store(time.Now().UnixNano())

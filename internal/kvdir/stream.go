@@ -234,8 +234,23 @@ func (s *stream) applyPublished(ix *kvindex.Index, evs []kvevent.Event, mode kvi
 }
 
 // runBlocks bounds the blocks of the events applyPublished applies under
-// one hold of the stream lock.
+// one hold of the stream lock, and of a run of events the index stores
+// together (kvindex.ApplyRun).
 const runBlocks = 64
+
+// applyEvents applies evs to ix, a view no query reads, a run of events
+// at a time, and returns how many it applied; on failure evs[n] is the
+// failing event and the events before it are applied.
+func applyEvents(ix *kvindex.Index, evs []kvevent.Event, mode kvindex.Mode) (n int, err error) {
+	for n < len(evs) {
+		var k int
+		k, err = ix.ApplyRun(evs[n:], mode, runBlocks)
+		if n += k; err != nil {
+			break
+		}
+	}
+	return n, err
+}
 
 // match fills m with the stream's view, with the prefix found for it by
 // the walk over its key group's shared table (nil for a status query).

@@ -418,11 +418,9 @@ func isFullState(b *kvevent.Batch) bool {
 // a snapshot, and is published in one step like one.
 func (y *syncer) recoverFromLive(seq uint64) {
 	ix := y.newIndex()
-	for i := range y.batch.Events {
-		if err := ix.Apply(&y.batch.Events[i], kvindex.Snapshot); err != nil {
-			y.fault(fmt.Sprintf("full-state batch %d event %d: %v", seq, i, y.limitErr(err)))
-			return
-		}
+	if i, err := applyEvents(ix, y.batch.Events, kvindex.Snapshot); err != nil {
+		y.fault(fmt.Sprintf("full-state batch %d event %d: %v", seq, i, y.limitErr(err)))
+		return
 	}
 	y.adoptKeys(ix)
 	y.abortSnapshot()
