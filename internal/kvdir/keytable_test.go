@@ -73,7 +73,7 @@ func (m *modelStream) event(rng *rand.Rand) *kvevent.Event {
 }
 
 // continuing returns a stored event of one block that continues prev's
-// chain on its tier, as engines send a batch of decode steps, or nil if
+// chain on its tier, as SGLang sends a prefill an event a page, or nil if
 // prev is no stored event with tokens.
 func (m *modelStream) continuing(rng *rand.Rand, prev *kvevent.Event) *kvevent.Event {
 	if prev.Kind != kvevent.BlockStored || len(prev.TokenIDs) == 0 {

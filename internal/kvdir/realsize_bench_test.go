@@ -366,7 +366,7 @@ type steadyWriter struct {
 	next   int
 }
 
-func newSteadyWriter(tb testing.TB, s *stream, perStream, perEvent int) (w *steadyWriter, replace time.Duration) {
+func newSteadyWriter(tb testing.TB, s *stream, perStream int, shape prefillgen.Options) (w *steadyWriter, replace time.Duration) {
 	w = &steadyWriter{s: s, window: perStream / prefillgen.Blocks, dec: kvevent.NewDecoder(8 << 20),
 		ix: kvindex.New(kvindex.Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: perStream})}
 	fill := prefillgen.New(tb, 64, false)
@@ -381,7 +381,8 @@ func newSteadyWriter(tb testing.TB, s *stream, perStream, perEvent int) (w *stea
 	t0 := time.Now()
 	s.publish(w.ix, 2, true, true)
 	replace = time.Since(t0)
-	w.msg, w.next = prefillgen.New(tb, perEvent, true), w.window
+	shape.Removals = true
+	w.msg, w.next = prefillgen.NewWith(tb, shape), w.window
 	return w, replace
 }
 
@@ -410,7 +411,7 @@ func (w *steadyWriter) step(tb testing.TB) {
 // for one chunk of key changes at a time, which a query may wait for.
 // writer-blocks/s is the writer's rate meanwhile.
 func queryUnderWrites(b *testing.B, r *realDirectory, perStream int) {
-	w, _ := newSteadyWriter(b, r.d.set.Load().streams[0], perStream, 64)
+	w, _ := newSteadyWriter(b, r.d.set.Load().streams[0], perStream, prefillgen.Options{BlocksPerEvent: prefillgen.Blocks})
 	prompts, _ := r.prompts("all")
 	stop := make(chan struct{})
 	done := make(chan int)
@@ -455,12 +456,13 @@ func queryUnderWrites(b *testing.B, r *realDirectory, perStream int) {
 
 // BenchmarkDecodeApplyShared measures a stream goroutine's work per live
 // message at steady state with the shared key table in the path: decode
-// a prefill of 64 new blocks plus the removal of 64 evicted ones, apply
-// it to the stream's published index and write its key changes into the
-// table that 127 other streams of the same size fill (one core). The
-// prefill's blocks come as one event or as 64 of one block each, the
-// shape of a batch of engines' decode steps, each request filling a
-// block. The stream's view is first replaced by one the generator
+// 64 new blocks plus the removal of 64 evicted ones, apply them to the
+// stream's published index and write its key changes into the table
+// that 127 other streams of the same size fill (one core). The blocks
+// come in one of prefillgen.Shapes: one prefill in one event or in 64 of
+// one block each (SGLang's shape, stored as one run), or a batch of
+// decode steps, 64 chains each a block longer (chains=64, an event at a
+// time). The stream's view is first replaced by one the generator
 // filled, through the calibration swap; replace-ms reports that swap,
 // and load the share of the shared table's cells in use after the run.
 // blocks/cpu-s counts blocks per CPU second of the benchmark's thread,
@@ -469,12 +471,12 @@ func queryUnderWrites(b *testing.B, r *realDirectory, perStream int) {
 func BenchmarkDecodeApplyShared(b *testing.B) {
 	for _, perStream := range []int{16384, 262144} {
 		var r *realDirectory
-		for _, perEvent := range []int{1, 64} {
-			b.Run(fmt.Sprintf("index=%d/blocks_per_event=%d", perStream, perEvent), func(b *testing.B) {
+		for _, sh := range prefillgen.Shapes() {
+			b.Run(fmt.Sprintf("index=%d/%s", perStream, sh.Name), func(b *testing.B) {
 				if r == nil {
 					r = buildRealDirectory(b, perStream)
 				}
-				w, replace := newSteadyWriter(b, r.d.set.Load().streams[0], perStream, perEvent)
+				w, replace := newSteadyWriter(b, r.d.set.Load().streams[0], perStream, sh.Options)
 				b.SetBytes(int64(len(w.msg.Payload)))
 				b.ReportAllocs()
 				b.ResetTimer()

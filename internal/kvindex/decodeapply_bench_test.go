@@ -10,14 +10,18 @@ import (
 
 // BenchmarkDecodeApplyFresh measures a stream goroutine's work per live
 // message at steady state on blocks it has never seen, on one core:
-// decode a prefill's message (64 new 128-token blocks with random ids of
-// a 151,936-token vocabulary, plus the removal of the 64 blocks the
-// engine evicted) and apply it to an index of index= blocks, filled
-// beforehand and kept at that size. blocks/s counts the stored blocks;
+// decode a message of 64 new 128-token blocks with random ids of a
+// 151,936-token vocabulary, plus the removal of the 64 blocks the engine
+// evicted, and apply it to an index of index= blocks, filled beforehand
+// and kept at that size. The blocks come in one of prefillgen.Shapes:
+// one prefill in one event or in events of one block, or a batch of
+// decode steps (chains=64). blocks/s counts the stored blocks;
 // blocks/cpu-s counts them per CPU second of the benchmark's thread.
 //
 // The events are applied in runs of up to benchRunBlocks blocks
-// (ApplyRun), as a directory's stream applies them.
+// (ApplyRun), as a directory's stream applies them: a prefill's events of
+// one block are then stored together, a batch of decode steps' one by
+// one.
 //
 // With streams=32 the messages go in turn to 32 such indexes, as a
 // directory's streams take turns on its cores: each message then finds
@@ -25,12 +29,12 @@ import (
 // own last message did.
 func BenchmarkDecodeApplyFresh(b *testing.B) {
 	for _, c := range []struct{ size, streams int }{{16384, 1}, {65536, 1}, {262144, 1}, {262144, 32}} {
-		for _, per := range []int{1, 64} {
-			name := fmt.Sprintf("index=%d/blocks_per_event=%d", c.size, per)
+		for _, sh := range prefillgen.Shapes() {
+			name := fmt.Sprintf("index=%d/%s", c.size, sh.Name)
 			if c.streams > 1 {
-				name = fmt.Sprintf("index=%d/streams=%d/blocks_per_event=%d", c.size, c.streams, per)
+				name = fmt.Sprintf("index=%d/streams=%d/%s", c.size, c.streams, sh.Name)
 			}
-			b.Run(name, func(b *testing.B) { benchDecodeApplyFresh(b, c.size, c.streams, per) })
+			b.Run(name, func(b *testing.B) { benchDecodeApplyFresh(b, c.size, c.streams, sh.Options) })
 		}
 	}
 }
@@ -39,7 +43,7 @@ func BenchmarkDecodeApplyFresh(b *testing.B) {
 // give ApplyRun.
 const benchRunBlocks = 64
 
-func benchDecodeApplyFresh(b *testing.B, size, streams, per int) {
+func benchDecodeApplyFresh(b *testing.B, size, streams int, shape prefillgen.Options) {
 	window := size / prefillgen.Blocks
 	ixs := make([]*Index, streams)
 	for s := range ixs {
@@ -59,7 +63,7 @@ func benchDecodeApplyFresh(b *testing.B, size, streams, per int) {
 			}
 		}
 	}
-	fill := prefillgen.New(b, per, false)
+	fill := prefillgen.New(b, shape.BlocksPerEvent, false)
 	for _, ix := range ixs {
 		for i := range window {
 			apply(ix, fill, i)
@@ -68,7 +72,8 @@ func benchDecodeApplyFresh(b *testing.B, size, streams, per int) {
 			b.Fatalf("index holds %d blocks after filling, want %d", dev, size)
 		}
 	}
-	steady := prefillgen.New(b, per, true)
+	shape.Removals = true
+	steady := prefillgen.NewWith(b, shape)
 	b.SetBytes(int64(len(steady.Payload)))
 	b.ReportAllocs()
 	b.ResetTimer()

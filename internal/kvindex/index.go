@@ -399,12 +399,12 @@ func tierOf(m kvevent.Medium) (uint8, error) {
 // continue its run: stored events of plain text on its tier, each one's
 // parent the last block of the one before, up to the one that brings the
 // run to maxBlocks blocks. A run's blocks are fetched and keyed in chunks
-// across its events, as one event's are: engines send a batch of decode
-// steps as events of one block each, whose cost alone is mostly per
-// event. It stops after an event that may have taken a tier away from a
-// key (an observer call with dropped true: a block stored again with
-// other content), so that the caller can show that change before the
-// next event applies.
+// across its events, as one event's are: SGLang sends every store as
+// events of one page each, each the child of the one before, and an
+// event of one block costs mostly what every event costs. It stops after
+// an event that may have taken a tier away from a key (an observer call
+// with dropped true: a block stored again with other content), so that
+// the caller can show that change before the next event applies.
 func (ix *Index) ApplyRun(evs []kvevent.Event, mode Mode, maxBlocks int) (int, error) {
 	if len(evs) == 0 {
 		return 0, nil

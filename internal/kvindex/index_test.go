@@ -819,11 +819,17 @@ func TestTableFarFromHome(t *testing.T) {
 // home bits alone, and the blocks of a message are warmed and stored in
 // batches; every entry must stay reachable through the engine table and
 // a KeyLookup, removed blocks must be on no tier and stored ones on
-// Device (R-IDX-3, R-CFG-2).
+// Device (R-IDX-3, R-CFG-2). A message is one prefill, in events of one
+// block applied in runs or in one event, or a batch of decode steps, 64
+// chains each a block longer.
 func TestSteadyChurnLargeTables(t *testing.T) {
 	const window = 50
 	size := window * prefillgen.Blocks
-	for _, per := range []int{1, 64} {
+	for _, shape := range []struct {
+		per    int
+		chains bool
+	}{{1, false}, {64, false}, {1, true}} {
+		per := shape.per
 		ix := New(Config{BlockSize: prefillgen.BlockSize, HashSeed: 1024, MaxBlocks: size})
 		dec := kvevent.NewDecoder(8 << 20)
 		var batch kvevent.Batch
@@ -832,13 +838,15 @@ func TestSteadyChurnLargeTables(t *testing.T) {
 			if err := dec.DecodeBatch(f.Payload, &batch); err != nil {
 				t.Fatal(err)
 			}
-			for e := range batch.Events {
-				if err := ix.Apply(&batch.Events[e], Delta); err != nil {
+			for e := 0; e < len(batch.Events); {
+				n, err := ix.ApplyRun(batch.Events[e:], Delta, prefillgen.Blocks)
+				if e += n; err != nil {
 					t.Fatalf("%d per event, message %d event %d: %v", per, i, e, err)
 				}
 			}
 		}
-		fill, steady := prefillgen.New(t, per, false), prefillgen.New(t, per, true)
+		fill := prefillgen.New(t, per, false)
+		steady := prefillgen.NewWith(t, prefillgen.Options{BlocksPerEvent: per, Removals: true, Chains: shape.chains})
 		for i := range window {
 			apply(fill, i)
 		}

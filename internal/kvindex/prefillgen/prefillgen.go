@@ -47,6 +47,7 @@ type variant struct {
 	payload []byte
 	stored  [][]int // offsets of the uint64 encodings of stored hash j
 	removed [][]int // same for removed hash j; nil without removals
+	parents []int   // offset of event k's parent hash; nil unless Chains
 	first   [2]int  // offsets of the uint32 encodings of tokens 0 and 1
 }
 
@@ -64,6 +65,7 @@ const (
 	DefaultVariants = 64
 	storedMark      = 0xa5a5_0000_0000_0000
 	removedMark     = 0x5a5a_0000_0000_0000
+	parentMark      = 0x3c3c_0000_0000_0000
 	tokenMark       = 0x00fe_dc00 // above every vocabulary id
 )
 
@@ -74,11 +76,38 @@ type Options struct {
 	BlocksPerEvent int
 	// Removals puts a BlockRemoved of Blocks blocks before the stores.
 	Removals bool
+	// Chains makes each event continue a chain of its own: its parent is
+	// the last block of the same event in the message before, as in a
+	// batch of decode steps, where each request that filled a block adds
+	// an event of it. Without it the message is one prefill, each event
+	// the child of the one before (SGLang sends every store so, an event
+	// a page). A message with chains needs the one before it applied:
+	// its first iteration is 1, after a message without.
+	Chains bool
 	// Text is the kind of text the token ids come from.
 	Text Text
 	// Variants is how many token contents the message cycles through; 0
 	// means DefaultVariants. 1 replays the same ids in every message.
 	Variants int
+}
+
+// Shape is a shape of live message the decode + apply benchmarks send,
+// named as their sub-benchmarks are.
+type Shape struct {
+	Name    string
+	Options Options // no Removals; the benchmarks add them
+}
+
+// Shapes returns the shapes of the decode + apply benchmarks: one prefill
+// in events of one block, each the child of the one before (SGLang sends
+// every store so, an event a page); a batch of decode steps, 64 chains
+// each a block longer (see Options.Chains); one prefill in one event.
+func Shapes() []Shape {
+	return []Shape{
+		{"blocks_per_event=1", Options{BlocksPerEvent: 1}},
+		{"blocks_per_event=1/chains=64", Options{BlocksPerEvent: 1, Chains: true}},
+		{"blocks_per_event=64", Options{BlocksPerEvent: Blocks}},
+	}
 }
 
 // New returns a message of ids with real text's widths in DefaultVariants
@@ -121,11 +150,14 @@ func newVariant(tb testing.TB, opts Options, tokens []uint32) variant {
 		b.AddRemoved(gone, kvevent.Device)
 	}
 	for i := 0; i < Blocks; i += per {
-		var parent kvevent.EngineHash
-		if i > 0 {
+		parent, hasParent := kvevent.EngineHash{}, i > 0
+		switch {
+		case opts.Chains:
+			parent, hasParent = kvevent.IntHash(parentMark+uint64(i/per)), true
+		case i > 0:
 			parent = hashes[i-1]
 		}
-		b.AddStored(hashes[i:i+per], parent, i > 0, tokens[i*BlockSize:(i+per)*BlockSize], BlockSize, kvevent.Device)
+		b.AddStored(hashes[i:i+per], parent, hasParent, tokens[i*BlockSize:(i+per)*BlockSize], BlockSize, kvevent.Device)
 	}
 	v := variant{payload: kvevent.AppendBatch(nil, b, kvevent.Shape{})}
 	find := func(enc []byte, want int) []int {
@@ -145,14 +177,20 @@ func newVariant(tb testing.TB, opts Options, tokens []uint32) variant {
 	}
 	u64 := func(v uint64) []byte { return binary.BigEndian.AppendUint64([]byte{0xcf}, v) }
 	for j := range Blocks {
-		// A stored hash is also the parent of the next event.
+		// A stored hash is also the parent of the next event, unless
+		// every event continues a chain of its own.
 		want := 1
-		if j%per == per-1 && j < Blocks-1 {
+		if j%per == per-1 && j < Blocks-1 && !opts.Chains {
 			want = 2
 		}
 		v.stored = append(v.stored, find(u64(hashes[j].Lo), want))
 		if opts.Removals {
 			v.removed = append(v.removed, find(u64(gone[j].Lo), 1))
+		}
+	}
+	if opts.Chains {
+		for k := range Blocks / per {
+			v.parents = append(v.parents, find(u64(parentMark+uint64(k)), 1)[0])
 		}
 	}
 	for k := range v.first {
@@ -177,7 +215,8 @@ func freshHash(i, j int) uint64 {
 }
 
 // Rewrite makes the message iteration i's, in variant i modulo the
-// variants; removals name the blocks of iteration i-window.
+// variants; removals name the blocks of iteration i-window, and with
+// Chains parents those of iteration i-1.
 func (f *Message) Rewrite(i, window int) {
 	v := &f.variants[i%len(f.variants)]
 	for j, offs := range v.stored {
@@ -187,6 +226,10 @@ func (f *Message) Rewrite(i, window int) {
 	}
 	for j, offs := range v.removed {
 		binary.BigEndian.PutUint64(v.payload[offs[0]:], freshHash(i-window, j))
+	}
+	per := Blocks / max(len(v.parents), 1)
+	for k, o := range v.parents {
+		binary.BigEndian.PutUint64(v.payload[o:], freshHash(i-1, (k+1)*per-1))
 	}
 	// Ids in [65536, 131072): the same 5-byte encoding, 2^32 chains.
 	binary.BigEndian.PutUint32(v.payload[v.first[0]:], 1<<16+uint32(i)&0xffff)
