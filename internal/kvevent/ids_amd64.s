@@ -48,14 +48,15 @@ GLOBL vidLanes<>(SB), RODATA|NOPTR, $64
 // lowest first, sixteen ids at a time. A window whose ids need a start
 // that is no type byte is left to the caller, and so is everything once
 // fewer than 128 bytes remain.
-TEXT ·decodeIDsAVX512(SB), NOSPLIT, $64-48
+TEXT ·decodeIDsAVX512(SB), NOSPLIT, $0-48
 	MOVQ	p+0(FP), DX
 	MOVQ	n+8(FP), R8
 	MOVQ	dst+16(FP), DI
 	MOVQ	k+24(FP), CX
 	MOVQ	DX, SI
-	XORQ	R9, R9
 	XORQ	R10, R10
+	// Z31: every lane holds where the window's first id starts.
+	VPXORQ	Z31, Z31, Z31
 	// K1 to K6: the lanes whose number has bit 0 to 5 set.
 	MOVQ	$0xaaaaaaaaaaaaaaaa, AX
 	KMOVQ	AX, K1
@@ -95,9 +96,9 @@ TEXT ·decodeIDsAVX512(SB), NOSPLIT, $64-48
 
 window:
 	CMPQ	R8, $128
-	JLT	stop
+	JLT	stopped
 	TESTQ	CX, CX
-	JLE	stop
+	JLE	stopped
 	VMOVDQU8	(SI), Z0
 	VMOVDQU8	64(SI), Z1
 	// Widths.
@@ -130,15 +131,16 @@ window:
 	VMOVDQA64	Z7, Z8
 	VPERMI2B	Z17, Z7, Z8
 	// N^64 takes every position past the window, where the next
-	// window's first id starts (plus 64): through memory, that start is
-	// one load after this one's, whatever the rest of the window costs.
+	// window's first id starts (plus 64): that start is one permute and
+	// one subtraction after this one's, whatever the rest of the window
+	// costs, and stays in Z31, not in memory, whose store forwarding
+	// the chain would wait on.
 	VMOVDQA64	Z8, Z30
 	VPERMI2B	Z17, Z8, Z30
-	VMOVDQU8	Z30, 0(SP)
 	// Z9: lane k holds N^k(s).
-	VPBROADCASTB	R9, Z9
-	MOVBQZX	0(SP)(R9*1), R9
-	SUBQ	$64, R9
+	VMOVDQA64	Z31, Z9
+	VPERMB	Z30, Z31, Z31
+	VPSUBB	Z25, Z31, Z31
 	VPERMI2B	Z17, Z3, K1, Z9
 	VPERMI2B	Z17, Z4, K2, Z9
 	VPERMI2B	Z17, Z5, K3, Z9
@@ -217,6 +219,10 @@ last:
 	MOVQ	SI, used+40(FP)
 	VZEROUPPER
 	RET
+stopped:
+	// Where the window the loop stopped at starts.
+	VMOVD	X31, R9
+	ANDQ	$0xff, R9
 stop:
 	ADDQ	R9, SI
 	SUBQ	DX, SI

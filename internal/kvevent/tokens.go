@@ -32,7 +32,7 @@ import "encoding/binary"
 // first reads the array 64 bytes at a time: from the widths of a
 // window's bytes it computes where each id starts by repeated squaring
 // of the next-id function, so that the chain of dependent steps is one
-// load a window, and then permutes sixteen ids' value bytes into place
+// permute a window, and then permutes sixteen ids' value bytes into place
 // at once (about half the walk's time an id; see README). The walk reads
 // what it leaves: the last window's worth of bytes, and an array with an
 // element of another encoding from the window that holds it.
