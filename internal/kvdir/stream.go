@@ -202,9 +202,10 @@ func (s *stream) flushKeys() {
 // hold ends after the event that brings its blocks to runBlocks: a batch
 // of many small events (engines' decode steps, a block each) then costs
 // one lock round and one update of the query view per run, not per
-// event, and the index stores a chain of them together (ApplyRun). A
-// hold covers fewer than runBlocks blocks and one event more, so it lasts
-// little longer than one large event's alone.
+// event; the index stores a prefill sent as a chain of such events (an
+// event a page, as SGLang sends it) together (ApplyRun). A hold covers
+// fewer than runBlocks blocks and one event more, so it lasts little
+// longer than one large event's alone.
 //
 // A change that may take a tier away from a key is written to the
 // shared table before the next event applies: a query must not find a

@@ -17,10 +17,11 @@ import (
 
 // Message is one encoded live message of an engine at steady state:
 // the BlockRemoved of the blocks it evicted, then the BlockStored of a
-// new prompt's blocks. Every iteration rewrites it in place so that it
-// carries blocks nobody has seen: new engine hashes (removals name those
-// stored window iterations earlier) and a new chain, whose first two
-// tokens hold the iteration number. The rewrite is a few hundred byte
+// new prompt's blocks, or with Options.Chains of a block more for each of
+// many requests. Every iteration rewrites it in place so that it carries
+// blocks nobody has seen: new engine hashes (removals name those stored
+// window iterations earlier) and a new chain, whose first two tokens
+// hold the iteration number (with Chains, new links of the chains). The rewrite is a few hundred byte
 // stores, but they land on a payload the variants below have left out of
 // cache: with one block per event it took 2.6 µs of a 41 µs message in a
 // CPU profile of the directory's decode + apply at 262,144 blocks (see
