@@ -209,7 +209,8 @@ func (s *stream) flushKeys() {
 //
 // A change that may take a tier away from a key is written to the
 // shared table before the next event applies: a query must not find a
-// block once its removal is applied. Additions wait in pending, so that
+// block once its removal is applied. A run of removals on one medium
+// counts as one event, as one removal naming all its blocks would. Additions wait in pending, so that
 // they reach the table in chunks whose cache misses overlap, not one
 // change at a time; the caller flushes them after its batch, also when
 // an event failed.

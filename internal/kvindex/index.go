@@ -405,9 +405,18 @@ func tierOf(m kvevent.Medium) (uint8, error) {
 // an event that may have taken a tier away from a key (an observer call
 // with dropped true: a block stored again with other content), so that
 // the caller can show that change before the next event applies.
+//
+// Removals join too: a BlockRemoved and the BlockRemoved events on its
+// medium after it, up to the one that brings them to maxBlocks blocks,
+// are one step, as one event naming all their blocks would be (SGLang
+// sends a removal a page). Their drops are then shown together once the
+// run is applied, no later than a removal of as many blocks in one event.
 func (ix *Index) ApplyRun(evs []kvevent.Event, mode Mode, maxBlocks int) (int, error) {
 	if len(evs) == 0 {
 		return 0, nil
+	}
+	if evs[0].Kind == kvevent.BlockRemoved {
+		return ix.applyRemovedRun(evs, maxBlocks)
 	}
 	if evs[0].Kind != kvevent.BlockStored {
 		if err := ix.Apply(&evs[0], mode); err != nil {
@@ -560,13 +569,55 @@ func (ix *Index) applyRemoved(ev *kvevent.Event) error {
 		return err
 	}
 	ix.warmEntries(ev.BlockHashes)
-	for _, h := range ev.BlockHashes {
+	ix.remove(ev.BlockHashes, tier)
+	return nil
+}
+
+// remove drops tier from the blocks of hashes.
+func (ix *Index) remove(hashes []kvevent.EngineHash, tier uint8) {
+	for _, h := range hashes {
 		s, ok := ix.findEngine(h)
 		if !ok || !ix.clearTier(s, tier) {
 			ix.stats.UnknownRemovals++
 		}
 	}
-	return nil
+}
+
+// applyRemovedRun applies evs[0], a BlockRemoved, and the removals that
+// join it (see ApplyRun), and returns how many it applied. The blocks of
+// a run of small removals are fetched together, a warmBatch at a time.
+func (ix *Index) applyRemovedRun(evs []kvevent.Event, maxBlocks int) (int, error) {
+	ix.gen++
+	tier, err := tierOf(evs[0].Medium)
+	if err != nil {
+		return 0, err
+	}
+	n, blocks := 1, len(evs[0].BlockHashes)
+	for n < len(evs) && blocks < maxBlocks && evs[n].Kind == kvevent.BlockRemoved && evs[n].Medium == evs[0].Medium {
+		blocks += len(evs[n].BlockHashes)
+		n++
+	}
+	if tier == 0 {
+		return n, nil // no replica on a tier without hits is kept
+	}
+	var hashes [warmBatch]kvevent.EngineHash
+	for i := 0; i < n; {
+		// Gather whole events until a batch is full; an event larger
+		// than a batch is warmed in batches on its own.
+		k := 0
+		for ; i < n && k+len(evs[i].BlockHashes) <= len(hashes); i++ {
+			k += copy(hashes[k:], evs[i].BlockHashes)
+		}
+		if k == 0 {
+			ix.warmEntries(evs[i].BlockHashes)
+			ix.remove(evs[i].BlockHashes, tier)
+			i++
+			continue
+		}
+		ix.warmEntries(hashes[:k])
+		ix.remove(hashes[:k], tier)
+	}
+	return n, nil
 }
 
 // storeOrphans sets tier on the blocks of hashes, whose parent has no

@@ -20,8 +20,8 @@ type observed struct {
 // stored events continuing the chain of the one before (one block, now
 // and then a few, or more than a chunk), broken now and then by another
 // tier, a parent that is not the last block, text that is not plain, a
-// tokenless replica, a removal, a clear or a block size the index does
-// not have. Hashes come from a small universe, so blocks are stored
+// tokenless replica, runs of removals, a clear or a block size the index
+// does not have. Hashes come from a small universe, so blocks are stored
 // again with other content (a key replaced, which drops a tier) and
 // evicted ghosts come back.
 func runEvents(rng *rand.Rand, bs int) []kvevent.Event {
@@ -43,11 +43,22 @@ func runEvents(rng *rand.Rand, bs int) []kvevent.Event {
 			evs = append(evs, kvevent.Event{Kind: kvevent.AllBlocksCleared, PlainText: true})
 			hasLast = false
 			continue
-		case p < 12:
-			evs = append(evs, kvevent.Event{Kind: kvevent.BlockRemoved, Medium: kvevent.Medium(rng.IntN(2)),
-				BlockHashes: []kvevent.EngineHash{hash(), hash()}, PlainText: true})
+		case p < 16:
+			// Removals of one or two blocks, a run of them now and then,
+			// on a tier with hits or, rarely, disk.
+			m := kvevent.Medium(rng.IntN(2))
+			if rng.IntN(10) == 0 {
+				m = kvevent.Disk
+			}
+			for range 1 + rng.IntN(3) {
+				ev := kvevent.Event{Kind: kvevent.BlockRemoved, Medium: m, BlockHashes: []kvevent.EngineHash{hash()}, PlainText: true}
+				if rng.IntN(2) == 0 {
+					ev.BlockHashes = append(ev.BlockHashes, hash())
+				}
+				evs = append(evs, ev)
+			}
 			continue
-		case p < 15:
+		case p < 19:
 			evs = append(evs, kvevent.Event{Kind: kvevent.BlockStored, Medium: kvevent.Host,
 				BlockHashes: []kvevent.EngineHash{hash()}, PlainText: true})
 			continue
@@ -90,8 +101,9 @@ func runEvents(rng *rand.Rand, bs int) []kvevent.Event {
 // TestApplyRunMatchesApply checks that ApplyRun, called as a stream calls
 // it, leaves the index, its counters and the observer's calls exactly as
 // Apply of each event in turn does, fails at the same event with the same
-// error, joins events only as its rule says, and ends a run after an
-// event that dropped a tier (R-IDX-1, R-IDX-2, R-IDX-5, R-CFG-2).
+// error, joins events only as its rule says, and ends a run of stores
+// after an event that dropped a tier; removals on one medium join as one
+// step (R-IDX-1, R-IDX-2, R-IDX-5, R-CFG-2).
 func TestApplyRunMatchesApply(t *testing.T) {
 	const bs = 2
 	seen := map[string]int{}
@@ -144,7 +156,17 @@ func TestApplyRunMatchesApply(t *testing.T) {
 				if err == nil && n+k > failed {
 					t.Fatalf("%s: applied past event %d, where Apply failed: %v", where, failed, oneErr)
 				}
-				if k > 1 {
+				if k > 1 && evs[n].Kind == kvevent.BlockRemoved {
+					// A run of removals on one medium, one step.
+					seen["joined removals"]++
+					blocks := 0
+					for i := n; i < n+k; i++ {
+						if e := &evs[i]; e.Kind != kvevent.BlockRemoved || e.Medium != evs[n].Medium || blocks >= limit {
+							t.Fatalf("%s: joined event %d, %v on %v after %d blocks of removals, limit %d", where, i, e.Kind, e.Medium, blocks, limit)
+						}
+						blocks += len(evs[i].BlockHashes)
+					}
+				} else if k > 1 {
 					seen["joined"]++
 					blocks := 0
 					for i := n; i < n+k; i++ {
@@ -200,7 +222,7 @@ func TestApplyRunMatchesApply(t *testing.T) {
 		}
 		seen["ghost eviction"] += int(run.Stats().GhostEvictions)
 	}
-	for _, c := range []string{"joined", "drop inside a run's reach", "ghost eviction",
+	for _, c := range []string{"joined", "joined removals", "drop inside a run's reach", "ghost eviction",
 		ErrCapacity.Error(), ErrUnknownParent.Error(), ErrBlockSize.Error()} {
 		if seen[c] == 0 {
 			t.Errorf("random batches never produced %q", c)

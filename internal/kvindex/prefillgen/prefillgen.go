@@ -77,6 +77,9 @@ type Options struct {
 	BlocksPerEvent int
 	// Removals puts a BlockRemoved of Blocks blocks before the stores.
 	Removals bool
+	// RemovalsPerBlock sends the removals as a BlockRemoved per block, as
+	// SGLang sends them (an event a page).
+	RemovalsPerBlock bool
 	// Chains makes each event continue a chain of its own: its parent is
 	// the last block of the same event in the message before, as in a
 	// batch of decode steps, where each request that filled a block adds
@@ -101,11 +104,14 @@ type Shape struct {
 
 // Shapes returns the shapes of the decode + apply benchmarks: one prefill
 // in events of one block, each the child of the one before (SGLang sends
-// every store so, an event a page); a batch of decode steps, 64 chains
-// each a block longer (see Options.Chains); one prefill in one event.
+// every store so, an event a page), after one removal of every evicted
+// block or, as SGLang sends them, a removal a block; a batch of decode
+// steps, 64 chains each a block longer (see Options.Chains); one prefill
+// in one event.
 func Shapes() []Shape {
 	return []Shape{
 		{"blocks_per_event=1", Options{BlocksPerEvent: 1}},
+		{"blocks_per_event=1/removals_per_event=1", Options{BlocksPerEvent: 1, RemovalsPerBlock: true}},
 		{"blocks_per_event=1/chains=64", Options{BlocksPerEvent: 1, Chains: true}},
 		{"blocks_per_event=64", Options{BlocksPerEvent: Blocks}},
 	}
@@ -147,7 +153,12 @@ func newVariant(tb testing.TB, opts Options, tokens []uint32) variant {
 		gone[j] = kvevent.IntHash(removedMark + uint64(j))
 	}
 	b := &kvevent.Batch{Timestamp: 1.7e9, HasDPRank: true}
-	if opts.Removals {
+	switch {
+	case opts.Removals && opts.RemovalsPerBlock:
+		for j := range gone {
+			b.AddRemoved(gone[j:j+1], kvevent.Device)
+		}
+	case opts.Removals:
 		b.AddRemoved(gone, kvevent.Device)
 	}
 	for i := 0; i < Blocks; i += per {

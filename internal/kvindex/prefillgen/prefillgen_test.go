@@ -15,6 +15,7 @@ func TestRewriteNamesBlocks(t *testing.T) {
 	const window = 7
 	for _, opts := range []Options{
 		{BlocksPerEvent: 1, Removals: true},
+		{BlocksPerEvent: 1, Removals: true, RemovalsPerBlock: true},
 		{BlocksPerEvent: 64},
 		{BlocksPerEvent: 1, Removals: true, Chains: true},
 		{BlocksPerEvent: 4, Chains: true, Variants: 2},
@@ -27,13 +28,17 @@ func TestRewriteNamesBlocks(t *testing.T) {
 			if err := dec.DecodeBatch(f.Payload, &b); err != nil {
 				t.Fatalf("%+v iteration %d: %v", opts, i, err)
 			}
-			j := 0
+			j, r := 0, 0
 			for e, ev := range b.Events {
 				if ev.Kind == kvevent.BlockRemoved {
-					for r, h := range ev.BlockHashes {
+					if opts.RemovalsPerBlock != (len(ev.BlockHashes) == 1) {
+						t.Fatalf("%+v iteration %d: a removal of %d blocks", opts, i, len(ev.BlockHashes))
+					}
+					for _, h := range ev.BlockHashes {
 						if want := kvevent.IntHash(freshHash(i-window, r)); h != want {
 							t.Fatalf("%+v iteration %d: removed %d is %v, want %v", opts, i, r, h, want)
 						}
+						r++
 					}
 					continue
 				}
@@ -55,8 +60,8 @@ func TestRewriteNamesBlocks(t *testing.T) {
 					j++
 				}
 			}
-			if j != Blocks {
-				t.Fatalf("%+v iteration %d: %d blocks stored, want %d", opts, i, j, Blocks)
+			if want := map[bool]int{true: Blocks}[opts.Removals]; j != Blocks || r != want {
+				t.Fatalf("%+v iteration %d: %d blocks stored and %d removed, want %d and %d", opts, i, j, r, Blocks, want)
 			}
 		}
 	}
