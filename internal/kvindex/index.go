@@ -602,17 +602,17 @@ func (ix *Index) applyRemovedRun(evs []kvevent.Event, maxBlocks int) (int, error
 	}
 	var hashes [warmBatch]kvevent.EngineHash
 	for i := 0; i < n; {
-		// Gather whole events until a batch is full; an event larger
-		// than a batch is warmed in batches on its own.
+		if hs := evs[i].BlockHashes; len(hs) > len(hashes) {
+			// warmEntries takes a large event a batch at a time.
+			ix.warmEntries(hs)
+			ix.remove(hs, tier)
+			i++
+			continue
+		}
+		// Whole events, as many as fill a batch, at least one.
 		k := 0
 		for ; i < n && k+len(evs[i].BlockHashes) <= len(hashes); i++ {
 			k += copy(hashes[k:], evs[i].BlockHashes)
-		}
-		if k == 0 {
-			ix.warmEntries(evs[i].BlockHashes)
-			ix.remove(evs[i].BlockHashes, tier)
-			i++
-			continue
 		}
 		ix.warmEntries(hashes[:k])
 		ix.remove(hashes[:k], tier)

@@ -44,16 +44,25 @@ func runEvents(rng *rand.Rand, bs int) []kvevent.Event {
 			hasLast = false
 			continue
 		case p < 16:
-			// Removals of one or two blocks, a run of them now and then,
-			// on a tier with hits or, rarely, disk.
+			// Removals of one or two blocks (of none, or of more than a
+			// batch, now and then), a run of them now and then, on a tier
+			// with hits or, rarely, disk.
 			m := kvevent.Medium(rng.IntN(2))
 			if rng.IntN(10) == 0 {
 				m = kvevent.Disk
 			}
 			for range 1 + rng.IntN(3) {
-				ev := kvevent.Event{Kind: kvevent.BlockRemoved, Medium: m, BlockHashes: []kvevent.EngineHash{hash()}, PlainText: true}
-				if rng.IntN(2) == 0 {
-					ev.BlockHashes = append(ev.BlockHashes, hash())
+				ev := kvevent.Event{Kind: kvevent.BlockRemoved, Medium: m, PlainText: true}
+				switch rng.IntN(8) {
+				case 0: // none: engines may send an empty list
+				case 1: // more than a batch of fetches
+					for range warmBatch + 1 + rng.IntN(8) {
+						ev.BlockHashes = append(ev.BlockHashes, hash())
+					}
+				default:
+					for range 1 + rng.IntN(2) {
+						ev.BlockHashes = append(ev.BlockHashes, hash())
+					}
 				}
 				evs = append(evs, ev)
 			}
