@@ -210,10 +210,10 @@ func (s *stream) flushKeys() {
 // A change that may take a tier away from a key is written to the
 // shared table before the next event applies: a query must not find a
 // block once its removal is applied. A run of removals on one medium
-// counts as one event, as one removal naming all its blocks would. Additions wait in pending, so that
-// they reach the table in chunks whose cache misses overlap, not one
-// change at a time; the caller flushes them after its batch, also when
-// an event failed.
+// counts as one event, as one removal naming all its blocks would.
+// Additions wait in pending, so that they reach the table in chunks whose
+// cache misses overlap, not one change at a time; the caller flushes them
+// after its batch, also when an event failed.
 func (s *stream) applyPublished(ix *kvindex.Index, evs []kvevent.Event, mode kvindex.Mode) (n int, err error) {
 	s.mu.Lock()
 	for blocks := 0; n < len(evs) && blocks < runBlocks; {
@@ -225,7 +225,8 @@ func (s *stream) applyPublished(ix *kvindex.Index, evs []kvevent.Event, mode kvi
 		if n += k; err != nil {
 			break
 		}
-		// ApplyRun ends a run after an event that dropped a tier.
+		// ApplyRun ends a run of stores after an event that dropped a
+		// tier; a run of removals is all drops, written here at once.
 		if s.dropped {
 			s.flushKeys()
 		}

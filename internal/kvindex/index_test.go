@@ -819,17 +819,13 @@ func TestTableFarFromHome(t *testing.T) {
 // home bits alone, and the blocks of a message are warmed and stored in
 // batches; every entry must stay reachable through the engine table and
 // a KeyLookup, removed blocks must be on no tier and stored ones on
-// Device (R-IDX-3, R-CFG-2). A message is one prefill, in events of one
-// block applied in runs or in one event, or a batch of decode steps, 64
-// chains each a block longer.
+// Device (R-IDX-3, R-CFG-2). Messages come in each of the benchmarks'
+// shapes (prefillgen.Shapes), applied a run at a time.
 func TestSteadyChurnLargeTables(t *testing.T) {
 	const window = 50
 	size := window * prefillgen.Blocks
-	for _, shape := range []struct {
-		per    int
-		chains bool
-	}{{1, false}, {64, false}, {1, true}} {
-		per := shape.per
+	for _, shape := range prefillgen.Shapes() {
+		per := shape.Options.BlocksPerEvent
 		ix := New(Config{BlockSize: prefillgen.BlockSize, HashSeed: 1024, MaxBlocks: size})
 		dec := kvevent.NewDecoder(8 << 20)
 		var batch kvevent.Batch
@@ -841,19 +837,20 @@ func TestSteadyChurnLargeTables(t *testing.T) {
 			for e := 0; e < len(batch.Events); {
 				n, err := ix.ApplyRun(batch.Events[e:], Delta, prefillgen.Blocks)
 				if e += n; err != nil {
-					t.Fatalf("%d per event, message %d event %d: %v", per, i, e, err)
+					t.Fatalf("%s: message %d event %d: %v", shape.Name, i, e, err)
 				}
 			}
 		}
 		fill := prefillgen.New(t, per, false)
-		steady := prefillgen.NewWith(t, prefillgen.Options{BlocksPerEvent: per, Removals: true, Chains: shape.chains})
+		shape.Options.Removals = true
+		steady := prefillgen.NewWith(t, shape.Options)
 		for i := range window {
 			apply(fill, i)
 		}
 		for i := window; i < 4*window; i++ {
 			apply(steady, i)
 			if dev, _ := ix.Counts(); dev != size {
-				t.Fatalf("%d per event, message %d: %d blocks on Device, want %d", per, i, dev, size)
+				t.Fatalf("%s: message %d: %d blocks on Device, want %d", shape.Name, i, dev, size)
 			}
 			for _, ev := range batch.Events {
 				for _, h := range ev.BlockHashes {
@@ -861,21 +858,21 @@ func TestSteadyChurnLargeTables(t *testing.T) {
 					// block took its slot.
 					onDev, _, ok := ix.Lookup(h)
 					if stored := ev.Kind == kvevent.BlockStored; onDev != stored || (stored && !ok) {
-						t.Fatalf("%d per event, message %d: %v block %v: known %v, on Device %v", per, i, ev.Kind, h, ok, onDev)
+						t.Fatalf("%s: message %d: %v block %v: known %v, on Device %v", shape.Name, i, ev.Kind, h, ok, onDev)
 					}
 				}
 			}
 			if i%10 == 0 {
 				if err := checkInvariants(ix); err != nil {
-					t.Fatalf("%d per event, message %d: %v", per, i, err)
+					t.Fatalf("%s: message %d: %v", shape.Name, i, err)
 				}
 			}
 		}
 		if ix.byEngine.far != 0 || len(ix.byEngine.cells) <= homeSpan {
-			t.Fatalf("%d per event: far cells %d in %d cells; the test wants the home-bits path", per, ix.byEngine.far, len(ix.byEngine.cells))
+			t.Fatalf("%s: far cells %d in %d cells; the test wants the home-bits path", shape.Name, ix.byEngine.far, len(ix.byEngine.cells))
 		}
 		if st := ix.Stats(); st.GhostEvictions == 0 {
-			t.Fatalf("%d per event: no ghost was evicted", per)
+			t.Fatalf("%s: no ghost was evicted", shape.Name)
 		}
 	}
 }

@@ -21,13 +21,14 @@ import (
 // many requests. Every iteration rewrites it in place so that it carries
 // blocks nobody has seen: new engine hashes (removals name those stored
 // window iterations earlier) and a new chain, whose first two tokens
-// hold the iteration number (with Chains, new links of the chains). The rewrite is a few hundred byte
-// stores, but they land on a payload the variants below have left out of
-// cache: with one block per event it took 2.6 µs of a 41 µs message in a
-// CPU profile of the directory's decode + apply at 262,144 blocks (see
-// docs/performance-log.md, "Two tries at that case, not kept"). It is
-// left in the timed loop, since it also brings the payload into cache
-// for the decode, as a receive does for a live message.
+// hold the iteration number (with Chains, new links of the chains). The
+// rewrite is a few hundred byte stores, but they land on a payload the
+// variants below have left out of cache: with one block per event it
+// took 2.6 µs of a 41 µs message in a CPU profile of the directory's
+// decode + apply at 262,144 blocks (see docs/performance-log.md, "Two
+// tries at that case, not kept"). It is left in the timed loop, since it
+// also brings the payload into cache for the decode, as a receive does
+// for a live message.
 //
 // A message cycles through Options.Variants encodings, each with token
 // ids of its own: a decoder fed the same ids message after message runs
