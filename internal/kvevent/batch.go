@@ -110,6 +110,7 @@ const (
 	eventSize = int(unsafe.Sizeof(Event{}))
 	hashSize  = int(unsafe.Sizeof(EngineHash{}))
 	walkSize  = int(unsafe.Sizeof(walkScratch{}))
+	tmplSize  = int(unsafe.Sizeof(templates{}))
 )
 
 // StorageBytes is the memory the batch's reusable storage holds, by
@@ -121,6 +122,9 @@ func (b *Batch) StorageBytes() int {
 	if b.walk != nil {
 		n += walkSize
 	}
+	if b.tmpl != nil {
+		n += tmplSize
+	}
 	return n
 }
 
@@ -129,8 +133,9 @@ func (b *Batch) StorageBytes() int {
 // memory too. Each wire byte becomes at most 16 bytes of records (a
 // 14-byte event is a record of under 112 bytes, a 1-byte hash 16 bytes,
 // a 1-byte token 4) and appending may double the hash and token storage;
-// the memory token arrays are walked in is a fixed 2.6 KB.
-func MaxStorageBytes(n int) int { return 32*n + 256 + walkSize }
+// the memory token arrays are walked in is a fixed 2.6 KB, the templates
+// of a message of many events under 1 KB.
+func MaxStorageBytes(n int) int { return 32*n + 256 + walkSize + tmplSize }
 
 // DecodedBytes estimates the memory the decoded records occupy (event
 // records, hashes and tokens), for budgets such as max_buffered_bytes that

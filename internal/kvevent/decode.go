@@ -302,9 +302,28 @@ func decodeEvents(p []byte, b *Batch) ([]byte, error) {
 		return p, err
 	}
 	b.Events = slices.Grow(b.Events[:0], n)[:n]
+	var ts *templates
+	if n > 1 && !b.generalOnly {
+		if b.tmpl == nil {
+			b.tmpl = new(templates)
+		}
+		ts = b.tmpl
+		ts.reset()
+	}
 	for i := range b.Events {
-		if p, err = decodeEvent(p, b, &b.Events[i]); err != nil {
+		ev := &b.Events[i]
+		if ts != nil {
+			var ok bool
+			if p, ok = ts.decode(p, b, ev); ok {
+				continue
+			}
+		}
+		at := p
+		if p, err = decodeEvent(p, b, ev); err != nil {
 			return p, fmt.Errorf("event %d: %w", i, err)
+		}
+		if ts != nil {
+			ts.learn(at[:len(at)-len(p)], ev, b.tokensRest-len(p))
 		}
 	}
 	return p, nil
@@ -563,6 +582,7 @@ func decodeField(p []byte, f field, b *Batch, ev *Event, inArray bool) ([]byte, 
 		ev.ParentHash, ev.HasParent = h, true
 	case fieldTokens:
 		ev.TokenIDs, ctx, p, err = readTokens(p, b)
+		b.tokensRest = len(p)
 	case fieldBlockSize:
 		ev.BlockSize, p, err = readSmallInt(p, keyBlockSize)
 	case fieldLoraID:

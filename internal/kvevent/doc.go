@@ -26,6 +26,13 @@
 // from portable Go that computes the same; a test checks both byte by
 // byte.
 //
+// An event that repeats the bytes of the event of its kind before it
+// but for its hashes, parent and token ids (one-block stores and
+// removals, as SGLang and vLLM send them) is read through a template
+// (template.go): its fixed bytes are compared and only those values
+// read, by the functions the general decoder uses. Tests and a fuzzer
+// hold both ways to the same result for every input.
+//
 // It must not know about streams, indexes or sockets: it turns bytes into
 // events and events into bytes, nothing more.
 package kvevent

@@ -176,6 +176,15 @@ type Batch struct {
 	payload []byte
 	// walk is where token arrays are walked, kept from the first one on.
 	walk *walkScratch
+	// tmpl holds the templates of a message of many events (template.go),
+	// kept from the first such message on.
+	tmpl *templates
+	// tokensRest is how many bytes of the message follow the last token
+	// array decoded field by field: where a template's token slot ends.
+	tokensRest int
+	// generalOnly decodes every event field by field, for the tests and
+	// benchmarks that compare the two ways.
+	generalOnly bool
 }
 
 // Blocks returns the number of block hashes carried by the batch.
