@@ -39,13 +39,39 @@ func benchBatch(seed uint64, events, blocksPerEvent, blockSize int) *Batch {
 // learnt.
 const benchIDs = 1 << 19
 
-func benchmarkDecode(b *testing.B, events, blocksPerEvent, blockSize int, s Shape) {
+// decodeCase is a message shape BenchmarkDecodeBatch decodes.
+type decodeCase struct {
+	events, blocksPerEvent, blockSize int
+	shape                             Shape
+	// removals sends a BlockRemoved of one block per event instead of
+	// the stores, as vLLM and SGLang send their evictions.
+	removals bool
+	// fieldByField decodes without templates (template.go).
+	fieldByField bool
+}
+
+// benchRemovals builds n BlockRemoved events of one block each, from seed.
+func benchRemovals(seed uint64, n int) *Batch {
+	b := &Batch{Timestamp: 1.7e9, HasDPRank: true}
+	next := 0x9e3779b97f4a7c15 ^ seed
+	for range n {
+		next = next*6364136223846793005 + 1442695040888963407
+		b.AddRemoved([]EngineHash{IntHash(next)}, Device)
+	}
+	return b
+}
+
+func benchmarkDecode(b *testing.B, c decodeCase) {
 	var payloads [][]byte
-	for v := range max(64, benchIDs/(events*blocksPerEvent*blockSize)) {
-		payloads = append(payloads, AppendBatch(nil, benchBatch(uint64(v), events, blocksPerEvent, blockSize), s))
+	for v := range max(64, benchIDs/(c.events*c.blocksPerEvent*c.blockSize)) {
+		src := benchBatch(uint64(v), c.events, c.blocksPerEvent, c.blockSize)
+		if c.removals {
+			src = benchRemovals(uint64(v), c.events)
+		}
+		payloads = append(payloads, AppendBatch(nil, src, c.shape))
 	}
 	d := NewDecoder(0)
-	var dst Batch
+	dst := Batch{generalOnly: c.fieldByField}
 	for _, p := range payloads {
 		if err := d.DecodeBatch(p, &dst); err != nil {
 			b.Fatal(err)
@@ -61,7 +87,7 @@ func benchmarkDecode(b *testing.B, events, blocksPerEvent, blockSize int, s Shap
 		}
 		i++
 	}
-	blocks := float64(events * blocksPerEvent)
+	blocks := float64(c.events * c.blocksPerEvent)
 	b.ReportMetric(blocks*float64(b.N)/b.Elapsed().Seconds(), "blocks/s")
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/(blocks*float64(b.N)), "ns/block")
 }
@@ -69,13 +95,29 @@ func benchmarkDecode(b *testing.B, events, blocksPerEvent, blockSize int, s Shap
 // BenchmarkDecodeBatch measures the decode hot path (R-WIRE-2) for the
 // shapes engines send: 64 single-block events, and one 64-block event,
 // each message with token ids of its own (uniform over the vocabulary;
-// BenchmarkDecodeTokens measures ids of real text).
+// BenchmarkDecodeTokens measures ids of real text); vLLM's decode steps
+// (16-token blocks, 32-byte hashes, every field vLLM sends); 64
+// removals of a block each. The field_by_field cases decode the same
+// messages without templates.
 func BenchmarkDecodeBatch(b *testing.B) {
-	b.Run("64x1block/map", func(b *testing.B) { benchmarkDecode(b, 64, 1, 128, Shape{}) })
-	b.Run("64x1block/array", func(b *testing.B) { benchmarkDecode(b, 64, 1, 128, Shape{EventsAsArrays: true}) })
-	b.Run("1x64blocks/map", func(b *testing.B) { benchmarkDecode(b, 1, 64, 128, Shape{}) })
-	// vLLM's default block of 16 tokens, one a decode step fills.
-	b.Run("64x1block/tokens=16/array", func(b *testing.B) { benchmarkDecode(b, 64, 1, 16, Shape{EventsAsArrays: true}) })
+	vllm := Shape{Hashes: HashDigest32, UpperMedium: true, VLLMFields: true}
+	for _, c := range []struct {
+		name string
+		decodeCase
+	}{
+		{"64x1block/map", decodeCase{events: 64, blocksPerEvent: 1, blockSize: 128}},
+		{"64x1block/map/field_by_field", decodeCase{events: 64, blocksPerEvent: 1, blockSize: 128, fieldByField: true}},
+		{"64x1block/array", decodeCase{events: 64, blocksPerEvent: 1, blockSize: 128, shape: Shape{EventsAsArrays: true}}},
+		{"1x64blocks/map", decodeCase{events: 1, blocksPerEvent: 64, blockSize: 128}},
+		// vLLM's default block of 16 tokens, one a decode step fills.
+		{"64x1block/tokens=16/array", decodeCase{events: 64, blocksPerEvent: 1, blockSize: 16, shape: Shape{EventsAsArrays: true}}},
+		{"64x1block/tokens=16/vllm", decodeCase{events: 64, blocksPerEvent: 1, blockSize: 16, shape: vllm}},
+		{"64x1block/tokens=16/vllm/field_by_field", decodeCase{events: 64, blocksPerEvent: 1, blockSize: 16, shape: vllm, fieldByField: true}},
+		{"64removals/map", decodeCase{events: 64, blocksPerEvent: 1, blockSize: 1, removals: true}},
+		{"64removals/map/field_by_field", decodeCase{events: 64, blocksPerEvent: 1, blockSize: 1, removals: true, fieldByField: true}},
+	} {
+		b.Run(c.name, func(b *testing.B) { benchmarkDecode(b, c.decodeCase) })
+	}
 }
 
 // BenchmarkAppendBatch measures the encoder the engine emulator uses.
