@@ -26,6 +26,12 @@ import (
 // is only made of a plain-text event, with at most one field each of
 // hashes, parent and token ids, so that the slots' values alone make the
 // event.
+//
+// The cost stays bounded by the message: each event is compared with at
+// most the two templates, only the BlockStored one reads token ids, an
+// event both fail on is decoded once more field by field, and making it a
+// template passes over its bytes again but for its token ids. A token id
+// is thus read at most twice, any other byte at most four times.
 
 // maxTemplateHashes bounds the hashes of an event a template is made of:
 // an event of more blocks spreads its fields' cost over its blocks.
