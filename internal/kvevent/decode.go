@@ -308,7 +308,7 @@ func decodeEvents(p []byte, b *Batch) ([]byte, error) {
 			b.tmpl = new(templates)
 		}
 		ts = b.tmpl
-		ts.reset()
+		defer ts.reset()
 	}
 	for i := range b.Events {
 		ev := &b.Events[i]

@@ -72,7 +72,13 @@ type templates struct {
 	served int // events decoded with a template, for tests
 }
 
-func (ts *templates) reset() { ts.t[0].ok, ts.t[1].ok = false, false }
+// reset drops the templates, and with them the message they point into:
+// a batch kept between messages must not keep a large one alive.
+func (ts *templates) reset() {
+	for i := range ts.t {
+		ts.t[i].ok, ts.t[i].src = false, nil
+	}
+}
 
 // decode decodes the event at p with a template, trying first the one
 // that served last. It reports false, with b as it was, when neither

@@ -378,3 +378,22 @@ func TestTemplateDecodeAllocs(t *testing.T) {
 		t.Fatalf("%.1f allocations per message", allocs)
 	}
 }
+
+// TestTemplatesKeepNoPayload: a batch kept between messages holds no
+// reference into the last one, whether it decoded or failed.
+func TestTemplatesKeepNoPayload(t *testing.T) {
+	d := NewDecoder(1 << 20)
+	var b Batch
+	payload := AppendBatch(nil, templateBatch(rand.New(rand.NewPCG(7, 8))), Shape{})
+	for _, p := range [][]byte{payload, payload[:len(payload)-3]} {
+		_ = d.DecodeBatch(p, &b)
+		if b.tmpl == nil {
+			t.Fatal("no templates were made")
+		}
+		for i, tp := range b.tmpl.t {
+			if tp.src != nil || tp.ok {
+				t.Fatalf("template %d still points into the message after DecodeBatch returned", i)
+			}
+		}
+	}
+}
