@@ -368,8 +368,8 @@ type steadyWriter struct {
 
 func newSteadyWriter(tb testing.TB, s *stream, perStream int, shape prefillgen.Options) (w *steadyWriter, replace time.Duration) {
 	w = &steadyWriter{s: s, window: perStream / prefillgen.Blocks, dec: kvevent.NewDecoder(8 << 20),
-		ix: kvindex.New(kvindex.Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: perStream})}
-	fill := prefillgen.New(tb, 64, false)
+		ix: kvindex.New(kvindex.Config{BlockSize: shape.BlockSize(), HashSeed: 1024, MaxBlocks: perStream})}
+	fill := prefillgen.NewWith(tb, prefillgen.Options{BlocksPerEvent: prefillgen.Blocks, VLLM: shape.VLLM})
 	for i := range w.window {
 		w.decode(tb, fill, i)
 		for e := range w.batch.Events {
@@ -462,8 +462,10 @@ func queryUnderWrites(b *testing.B, r *realDirectory, perStream int) {
 // come in one of prefillgen.Shapes: one prefill in one event or in 64 of
 // one block each (SGLang's shape, stored as one run), or a batch of
 // decode steps, 64 chains each a block longer (chains=64, an event at a
-// time). The stream's view is first replaced by one the generator
-// filled, through the calibration swap; replace-ms reports that swap,
+// time); or as vLLM sends them (prefillgen.VLLMShapes: 16-token blocks,
+// 32-byte hashes, a removal event a block), into a directory of
+// 16-token streams. The stream's view is first replaced by one the
+// generator filled, through the calibration swap; replace-ms reports that swap,
 // and load the share of the shared table's cells in use after the run.
 // blocks/cpu-s counts blocks per CPU second of the benchmark's thread,
 // which other work on shared cores does not inflate as it does the wall
@@ -471,10 +473,11 @@ func queryUnderWrites(b *testing.B, r *realDirectory, perStream int) {
 func BenchmarkDecodeApplyShared(b *testing.B) {
 	for _, perStream := range []int{16384, 262144} {
 		var r *realDirectory
-		for _, sh := range prefillgen.Shapes() {
+		for _, sh := range append(prefillgen.Shapes(), prefillgen.VLLMShapes()...) {
 			b.Run(fmt.Sprintf("index=%d/%s", perStream, sh.Name), func(b *testing.B) {
-				if r == nil {
-					r = buildRealDirectory(b, perStream)
+				if r == nil || r.bs != sh.Options.BlockSize() {
+					r = nil // the last directory's memory goes before the next is built
+					r = buildRealDirectoryOf(b, perStream, sh.Options.BlockSize())
 				}
 				w, replace := newSteadyWriter(b, r.d.set.Load().streams[0], perStream, sh.Options)
 				b.SetBytes(int64(len(w.msg.Payload)))

@@ -15,7 +15,9 @@ import (
 // evicted, and apply it to an index of index= blocks, filled beforehand
 // and kept at that size. The blocks come in one of prefillgen.Shapes:
 // one prefill in one event or in events of one block, or a batch of
-// decode steps (chains=64). blocks/s counts the stored blocks;
+// decode steps (chains=64); or as vLLM sends them (prefillgen.VLLMShapes:
+// 16-token blocks, 32-byte hashes, a removal event a block), into an
+// index of 16-token blocks. blocks/s counts the stored blocks;
 // blocks/cpu-s counts them per CPU second of the benchmark's thread.
 //
 // The events are applied in runs of up to benchRunBlocks blocks
@@ -29,7 +31,7 @@ import (
 // own last message did.
 func BenchmarkDecodeApplyFresh(b *testing.B) {
 	for _, c := range []struct{ size, streams int }{{16384, 1}, {65536, 1}, {262144, 1}, {262144, 32}} {
-		for _, sh := range prefillgen.Shapes() {
+		for _, sh := range append(prefillgen.Shapes(), prefillgen.VLLMShapes()...) {
 			name := fmt.Sprintf("index=%d/%s", c.size, sh.Name)
 			if c.streams > 1 {
 				name = fmt.Sprintf("index=%d/streams=%d/%s", c.size, c.streams, sh.Name)
@@ -47,7 +49,7 @@ func benchDecodeApplyFresh(b *testing.B, size, streams int, shape prefillgen.Opt
 	window := size / prefillgen.Blocks
 	ixs := make([]*Index, streams)
 	for s := range ixs {
-		ixs[s] = New(Config{BlockSize: benchBlockSize, HashSeed: 1024, MaxBlocks: size})
+		ixs[s] = New(Config{BlockSize: shape.BlockSize(), HashSeed: 1024, MaxBlocks: size})
 	}
 	dec := kvevent.NewDecoder(8 << 20)
 	var batch kvevent.Batch
@@ -63,7 +65,7 @@ func benchDecodeApplyFresh(b *testing.B, size, streams int, shape prefillgen.Opt
 			}
 		}
 	}
-	fill := prefillgen.New(b, shape.BlocksPerEvent, false)
+	fill := prefillgen.NewWith(b, shape.Fill())
 	for _, ix := range ixs {
 		for i := range window {
 			apply(ix, fill, i)

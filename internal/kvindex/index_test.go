@@ -820,13 +820,12 @@ func TestTableFarFromHome(t *testing.T) {
 // batches; every entry must stay reachable through the engine table and
 // a KeyLookup, removed blocks must be on no tier and stored ones on
 // Device (R-IDX-3, R-CFG-2). Messages come in each of the benchmarks'
-// shapes (prefillgen.Shapes), applied a run at a time.
+// shapes (prefillgen.Shapes and VLLMShapes), applied a run at a time.
 func TestSteadyChurnLargeTables(t *testing.T) {
 	const window = 50
 	size := window * prefillgen.Blocks
-	for _, shape := range prefillgen.Shapes() {
-		per := shape.Options.BlocksPerEvent
-		ix := New(Config{BlockSize: prefillgen.BlockSize, HashSeed: 1024, MaxBlocks: size})
+	for _, shape := range append(prefillgen.Shapes(), prefillgen.VLLMShapes()...) {
+		ix := New(Config{BlockSize: shape.Options.BlockSize(), HashSeed: 1024, MaxBlocks: size})
 		dec := kvevent.NewDecoder(8 << 20)
 		var batch kvevent.Batch
 		apply := func(f *prefillgen.Message, i int) {
@@ -841,7 +840,7 @@ func TestSteadyChurnLargeTables(t *testing.T) {
 				}
 			}
 		}
-		fill := prefillgen.New(t, per, false)
+		fill := prefillgen.NewWith(t, shape.Options.Fill())
 		shape.Options.Removals = true
 		steady := prefillgen.NewWith(t, shape.Options)
 		for i := range window {

@@ -94,6 +94,30 @@ type Options struct {
 	// Variants is how many token contents the message cycles through; 0
 	// means DefaultVariants. 1 replays the same ids in every message.
 	Variants int
+	// VLLM sends the message as vLLM 0.26 does by default: blocks of
+	// VLLMBlockSize tokens, hashes as 32-byte strings (its sha256 block
+	// hashes), events as maps with every field vLLM writes for plain text
+	// (lora_name, extra_keys, group_idx, kv_cache_spec_kind) and the
+	// medium as "GPU".
+	VLLM bool
+}
+
+// VLLMBlockSize is vLLM's default block size.
+const VLLMBlockSize = 16
+
+// BlockSize is the number of tokens per block of messages of o.
+func (o Options) BlockSize() int {
+	if o.VLLM {
+		return VLLMBlockSize
+	}
+	return BlockSize
+}
+
+// Fill is the shape of the messages that fill an index before messages
+// of o arrive: one prefill in events of o's size, with o's block size
+// and wire form.
+func (o Options) Fill() Options {
+	return Options{BlocksPerEvent: o.BlocksPerEvent, VLLM: o.VLLM}
 }
 
 // Shape is a shape of live message the decode + apply benchmarks send,
@@ -118,6 +142,18 @@ func Shapes() []Shape {
 	}
 }
 
+// VLLMShapes returns vLLM's shapes, for benchmarks whose index has
+// vLLM's block size: a batch of decode steps (64 chains each a block
+// longer) and one prefill in one event, each after the removal of every
+// evicted block in an event of its own, as vLLM's block pool sends its
+// evictions.
+func VLLMShapes() []Shape {
+	return []Shape{
+		{"vllm/blocks_per_event=1/chains=64", Options{BlocksPerEvent: 1, Chains: true, RemovalsPerBlock: true, VLLM: true}},
+		{"vllm/blocks_per_event=64", Options{BlocksPerEvent: Blocks, RemovalsPerBlock: true, VLLM: true}},
+	}
+}
+
 // New returns a message of ids with real text's widths in DefaultVariants
 // variants.
 func New(tb testing.TB, blocksPerEvent int, withRemovals bool) *Message {
@@ -138,14 +174,14 @@ func NewWith(tb testing.TB, opts Options) *Message {
 	rng := rand.New(rand.NewPCG(7, 11))
 	f := &Message{}
 	for range n {
-		f.variants = append(f.variants, newVariant(tb, opts, opts.Text.IDs(rng, Blocks*BlockSize)))
+		f.variants = append(f.variants, newVariant(tb, opts, opts.Text.IDs(rng, Blocks*opts.BlockSize())))
 	}
 	f.Payload = f.variants[0].payload
 	return f
 }
 
 func newVariant(tb testing.TB, opts Options, tokens []uint32) variant {
-	per := opts.BlocksPerEvent
+	per, bs := opts.BlocksPerEvent, opts.BlockSize()
 	tokens[0], tokens[1] = tokenMark, tokenMark+1
 	hashes := make([]kvevent.EngineHash, Blocks)
 	gone := make([]kvevent.EngineHash, Blocks)
@@ -170,9 +206,13 @@ func newVariant(tb testing.TB, opts Options, tokens []uint32) variant {
 		case i > 0:
 			parent = hashes[i-1]
 		}
-		b.AddStored(hashes[i:i+per], parent, hasParent, tokens[i*BlockSize:(i+per)*BlockSize], BlockSize, kvevent.Device)
+		b.AddStored(hashes[i:i+per], parent, hasParent, tokens[i*bs:(i+per)*bs], bs, kvevent.Device)
 	}
-	v := variant{payload: kvevent.AppendBatch(nil, b, kvevent.Shape{})}
+	shape := kvevent.Shape{}
+	if opts.VLLM {
+		shape = kvevent.Shape{Hashes: kvevent.HashDigest32, UpperMedium: true, VLLMFields: true}
+	}
+	v := variant{payload: kvevent.AppendBatch(nil, b, shape)}
 	find := func(enc []byte, want int) []int {
 		var offs []int
 		for at := 0; ; {
@@ -188,7 +228,27 @@ func newVariant(tb testing.TB, opts Options, tokens []uint32) variant {
 		}
 		return offs
 	}
+	// Each hash's encoding is found by its marker; Rewrite writes the
+	// first 8 bytes of its value. A 32-byte hash gets the same last 24
+	// bytes as every other, so that the 8 bytes name it, as they name an
+	// integer one.
 	u64 := func(v uint64) []byte { return binary.BigEndian.AppendUint64([]byte{0xcf}, v) }
+	if opts.VLLM {
+		u64 = func(v uint64) []byte {
+			d := kvevent.Digest32(kvevent.IntHash(v))
+			return append([]byte{0xc4, 32}, d[:]...)
+		}
+	}
+	findHash := func(enc []byte, want int) []int {
+		offs := find(enc, want)
+		if opts.VLLM {
+			for k := range offs {
+				offs[k]++ // past the length byte too
+				copy(v.payload[offs[k]+8:offs[k]+32], digestTail)
+			}
+		}
+		return offs
+	}
 	for j := range Blocks {
 		// A stored hash is also the parent of the next event, unless
 		// every event continues a chain of its own.
@@ -196,20 +256,36 @@ func newVariant(tb testing.TB, opts Options, tokens []uint32) variant {
 		if j%per == per-1 && j < Blocks-1 && !opts.Chains {
 			want = 2
 		}
-		v.stored = append(v.stored, find(u64(hashes[j].Lo), want))
+		v.stored = append(v.stored, findHash(u64(hashes[j].Lo), want))
 		if opts.Removals {
-			v.removed = append(v.removed, find(u64(gone[j].Lo), 1))
+			v.removed = append(v.removed, findHash(u64(gone[j].Lo), 1))
 		}
 	}
 	if opts.Chains {
 		for k := range Blocks / per {
-			v.parents = append(v.parents, find(u64(parentMark+uint64(k)), 1)[0])
+			v.parents = append(v.parents, findHash(u64(parentMark+uint64(k)), 1)[0])
 		}
 	}
 	for k := range v.first {
 		v.first[k] = find(binary.BigEndian.AppendUint32([]byte{0xce}, tokenMark+uint32(k)), 1)[0]
 	}
 	return v
+}
+
+// digestTail is the last 24 bytes of every 32-byte hash of a VLLM
+// message.
+const digestTail = "\x5c\x5c\x5c\x5c\x5c\x5c\x5c\x5c\x5c\x5c\x5c\x5c\x5c\x5c\x5c\x5c\x5c\x5c\x5c\x5c\x5c\x5c\x5c\x5c"
+
+// EngineHash is the engine hash a decoder reads for a hash Rewrite wrote
+// as v in messages of o.
+func (o Options) EngineHash(v uint64) kvevent.EngineHash {
+	if !o.VLLM {
+		return kvevent.IntHash(v)
+	}
+	var d [32]byte
+	binary.BigEndian.PutUint64(d[:], v)
+	copy(d[8:], digestTail)
+	return kvevent.BytesHash(d[:])
 }
 
 // freshHash is engine hash j of iteration i: spread over 64 bits like a

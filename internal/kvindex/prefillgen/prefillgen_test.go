@@ -19,6 +19,8 @@ func TestRewriteNamesBlocks(t *testing.T) {
 		{BlocksPerEvent: 64},
 		{BlocksPerEvent: 1, Removals: true, Chains: true},
 		{BlocksPerEvent: 4, Chains: true, Variants: 2},
+		{BlocksPerEvent: 1, Removals: true, RemovalsPerBlock: true, Chains: true, VLLM: true},
+		{BlocksPerEvent: 64, Removals: true, RemovalsPerBlock: true, VLLM: true},
 	} {
 		f := NewWith(t, opts)
 		dec := kvevent.NewDecoder(8 << 20)
@@ -35,7 +37,7 @@ func TestRewriteNamesBlocks(t *testing.T) {
 						t.Fatalf("%+v iteration %d: a removal of %d blocks", opts, i, len(ev.BlockHashes))
 					}
 					for _, h := range ev.BlockHashes {
-						if want := kvevent.IntHash(freshHash(i-window, r)); h != want {
+						if want := opts.EngineHash(freshHash(i-window, r)); h != want {
 							t.Fatalf("%+v iteration %d: removed %d is %v, want %v", opts, i, r, h, want)
 						}
 						r++
@@ -46,15 +48,18 @@ func TestRewriteNamesBlocks(t *testing.T) {
 				hasParent := j > 0
 				switch {
 				case opts.Chains:
-					want, hasParent = kvevent.IntHash(freshHash(i-1, j+len(ev.BlockHashes)-1)), true
+					want, hasParent = opts.EngineHash(freshHash(i-1, j+len(ev.BlockHashes)-1)), true
 				case j > 0:
-					want = kvevent.IntHash(freshHash(i, j-1))
+					want = opts.EngineHash(freshHash(i, j-1))
 				}
 				if ev.HasParent != hasParent || hasParent && ev.ParentHash != want {
 					t.Fatalf("%+v iteration %d event %d: parent %v (%v), want %v (%v)", opts, i, e, ev.ParentHash, ev.HasParent, want, hasParent)
 				}
+				if ev.BlockSize != opts.BlockSize() || len(ev.TokenIDs) != len(ev.BlockHashes)*opts.BlockSize() || !ev.PlainText {
+					t.Fatalf("%+v iteration %d event %d: %d tokens in blocks of %d, plain text %v", opts, i, e, len(ev.TokenIDs), ev.BlockSize, ev.PlainText)
+				}
 				for _, h := range ev.BlockHashes {
-					if want := kvevent.IntHash(freshHash(i, j)); h != want {
+					if want := opts.EngineHash(freshHash(i, j)); h != want {
 						t.Fatalf("%+v iteration %d: block %d is %v, want %v", opts, i, j, h, want)
 					}
 					j++
