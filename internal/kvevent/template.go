@@ -244,12 +244,13 @@ func hashHeader(c byte) int {
 // template's and its slots' values read. On false b is as it was.
 func (t *template) decode(p []byte, b *Batch, ev *Event) ([]byte, bool) {
 	p0, nh, nt := p, len(b.hashes), len(b.tokens)
-	e := t.ev
 	var (
-		tokens []uint32
-		ctx    bool
-		err    error
-		at     int
+		tokens    []uint32
+		ctx       bool
+		err       error
+		at        int
+		hasParent = t.ev.HasParent
+		parent    = t.ev.ParentHash
 	)
 	for i := range t.n {
 		s := &t.slots[i]
@@ -273,9 +274,9 @@ func (t *template) decode(p []byte, b *Batch, ev *Event) ([]byte, bool) {
 			case s.kind == slotHash:
 				b.hashes = append(b.hashes, h)
 			case t.inArray && h == (EngineHash{}):
-				e.HasParent, e.ParentHash = false, EngineHash{}
+				hasParent, parent = false, EngineHash{}
 			default:
-				e.HasParent, e.ParentHash = true, h
+				hasParent, parent = true, h
 			}
 		}
 		at = s.end
@@ -283,12 +284,13 @@ func (t *template) decode(p []byte, b *Batch, ev *Event) ([]byte, bool) {
 	if !bytes.HasPrefix(p, t.src[at:]) {
 		goto miss
 	}
-	e.BlockHashes = b.hashes[nh:len(b.hashes):len(b.hashes)]
-	if e.Kind == BlockStored {
-		e.TokenIDs = tokens
-		e.PlainText = !ctx
-	}
-	*ev = e
+	// Every field of Event, one by one: a copy of a whole Event built in
+	// parts would load it in wide words its narrow stores have not
+	// finished, a stall of several nanoseconds an event.
+	ev.Kind, ev.Medium, ev.BlockSize = t.ev.Kind, t.ev.Medium, t.ev.BlockSize
+	ev.BlockHashes = b.hashes[nh:len(b.hashes):len(b.hashes)]
+	ev.HasParent, ev.ParentHash = hasParent, parent
+	ev.TokenIDs, ev.PlainText = tokens, !ctx
 	return p[len(t.src)-at:], true
 miss:
 	b.hashes, b.tokens = b.hashes[:nh], b.tokens[:nt]
