@@ -462,7 +462,7 @@ func queryUnderWrites(b *testing.B, r *realDirectory, perStream int) {
 // come in one of prefillgen.Shapes: one prefill in one event or in 64 of
 // one block each (SGLang's shape, stored as one run), or a batch of
 // decode steps, 64 chains each a block longer (chains=64, an event at a
-// time); or as vLLM sends them (prefillgen.VLLMShapes: 16-token blocks,
+// time); or as vLLM sends them (vllm/...: 16-token blocks,
 // 32-byte hashes, a removal event a block), into a directory of
 // 16-token streams. The stream's view is first replaced by one the
 // generator filled, through the calibration swap; replace-ms reports that swap,
@@ -473,7 +473,7 @@ func queryUnderWrites(b *testing.B, r *realDirectory, perStream int) {
 func BenchmarkDecodeApplyShared(b *testing.B) {
 	for _, perStream := range []int{16384, 262144} {
 		var r *realDirectory
-		for _, sh := range append(prefillgen.Shapes(), prefillgen.VLLMShapes()...) {
+		for _, sh := range prefillgen.Shapes() {
 			b.Run(fmt.Sprintf("index=%d/%s", perStream, sh.Name), func(b *testing.B) {
 				if r == nil || r.bs != sh.Options.BlockSize() {
 					r = nil // the last directory's memory goes before the next is built

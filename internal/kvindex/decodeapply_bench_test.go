@@ -15,7 +15,7 @@ import (
 // evicted, and apply it to an index of index= blocks, filled beforehand
 // and kept at that size. The blocks come in one of prefillgen.Shapes:
 // one prefill in one event or in events of one block, or a batch of
-// decode steps (chains=64); or as vLLM sends them (prefillgen.VLLMShapes:
+// decode steps (chains=64); or as vLLM sends them (vllm/...:
 // 16-token blocks, 32-byte hashes, a removal event a block), into an
 // index of 16-token blocks. blocks/s counts the stored blocks;
 // blocks/cpu-s counts them per CPU second of the benchmark's thread.
@@ -31,7 +31,7 @@ import (
 // own last message did.
 func BenchmarkDecodeApplyFresh(b *testing.B) {
 	for _, c := range []struct{ size, streams int }{{16384, 1}, {65536, 1}, {262144, 1}, {262144, 32}} {
-		for _, sh := range append(prefillgen.Shapes(), prefillgen.VLLMShapes()...) {
+		for _, sh := range prefillgen.Shapes() {
 			name := fmt.Sprintf("index=%d/%s", c.size, sh.Name)
 			if c.streams > 1 {
 				name = fmt.Sprintf("index=%d/streams=%d/%s", c.size, c.streams, sh.Name)

@@ -820,11 +820,11 @@ func TestTableFarFromHome(t *testing.T) {
 // batches; every entry must stay reachable through the engine table and
 // a KeyLookup, removed blocks must be on no tier and stored ones on
 // Device (R-IDX-3, R-CFG-2). Messages come in each of the benchmarks'
-// shapes (prefillgen.Shapes and VLLMShapes), applied a run at a time.
+// shapes (prefillgen.Shapes), applied a run at a time.
 func TestSteadyChurnLargeTables(t *testing.T) {
 	const window = 50
 	size := window * prefillgen.Blocks
-	for _, shape := range append(prefillgen.Shapes(), prefillgen.VLLMShapes()...) {
+	for _, shape := range prefillgen.Shapes() {
 		ix := New(Config{BlockSize: shape.Options.BlockSize(), HashSeed: 1024, MaxBlocks: size})
 		dec := kvevent.NewDecoder(8 << 20)
 		var batch kvevent.Batch

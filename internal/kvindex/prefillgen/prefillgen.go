@@ -132,23 +132,17 @@ type Shape struct {
 // every store so, an event a page), after one removal of every evicted
 // block or, as SGLang sends them, a removal a block; a batch of decode
 // steps, 64 chains each a block longer (see Options.Chains); one prefill
-// in one event.
+// in one event. Then vLLM's (Options.VLLM, named vllm/...): its batch of
+// decode steps and one prefill in one event, each after the removal of
+// every evicted block in an event of its own, as vLLM's block pool sends
+// its evictions. A benchmark gives each shape an index of its
+// Options.BlockSize.
 func Shapes() []Shape {
 	return []Shape{
 		{"blocks_per_event=1", Options{BlocksPerEvent: 1}},
 		{"blocks_per_event=1/removals_per_event=1", Options{BlocksPerEvent: 1, RemovalsPerBlock: true}},
 		{"blocks_per_event=1/chains=64", Options{BlocksPerEvent: 1, Chains: true}},
 		{"blocks_per_event=64", Options{BlocksPerEvent: Blocks}},
-	}
-}
-
-// VLLMShapes returns vLLM's shapes, for benchmarks whose index has
-// vLLM's block size: a batch of decode steps (64 chains each a block
-// longer) and one prefill in one event, each after the removal of every
-// evicted block in an event of its own, as vLLM's block pool sends its
-// evictions.
-func VLLMShapes() []Shape {
-	return []Shape{
 		{"vllm/blocks_per_event=1/chains=64", Options{BlocksPerEvent: 1, Chains: true, RemovalsPerBlock: true, VLLM: true}},
 		{"vllm/blocks_per_event=64", Options{BlocksPerEvent: Blocks, RemovalsPerBlock: true, VLLM: true}},
 	}
