@@ -187,7 +187,9 @@ func (t *template) add(src, p []byte, f field, tokensTail int, seen *[fieldUnkno
 	switch {
 	case f == fieldHashes:
 		var n int
-		if n, p, err = readArrayHeader(p, keyBlockHashes, 1); err != nil {
+		// The count is checked here, not only the event's: a map may
+		// give its hashes twice, and the event holds the last array.
+		if n, p, err = readArrayHeader(p, keyBlockHashes, 1); err != nil || n > maxTemplateHashes {
 			return nil
 		}
 		for range n {
@@ -195,7 +197,9 @@ func (t *template) add(src, p []byte, f field, tokensTail int, seen *[fieldUnkno
 			if _, p, err = readHash(p); err != nil {
 				return nil
 			}
-			t.push(slot{off: off, hdr: hashHeader(src[off]), end: len(src) - len(p), kind: slotHash})
+			if !t.push(slot{off: off, hdr: hashHeader(src[off]), end: len(src) - len(p), kind: slotHash}) {
+				return nil
+			}
 		}
 		return p
 	case stored && f == fieldParent && !msgp.IsNil(p):
@@ -203,7 +207,9 @@ func (t *template) add(src, p []byte, f field, tokensTail int, seen *[fieldUnkno
 		if _, p, err = readHash(p); err != nil {
 			return nil
 		}
-		t.push(slot{off: off, hdr: hashHeader(src[off]), end: len(src) - len(p), kind: slotParent})
+		if !t.push(slot{off: off, hdr: hashHeader(src[off]), end: len(src) - len(p), kind: slotParent}) {
+			return nil
+		}
 		return p
 	case stored && f == fieldTokens:
 		off := len(src) - len(p)
@@ -211,7 +217,9 @@ func (t *template) add(src, p []byte, f field, tokensTail int, seen *[fieldUnkno
 		if err != nil || tokensTail < 0 || tokensTail > len(q) {
 			return nil
 		}
-		t.push(slot{off: off, hdr: len(src) - off - len(q), end: len(src) - tokensTail, kind: slotTokens})
+		if !t.push(slot{off: off, hdr: len(src) - off - len(q), end: len(src) - tokensTail, kind: slotTokens}) {
+			return nil
+		}
 		return src[len(src)-tokensTail:]
 	}
 	if p, err = msgp.Skip(p); err != nil {
@@ -220,9 +228,15 @@ func (t *template) add(src, p []byte, f field, tokensTail int, seen *[fieldUnkno
 	return p
 }
 
-func (t *template) push(s slot) {
+// push adds s, reporting false when the template has no room left for
+// it: the event cannot serve as one.
+func (t *template) push(s slot) bool {
+	if t.n == len(t.slots) {
+		return false
+	}
 	t.slots[t.n] = s
 	t.n++
+	return true
 }
 
 // hashHeader is how many bytes of a hash encoded from byte c on say its

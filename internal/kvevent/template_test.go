@@ -232,6 +232,24 @@ func TestTemplatesHandBuiltEvents(t *testing.T) {
 	}
 	pair := msgp.AppendArrayHeader(nil, 2)
 	pair = msgp.AppendInt(msgp.AppendInt(pair, 5), 6)
+	// removed gives its hashes once for each array, as a map may.
+	removed := func(arrays ...[][]byte) []byte {
+		e := msgp.AppendMapHeader(nil, uint32(1+len(arrays)))
+		e = msgp.AppendString(e, keyType)
+		e = msgp.AppendString(e, "BlockRemoved")
+		for _, hashes := range arrays {
+			e = msgp.AppendString(e, keyBlockHashes)
+			e = msgp.AppendArrayHeader(e, uint32(len(hashes)))
+			for _, h := range hashes {
+				e = append(e, h...)
+			}
+		}
+		return e
+	}
+	seven := make([][]byte, 7)
+	for i := range seven {
+		seven[i] = u64(uint64(i) << 40)
+	}
 	// served is how many events templates decode: the first event is
 	// decoded field by field, and a template serves an event whose fixed
 	// bytes are those of the event of its kind before.
@@ -256,6 +274,14 @@ func TestTemplatesHandBuiltEvents(t *testing.T) {
 			stored([][]byte{u64(1 << 40)}, u64(7), toks(1, 2), str(keyBlockHashes), msgp.AppendUint64(msgp.AppendArrayHeader(nil, 1), 99)),
 			stored([][]byte{u64(2 << 40)}, u64(8), toks(1, 2), str(keyBlockHashes), msgp.AppendUint64(msgp.AppendArrayHeader(nil, 1), 98)),
 		}, 0},
+		// The event holds the last array, of one hash; the first has
+		// more than a template has slots for (FuzzTemplates found the
+		// template made of it writing past them).
+		{"hashes twice, the first more than a template holds", [][]byte{
+			removed(seven, [][]byte{u64(9 << 40)}),
+			removed([][]byte{u64(10 << 40)}),
+			removed([][]byte{u64(11 << 40)}),
+		}, 1},
 		{"parent twice", [][]byte{
 			stored([][]byte{u64(1 << 40)}, u64(7), toks(1, 2), str(keyParent), []byte{0xc0}),
 			stored([][]byte{u64(2 << 40)}, u64(8), toks(1, 2), str(keyParent), []byte{0xc0}),
