@@ -11,6 +11,10 @@ var (
 	// ErrTooLarge reports a payload above the decoder's size limit; it is
 	// returned before any byte of the payload is read.
 	ErrTooLarge = errors.New("kvevent: message too large")
+	// ErrDecoderFault marks, beside ErrMalformed, a message the decoder
+	// itself failed on (a runtime panic it recovered from): a defect of
+	// the decoder's, which its fuzz targets look for.
+	ErrDecoderFault = errors.New("kvevent: decoder fault")
 )
 
 // Reset empties the batch and keeps its storage for reuse.

@@ -43,11 +43,25 @@ func (d *Decoder) MaxMessageBytes() int { return d.maxMessageBytes }
 // DecodeBatch decodes payload into b, reusing b's storage. Errors wrap
 // ErrTooLarge or ErrMalformed; on error b is left empty. The decoded
 // slices do not alias payload.
-func (d *Decoder) DecodeBatch(payload []byte, b *Batch) error {
+//
+// A fault of the decoder itself on some message (a runtime panic) is
+// reported as that message being malformed, so that it costs its stream
+// a recovery and not the process every other stream lives in; the error
+// also wraps ErrDecoderFault and names the fault. The decoder is fuzzed
+// not to have any.
+func (d *Decoder) DecodeBatch(payload []byte, b *Batch) (err error) {
 	b.Reset()
 	if len(payload) > d.maxMessageBytes {
 		return fmt.Errorf("%w: %d bytes exceeds the limit of %d", ErrTooLarge, len(payload), d.maxMessageBytes)
 	}
+	defer func() {
+		if r := recover(); r != nil {
+			// The templates are in whatever state the fault left.
+			b.payload, b.tmpl = nil, nil
+			b.Reset()
+			err = fmt.Errorf("%w: %w on a message of %d bytes: %v", ErrMalformed, ErrDecoderFault, len(payload), r)
+		}
+	}()
 	b.payload = payload
 	rest, err := decodeBatch(payload, b)
 	b.payload = nil

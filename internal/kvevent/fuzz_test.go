@@ -2,6 +2,7 @@ package kvevent
 
 import (
 	"bytes"
+	"errors"
 	"math"
 	"testing"
 )
@@ -52,6 +53,9 @@ func FuzzDecodeBatch(f *testing.F) {
 	f.Fuzz(func(t *testing.T, payload []byte) {
 		var b Batch
 		if err := d.DecodeBatch(payload, &b); err != nil {
+			if errors.Is(err, ErrDecoderFault) {
+				t.Fatal(err)
+			}
 			if len(b.Events) != 0 {
 				t.Fatalf("failed decode left %d events", len(b.Events))
 			}

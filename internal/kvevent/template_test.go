@@ -1,8 +1,11 @@
 package kvevent
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/tinylib/msgp/msgp"
@@ -21,7 +24,8 @@ func decodeBothWays(t testing.TB, d *Decoder, payload []byte, with, without *Bat
 	errWith := d.DecodeBatch(payload, with)
 	errWithout := d.DecodeBatch(payload, without)
 	switch {
-	case (errWith == nil) != (errWithout == nil):
+	case (errWith == nil) != (errWithout == nil),
+		errors.Is(errWith, ErrDecoderFault), errors.Is(errWithout, ErrDecoderFault):
 		t.Fatalf("with templates: %v; field by field: %v", errWith, errWithout)
 	case errWith != nil && errWith.Error() != errWithout.Error():
 		t.Fatalf("errors differ:\n with templates: %v\n field by field: %v", errWith, errWithout)
@@ -414,5 +418,40 @@ func TestTemplatesKeepNoPayload(t *testing.T) {
 				t.Fatalf("template %d still points into the message after DecodeBatch returned", i)
 			}
 		}
+	}
+}
+
+// TestDecoderFaultIsMalformed: a fault inside the decoder costs its
+// message, not the process every stream lives in (a malformed message
+// invalidates only its own stream). Templates that no message leaves
+// behind (a slot past the template's own bytes) make the decoder fail
+// inside; the error wraps ErrMalformed and names the fault, the batch is
+// left empty, and the same message then decodes as field by field.
+func TestDecoderFaultIsMalformed(t *testing.T) {
+	payload := AppendBatch(nil, templateBatch(rand.New(rand.NewPCG(3, 4))), Shape{})
+	d := NewDecoder(1 << 20)
+	var b, want Batch
+	want.generalOnly = true
+	if err := d.DecodeBatch(payload, &want); err != nil {
+		t.Fatal(err)
+	}
+	b.tmpl = new(templates)
+	for i := range b.tmpl.t {
+		tp := &b.tmpl.t[i]
+		tp.ok, tp.n, tp.src = true, 1, []byte{0x81}
+		tp.slots[0] = slot{off: 4, hdr: 1, end: 9, kind: slotHash}
+	}
+	err := d.DecodeBatch(payload, &b)
+	if !errors.Is(err, ErrMalformed) || !errors.Is(err, ErrDecoderFault) || !strings.Contains(err.Error(), "slice bounds out of range") {
+		t.Fatalf("got %v, want a decoder fault as ErrMalformed", err)
+	}
+	if len(b.Events) != 0 || len(b.hashes) != 0 || len(b.tokens) != 0 || b.payload != nil {
+		t.Fatalf("the failed decode left %d events, %d hashes, %d ids", len(b.Events), len(b.hashes), len(b.tokens))
+	}
+	if err := d.DecodeBatch(payload, &b); err != nil {
+		t.Fatalf("the next decode: %v", err)
+	}
+	if !reflect.DeepEqual(b.Events, want.Events) {
+		t.Fatal("the next decode differs from the field-by-field one")
 	}
 }
