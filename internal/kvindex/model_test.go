@@ -1,10 +1,13 @@
 package kvindex
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/kvcar/kvcar/internal/kvevent"
@@ -330,9 +333,14 @@ func randomEvent(rng *rand.Rand, r *refModel, bs int) (*kvevent.Event, Mode) {
 	case 1, 2: // a random hash, known or not
 		ev.HasParent, ev.ParentHash = true, hash()
 	default: // a hash the model holds, to grow chains
-		for h := range r.entries {
-			ev.HasParent, ev.ParentHash = true, h
-			break
+		if len(r.entries) > 0 {
+			// Drawn from the sorted hashes, not a map's order, so that a
+			// sequence is the same on every run (a fuzzer's failing
+			// input must fail again).
+			held := slices.SortedFunc(maps.Keys(r.entries), func(a, b kvevent.EngineHash) int {
+				return cmp.Or(cmp.Compare(a.Hi, b.Hi), cmp.Compare(a.Lo, b.Lo))
+			})
+			ev.HasParent, ev.ParentHash = true, held[rng.IntN(len(held))]
 		}
 	}
 	return ev, mode
@@ -382,37 +390,9 @@ func TestAgainstReferenceModel(t *testing.T) {
 	seen := map[string]int{}
 	for seed := uint64(1); seed <= 24; seed++ {
 		cfg := Config{BlockSize: bs, HashSeed: 1024 + seed, MaxBlocks: 8 + int(seed%4)*8}
-		ix := New(cfg)
-		r := newRefModel(ix.Config())
-		rng := rand.New(rand.NewPCG(seed, 0x6b76636172))
-		hits := 0
-		for step := 0; step < 1500; step++ {
-			ev, mode := randomEvent(rng, r, bs)
-			err, merr := ix.Apply(ev, mode), r.apply(ev, mode)
-			if err != nil {
-				seen[sentinel(err).Error()]++
-			}
-			if sentinel(err) != sentinel(merr) {
-				t.Fatalf("seed %d step %d %v %v: err %v, model %v", seed, step, ev.Kind, mode, err, merr)
-			}
-			if err := compareWithModel(ix, r, rng, bs); err != nil {
-				t.Fatalf("seed %d step %d after %v %v %+v: %v", seed, step, ev.Kind, mode, ev, err)
-			}
-			d, h := ix.Counts()
-			hits += d + h
-			if hasSharedKey(r) {
-				seen["shared content key"]++
-			}
-		}
-		st := ix.Stats()
-		seen["ghost eviction"] += int(st.GhostEvictions)
-		seen["orphan"] += int(st.OrphanBlocks)
-		seen["orphan keyed later"] += r.orphansKeyed
-		seen["live child of an orphan"] += r.liveOrphanChildren
-		seen["unresolved replica"] += int(st.UnresolvedReplicas)
-		seen["unserved tier"] += int(st.UnservedBlocks)
-		if hits == 0 {
-			t.Fatalf("seed %d: the sequence never held a replica", seed)
+		name := fmt.Sprintf("seed %d", seed)
+		if againstModel(t, cfg, rand.New(rand.NewPCG(seed, 0x6b76636172)), 1500, name, seen) == 0 {
+			t.Fatalf("%s: the sequence never held a replica", name)
 		}
 	}
 	// The sequences must have reached the cases the model exists to check.
@@ -424,6 +404,54 @@ func TestAgainstReferenceModel(t *testing.T) {
 		}
 	}
 	t.Logf("coverage: %v", seen)
+}
+
+// FuzzAgainstReferenceModel is TestAgainstReferenceModel with the
+// events' random choices read from the fuzzer's bytes (fuzzSource).
+func FuzzAgainstReferenceModel(f *testing.F) {
+	f.Add(uint8(0), []byte{})
+	f.Add(uint8(5), []byte("stores, removals, another tier, a clear"))
+	f.Fuzz(func(t *testing.T, size uint8, choices []byte) {
+		cfg := Config{BlockSize: 2, HashSeed: 1024, MaxBlocks: 4 + int(size%48)}
+		againstModel(t, cfg, rand.New(newFuzzSource(choices)), 32+len(choices)/4, "fuzzed", map[string]int{})
+	})
+}
+
+// againstModel applies steps random events to an index of cfg and to the
+// reference model, and fails at the first difference in errors, state or
+// answers; it adds what the events reached to seen and returns the sum,
+// over the steps, of the replicas the index held.
+func againstModel(t testing.TB, cfg Config, rng *rand.Rand, steps int, name string, seen map[string]int) (hits int) {
+	t.Helper()
+	bs := cfg.BlockSize
+	ix := New(cfg)
+	r := newRefModel(ix.Config())
+	for step := range steps {
+		ev, mode := randomEvent(rng, r, bs)
+		err, merr := ix.Apply(ev, mode), r.apply(ev, mode)
+		if err != nil {
+			seen[sentinel(err).Error()]++
+		}
+		if sentinel(err) != sentinel(merr) {
+			t.Fatalf("%s step %d %v %v: err %v, model %v", name, step, ev.Kind, mode, err, merr)
+		}
+		if err := compareWithModel(ix, r, rng, bs); err != nil {
+			t.Fatalf("%s step %d after %v %v %+v: %v", name, step, ev.Kind, mode, ev, err)
+		}
+		d, h := ix.Counts()
+		hits += d + h
+		if hasSharedKey(r) {
+			seen["shared content key"]++
+		}
+	}
+	st := ix.Stats()
+	seen["ghost eviction"] += int(st.GhostEvictions)
+	seen["orphan"] += int(st.OrphanBlocks)
+	seen["orphan keyed later"] += r.orphansKeyed
+	seen["live child of an orphan"] += r.liveOrphanChildren
+	seen["unresolved replica"] += int(st.UnresolvedReplicas)
+	seen["unserved tier"] += int(st.UnservedBlocks)
+	return hits
 }
 
 func hasSharedKey(r *refModel) bool {

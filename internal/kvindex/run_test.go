@@ -118,118 +118,7 @@ func TestApplyRunMatchesApply(t *testing.T) {
 	seen := map[string]int{}
 	for seed := uint64(1); seed <= 40; seed++ {
 		cfg := Config{BlockSize: bs, HashSeed: 1024 + seed, MaxBlocks: 8 + int(seed%5)*8}
-		one, run := New(cfg), New(cfg)
-		var oneLog, runLog []observed
-		oneDrops := 0
-		one.SetObserver(func(k Key, d, h, dr bool) {
-			oneLog = append(oneLog, observed{k, d, h, dr})
-			if dr {
-				oneDrops++
-			}
-		})
-		run.SetObserver(func(k Key, d, h, dr bool) { runLog = append(runLog, observed{k, d, h, dr}) })
-		rng := rand.New(rand.NewPCG(seed, 0x72756e))
-		for batch := range 300 {
-			evs := runEvents(rng, bs)
-			mode := Delta
-			if rng.IntN(4) == 0 {
-				mode = Snapshot
-			}
-			// Apply, event by event, up to the first failure; which
-			// events dropped a tier.
-			var oneErr error
-			failed := len(evs)
-			dropped := make([]bool, len(evs))
-			for i := range evs {
-				before := oneDrops
-				if oneErr = one.Apply(&evs[i], mode); oneErr != nil {
-					failed = i
-					break
-				}
-				dropped[i] = oneDrops > before
-			}
-			// ApplyRun, run after run, with a random bound on a run's
-			// blocks, as applyPublished calls it.
-			var runErr error
-			n := 0
-			for n < len(evs) {
-				limit := 1 + rng.IntN(24)
-				k, err := run.ApplyRun(evs[n:], mode, limit)
-				where := fmt.Sprintf("seed %d batch %d events [%d, %d) of %d", seed, batch, n, n+k, len(evs))
-				if err == nil && k == 0 {
-					t.Fatalf("%s: applied none without an error", where)
-				}
-				if err != nil && n+k != failed {
-					t.Fatalf("%s: failed at event %d (%v), Apply at %d (%v)", where, n+k, err, failed, oneErr)
-				}
-				if err == nil && n+k > failed {
-					t.Fatalf("%s: applied past event %d, where Apply failed: %v", where, failed, oneErr)
-				}
-				if k > 1 && evs[n].Kind == kvevent.BlockRemoved {
-					// A run of removals on one medium, one step.
-					seen["joined removals"]++
-					blocks := 0
-					for i := n; i < n+k; i++ {
-						if e := &evs[i]; e.Kind != kvevent.BlockRemoved || e.Medium != evs[n].Medium || blocks >= limit {
-							t.Fatalf("%s: joined event %d, %v on %v after %d blocks of removals, limit %d", where, i, e.Kind, e.Medium, blocks, limit)
-						}
-						blocks += len(evs[i].BlockHashes)
-					}
-				} else if k > 1 {
-					seen["joined"]++
-					blocks := 0
-					for i := n; i < n+k; i++ {
-						e := &evs[i]
-						if e.Kind != kvevent.BlockStored || !e.PlainText || e.Medium != evs[n].Medium || len(e.TokenIDs) == 0 {
-							t.Fatalf("%s: joined event %d, %v on %v plain %v with %d tokens", where, i, e.Kind, e.Medium, e.PlainText, len(e.TokenIDs))
-						}
-						if i > n && (!e.HasParent || e.ParentHash != evs[i-1].BlockHashes[len(evs[i-1].BlockHashes)-1]) {
-							t.Fatalf("%s: joined event %d does not continue the chain", where, i)
-						}
-						if i < n+k-1 && dropped[i] {
-							t.Fatalf("%s: went on after event %d, which dropped a tier", where, i)
-						}
-						if blocks >= limit {
-							t.Fatalf("%s: joined event %d after %d blocks, limit %d", where, i, blocks, limit)
-						}
-						blocks += len(e.BlockHashes)
-					}
-				}
-				n += k
-				if err != nil {
-					runErr = err
-					seen[sentinel(err).Error()]++
-					break
-				}
-			}
-			if (oneErr == nil) != (runErr == nil) || oneErr != nil && oneErr.Error() != runErr.Error() {
-				t.Fatalf("seed %d batch %d: ApplyRun's error %v, Apply's %v", seed, batch, runErr, oneErr)
-			}
-			for i := range failed {
-				if dropped[i] && i+1 < failed && evs[i+1].Kind == kvevent.BlockStored {
-					seen["drop inside a run's reach"]++
-				}
-			}
-			if !slices.Equal(oneLog, runLog) {
-				t.Fatalf("seed %d batch %d: observer calls differ:\nApply    %v\nApplyRun %v", seed, batch, oneLog, runLog)
-			}
-			oneLog, runLog = oneLog[:0], runLog[:0]
-			if a, b := snapshotAll(one), snapshotAll(run); !maps.Equal(a, b) {
-				t.Fatalf("seed %d batch %d: entries differ:\nApply    %v\nApplyRun %v", seed, batch, a, b)
-			}
-			if one.Stats() != run.Stats() {
-				t.Fatalf("seed %d batch %d: stats %+v, Apply's %+v", seed, batch, run.Stats(), one.Stats())
-			}
-			d1, h1 := one.Counts()
-			d2, h2 := run.Counts()
-			if d1 != d2 || h1 != h2 || one.Len() != run.Len() {
-				t.Fatalf("seed %d batch %d: counts %d/%d of %d, Apply's %d/%d of %d", seed, batch, d2, h2, run.Len(), d1, h1, one.Len())
-			}
-			if err := checkInvariants(run); err != nil {
-				t.Fatalf("seed %d batch %d: %v", seed, batch, err)
-			}
-		}
-		seen["ghost eviction"] += int(run.Stats().GhostEvictions)
+		runAgainstApply(t, cfg, rand.New(rand.NewPCG(seed, 0x72756e)), 300, fmt.Sprintf("seed %d", seed), seen)
 	}
 	for _, c := range []string{"joined", "joined removals", "drop inside a run's reach", "ghost eviction",
 		ErrCapacity.Error(), ErrUnknownParent.Error(), ErrBlockSize.Error()} {
@@ -238,6 +127,136 @@ func TestApplyRunMatchesApply(t *testing.T) {
 		}
 	}
 	t.Logf("coverage: %v", seen)
+}
+
+// FuzzApplyRunMatchesApply is TestApplyRunMatchesApply with the batches'
+// random choices read from the fuzzer's bytes (fuzzSource).
+func FuzzApplyRunMatchesApply(f *testing.F) {
+	f.Add(uint8(0), []byte{})
+	f.Add(uint8(3), []byte("a chain, a removal, another tier"))
+	f.Fuzz(func(t *testing.T, size uint8, choices []byte) {
+		cfg := Config{BlockSize: 2, HashSeed: 1024, MaxBlocks: 4 + int(size%48)}
+		runAgainstApply(t, cfg, rand.New(newFuzzSource(choices)), 8+len(choices)/16, "fuzzed", map[string]int{})
+	})
+}
+
+// runAgainstApply applies batches of runEvents(rng) to two indexes of
+// cfg, by Apply and by ApplyRun, and fails at the first difference; what
+// the batches reached is added to seen.
+func runAgainstApply(t testing.TB, cfg Config, rng *rand.Rand, batches int, name string, seen map[string]int) {
+	t.Helper()
+	bs := cfg.BlockSize
+	one, run := New(cfg), New(cfg)
+	var oneLog, runLog []observed
+	oneDrops := 0
+	one.SetObserver(func(k Key, d, h, dr bool) {
+		oneLog = append(oneLog, observed{k, d, h, dr})
+		if dr {
+			oneDrops++
+		}
+	})
+	run.SetObserver(func(k Key, d, h, dr bool) { runLog = append(runLog, observed{k, d, h, dr}) })
+	for batch := range batches {
+		evs := runEvents(rng, bs)
+		mode := Delta
+		if rng.IntN(4) == 0 {
+			mode = Snapshot
+		}
+		// Apply, event by event, up to the first failure; which
+		// events dropped a tier.
+		var oneErr error
+		failed := len(evs)
+		dropped := make([]bool, len(evs))
+		for i := range evs {
+			before := oneDrops
+			if oneErr = one.Apply(&evs[i], mode); oneErr != nil {
+				failed = i
+				break
+			}
+			dropped[i] = oneDrops > before
+		}
+		// ApplyRun, run after run, with a random bound on a run's
+		// blocks, as applyPublished calls it.
+		var runErr error
+		n := 0
+		for n < len(evs) {
+			limit := 1 + rng.IntN(24)
+			k, err := run.ApplyRun(evs[n:], mode, limit)
+			where := fmt.Sprintf("%s batch %d events [%d, %d) of %d", name, batch, n, n+k, len(evs))
+			if err == nil && k == 0 {
+				t.Fatalf("%s: applied none without an error", where)
+			}
+			if err != nil && n+k != failed {
+				t.Fatalf("%s: failed at event %d (%v), Apply at %d (%v)", where, n+k, err, failed, oneErr)
+			}
+			if err == nil && n+k > failed {
+				t.Fatalf("%s: applied past event %d, where Apply failed: %v", where, failed, oneErr)
+			}
+			if k > 1 && evs[n].Kind == kvevent.BlockRemoved {
+				// A run of removals on one medium, one step.
+				seen["joined removals"]++
+				blocks := 0
+				for i := n; i < n+k; i++ {
+					if e := &evs[i]; e.Kind != kvevent.BlockRemoved || e.Medium != evs[n].Medium || blocks >= limit {
+						t.Fatalf("%s: joined event %d, %v on %v after %d blocks of removals, limit %d", where, i, e.Kind, e.Medium, blocks, limit)
+					}
+					blocks += len(evs[i].BlockHashes)
+				}
+			} else if k > 1 {
+				seen["joined"]++
+				blocks := 0
+				for i := n; i < n+k; i++ {
+					e := &evs[i]
+					if e.Kind != kvevent.BlockStored || !e.PlainText || e.Medium != evs[n].Medium || len(e.TokenIDs) == 0 {
+						t.Fatalf("%s: joined event %d, %v on %v plain %v with %d tokens", where, i, e.Kind, e.Medium, e.PlainText, len(e.TokenIDs))
+					}
+					if i > n && (!e.HasParent || e.ParentHash != evs[i-1].BlockHashes[len(evs[i-1].BlockHashes)-1]) {
+						t.Fatalf("%s: joined event %d does not continue the chain", where, i)
+					}
+					if i < n+k-1 && dropped[i] {
+						t.Fatalf("%s: went on after event %d, which dropped a tier", where, i)
+					}
+					if blocks >= limit {
+						t.Fatalf("%s: joined event %d after %d blocks, limit %d", where, i, blocks, limit)
+					}
+					blocks += len(e.BlockHashes)
+				}
+			}
+			n += k
+			if err != nil {
+				runErr = err
+				seen[sentinel(err).Error()]++
+				break
+			}
+		}
+		if (oneErr == nil) != (runErr == nil) || oneErr != nil && oneErr.Error() != runErr.Error() {
+			t.Fatalf("%s batch %d: ApplyRun's error %v, Apply's %v", name, batch, runErr, oneErr)
+		}
+		for i := range failed {
+			if dropped[i] && i+1 < failed && evs[i+1].Kind == kvevent.BlockStored {
+				seen["drop inside a run's reach"]++
+			}
+		}
+		if !slices.Equal(oneLog, runLog) {
+			t.Fatalf("%s batch %d: observer calls differ:\nApply    %v\nApplyRun %v", name, batch, oneLog, runLog)
+		}
+		oneLog, runLog = oneLog[:0], runLog[:0]
+		if a, b := snapshotAll(one), snapshotAll(run); !maps.Equal(a, b) {
+			t.Fatalf("%s batch %d: entries differ:\nApply    %v\nApplyRun %v", name, batch, a, b)
+		}
+		if one.Stats() != run.Stats() {
+			t.Fatalf("%s batch %d: stats %+v, Apply's %+v", name, batch, run.Stats(), one.Stats())
+		}
+		d1, h1 := one.Counts()
+		d2, h2 := run.Counts()
+		if d1 != d2 || h1 != h2 || one.Len() != run.Len() {
+			t.Fatalf("%s batch %d: counts %d/%d of %d, Apply's %d/%d of %d", name, batch, d2, h2, run.Len(), d1, h1, one.Len())
+		}
+		if err := checkInvariants(run); err != nil {
+			t.Fatalf("%s batch %d: %v", name, batch, err)
+		}
+	}
+	seen["ghost eviction"] += int(run.Stats().GhostEvictions)
 }
 
 // snapshotAll is every entry of ix by engine hash, ghosts and orphans
