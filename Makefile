@@ -97,6 +97,7 @@ fuzz: deps
 	$(GO) test -run '^$$' -fuzz '^FuzzTemplates$$' -fuzztime $(FUZZTIME) ./internal/kvevent/
 	$(GO) test -run '^$$' -fuzz '^FuzzAgainstReferenceModel$$' -fuzztime $(FUZZTIME) ./internal/kvindex/
 	$(GO) test -run '^$$' -fuzz '^FuzzApplyRunMatchesApply$$' -fuzztime $(FUZZTIME) ./internal/kvindex/
+	$(GO) test -run '^$$' -fuzz '^FuzzSharedTableAgainstPerStreamMatch$$' -fuzztime $(FUZZTIME) ./internal/kvdir/
 	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/config/
 	$(GO) test -run '^$$' -fuzz '^FuzzQueryRequest$$' -fuzztime $(FUZZTIME) ./internal/server/
 	$(GO) test -run '^$$' -fuzz '^FuzzInferenceRequest$$' -fuzztime $(FUZZTIME) ./internal/server/

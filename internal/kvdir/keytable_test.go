@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvcar/kvcar/internal/fuzzsrc"
 	"github.com/kvcar/kvcar/internal/kvevent"
 	"github.com/kvcar/kvcar/internal/kvindex"
 	"github.com/kvcar/kvcar/internal/kvtransport"
@@ -150,154 +151,8 @@ func referenceMatch(s *stream, keys []kvindex.Key) (dev, hostOnly int) {
 func TestSharedTableAgainstPerStreamMatch(t *testing.T) {
 	hitSlots := map[int]bool{}
 	for seed := uint64(1); seed <= 4; seed++ {
-		rng := rand.New(rand.NewPCG(seed, 0x73686172))
-		d, ms := modelDirectory(t, 70)
-		tab := ms[0].s.keys
 		seen := map[string]int{}
-		var dst []Match
-		var hits []Hit
-		var layout *Layout
-		for step := range 6000 {
-			m := ms[rng.IntN(len(ms))]
-			s := m.s
-			switch p := rng.IntN(100); {
-			case p < 3:
-				s.invalidate("fault")
-				seen["invalidate"]++
-			case p < 8:
-				ix := m.snapshotIndex(rng)
-				if s.idx != nil {
-					seen["calibration"]++
-				} else {
-					seen["fresh publish"]++
-				}
-				s.publish(ix, uint64(step), true, true)
-			case p < 9:
-				// The stream is retired and a new one takes its slot.
-				s.invalidate("stream removed")
-				tab.freeSlot(s.slot)
-				ns := newStream(s.spec)
-				ns.attach(tab)
-				if ns.slot != s.slot {
-					t.Fatalf("freed slot %d not reused (got %d)", s.slot, ns.slot)
-				}
-				d.set.Load().streams[streamIndex(ms, m)] = ns
-				m.s, m.hashes = ns, nil
-				seen["slot reuse"]++
-			default:
-				// A batch of one to three events, as the syncer applies
-				// it: additions may reach the table only at its end, but
-				// no query in between may find more than the stream's
-				// own index holds (R-DIR-1). Half the batches go in one
-				// run under one lock hold, the others an event a run,
-				// with a query after each.
-				// A third of the events continue the chain of the one
-				// before, which the index stores as one run.
-				evs := make([]kvevent.Event, 1+rng.IntN(3))
-				for e := range evs {
-					if e > 0 && rng.IntN(3) == 0 {
-						if ev := m.continuing(rng, &evs[e-1]); ev != nil {
-							evs[e] = *ev
-							seen["chained event"]++
-							continue
-						}
-					}
-					evs[e] = *m.event(rng)
-				}
-				run := len(evs)
-				if rng.IntN(2) == 0 {
-					run = 1
-				}
-				for e := 0; e < len(evs) && s.idx != nil; e += run {
-					part := evs[e:min(e+run, len(evs))]
-					n, err := s.applyPublished(s.idx, part, kvindex.Delta)
-					for _, ev := range part[:n] {
-						seen[ev.Kind.String()]++
-					}
-					if err != nil {
-						if n >= len(part) {
-							t.Fatalf("seed %d step %d: %d of %d events applied with error %v", seed, step, n, len(part), err)
-						}
-						// The syncer withdraws a view an event could not
-						// be applied to (R-REC-3).
-						s.flushKeys()
-						s.invalidate(err.Error())
-						seen["fault"]++
-						break
-					}
-					if n != len(part) {
-						t.Fatalf("seed %d step %d: %d of %d events applied", seed, step, n, len(part))
-					}
-					if len(part) > 1 {
-						seen["run of events"]++
-					}
-					for i := 1; i < len(part); i++ {
-						if prev := &part[i-1]; part[i].Kind == kvevent.BlockStored && prev.Kind == kvevent.BlockStored && len(prev.TokenIDs) > 0 &&
-							part[i].HasParent && part[i].ParentHash == prev.BlockHashes[len(prev.BlockHashes)-1] {
-							seen["chain in one run"]++
-						}
-					}
-					if e+run < len(evs) {
-						if len(s.pending) > 0 {
-							seen["additions pending"]++
-						}
-						tokens := randomPrompt(rng, ms)
-						keys := kvindex.KeysFor(tokens, modelBlock, 1024, nil)
-						dst = d.Query(tokens, dst[:0])
-						for i, mm := range ms {
-							wd, wh := referenceMatch(mm.s, keys)
-							if got := dst[i]; got.DeviceHitTokens > wd*modelBlock || got.DeviceHitTokens+got.HostOnlyHitTokens > (wd+wh)*modelBlock {
-								t.Fatalf("seed %d step %d stream %d, inside a batch: query %d/%d tokens, own index %d/%d blocks",
-									seed, step, i, got.DeviceHitTokens, got.HostOnlyHitTokens, wd, wh)
-							}
-						}
-					}
-				}
-				s.flushKeys()
-			}
-			for q := 0; q < 2; q++ {
-				tokens := randomPrompt(rng, ms)
-				keys := kvindex.KeysFor(tokens, modelBlock, 1024, nil)
-				dst = d.Query(tokens, dst[:0])
-				layout, hits = d.Hits(tokens, hits[:0])
-				if len(hits) != len(ms) || len(layout.Streams) != len(ms) {
-					t.Fatalf("seed %d step %d: %d hits over %d streams, want %d", seed, step, len(hits), len(layout.Streams), len(ms))
-				}
-				for i, mm := range ms {
-					wd, wh := referenceMatch(mm.s, keys)
-					got := dst[i]
-					// The router's answer is the query's, read from the
-					// walk alone: the same hits, and only for a stream
-					// with a view.
-					h := hits[i]
-					if si := layout.Streams[i]; si.InstanceName != got.InstanceName || si.DPRank != got.DPRank {
-						t.Fatalf("seed %d step %d: layout stream %d is %s/%d, query %s/%d", seed, step, i, si.InstanceName, si.DPRank, got.InstanceName, got.DPRank)
-					}
-					if h.OK != (len(tokens) >= modelBlock && got.Synchronized) || h.DeviceTokens != got.DeviceHitTokens || h.HostOnlyTokens != got.HostOnlyHitTokens {
-						t.Fatalf("seed %d step %d stream %d: hits %+v, query %+v", seed, step, i, h, got)
-					}
-					exact := got.DeviceHitTokens == wd*modelBlock && got.HostOnlyHitTokens == wh*modelBlock
-					if !exact && (!mm.freshHashes || got.DeviceHitTokens > wd*modelBlock || got.DeviceHitTokens+got.HostOnlyHitTokens > (wd+wh)*modelBlock) {
-						t.Fatalf("seed %d step %d stream %d (slot %d, synced %v, fresh hashes %v): query %d/%d tokens, own index %d/%d blocks",
-							seed, step, i, mm.s.slot, got.Synchronized, mm.freshHashes, got.DeviceHitTokens, got.HostOnlyHitTokens, wd, wh)
-					}
-					if !exact {
-						seen["under-report of a shared key"]++
-					}
-					if want := wantStatus(mm.s); got.Synchronized != want.Synchronized || got.Sequence != want.Sequence ||
-						got.Error != want.Error || got.DeviceBlocks != want.DeviceBlocks || got.HostBlocks != want.HostBlocks {
-						t.Fatalf("seed %d step %d stream %d: query status %+v, under the lock %+v", seed, step, i, got, want)
-					}
-					if wd+wh > 0 {
-						seen["hit"]++
-						hitSlots[mm.s.slot] = true
-					}
-					if wh > 0 {
-						seen["host-only hit"]++
-					}
-				}
-			}
-		}
+		tab := sharedTableSteps(t, rand.New(rand.NewPCG(seed, 0x73686172)), 70, 6000, fmt.Sprintf("seed %d", seed), seen, hitSlots)
 		for _, c := range []string{"invalidate", "calibration", "fresh publish", "slot reuse", "fault", "hit", "host-only hit", "additions pending", "run of events",
 			"chain in one run", "under-report of a shared key",
 			kvevent.BlockStored.String(), kvevent.BlockRemoved.String(), kvevent.AllBlocksCleared.String()} {
@@ -308,18 +163,185 @@ func TestSharedTableAgainstPerStreamMatch(t *testing.T) {
 		if tab.pool.used == 0 {
 			t.Errorf("seed %d: no key was ever held by more than two streams (no dense entry)", seed)
 		}
-		// Every view withdrawn, the table holds nothing: no stream left
-		// bits behind.
-		for _, m := range ms {
-			m.s.invalidate("end")
-		}
-		if n := tab.records(); n != 0 {
-			t.Errorf("seed %d: %d records left after every view was withdrawn", seed, n)
-		}
 	}
 	if len(hitSlots) != 70 {
 		t.Errorf("only %d of 70 slots ever had a hit", len(hitSlots))
 	}
+}
+
+// FuzzSharedTableAgainstPerStreamMatch is TestSharedTableAgainstPerStreamMatch
+// with the steps' random choices read from the fuzzer's bytes (fuzzsrc.Source),
+// over 1 to 70 streams.
+func FuzzSharedTableAgainstPerStreamMatch(f *testing.F) {
+	f.Add(uint8(69), []byte{})
+	f.Add(uint8(2), []byte("publish, store, remove, calibrate, retire"))
+	f.Fuzz(func(t *testing.T, streams uint8, choices []byte) {
+		sharedTableSteps(t, rand.New(fuzzsrc.New(choices)), 1+int(streams)%70, 20+len(choices)/8, "fuzzed", map[string]int{}, map[int]bool{})
+	})
+}
+
+// sharedTableSteps runs steps random steps of TestSharedTableAgainstPerStreamMatch
+// on a directory of n model streams, checking every query against each
+// stream's own index, then withdraws every view and checks that the table
+// holds nothing. What the steps reached is added to seen, the slots that
+// had a hit to hitSlots. It returns the table.
+func sharedTableSteps(t *testing.T, rng *rand.Rand, n, steps int, name string, seen map[string]int, hitSlots map[int]bool) *keyTable {
+	t.Helper()
+	d, ms := modelDirectory(t, n)
+	tab := ms[0].s.keys
+	var dst []Match
+	var hits []Hit
+	var layout *Layout
+	for step := range steps {
+		m := ms[rng.IntN(len(ms))]
+		s := m.s
+		switch p := rng.IntN(100); {
+		case p < 3:
+			s.invalidate("fault")
+			seen["invalidate"]++
+		case p < 8:
+			ix := m.snapshotIndex(rng)
+			if s.idx != nil {
+				seen["calibration"]++
+			} else {
+				seen["fresh publish"]++
+			}
+			s.publish(ix, uint64(step), true, true)
+		case p < 9:
+			// The stream is retired and a new one takes its slot.
+			s.invalidate("stream removed")
+			tab.freeSlot(s.slot)
+			ns := newStream(s.spec)
+			ns.attach(tab)
+			if ns.slot != s.slot {
+				t.Fatalf("freed slot %d not reused (got %d)", s.slot, ns.slot)
+			}
+			d.set.Load().streams[streamIndex(ms, m)] = ns
+			m.s, m.hashes = ns, nil
+			seen["slot reuse"]++
+		default:
+			// A batch of one to three events, as the syncer applies
+			// it: additions may reach the table only at its end, but
+			// no query in between may find more than the stream's
+			// own index holds (R-DIR-1). Half the batches go in one
+			// run under one lock hold, the others an event a run,
+			// with a query after each.
+			// A third of the events continue the chain of the one
+			// before, which the index stores as one run.
+			evs := make([]kvevent.Event, 1+rng.IntN(3))
+			for e := range evs {
+				if e > 0 && rng.IntN(3) == 0 {
+					if ev := m.continuing(rng, &evs[e-1]); ev != nil {
+						evs[e] = *ev
+						seen["chained event"]++
+						continue
+					}
+				}
+				evs[e] = *m.event(rng)
+			}
+			run := len(evs)
+			if rng.IntN(2) == 0 {
+				run = 1
+			}
+			for e := 0; e < len(evs) && s.idx != nil; e += run {
+				part := evs[e:min(e+run, len(evs))]
+				n, err := s.applyPublished(s.idx, part, kvindex.Delta)
+				for _, ev := range part[:n] {
+					seen[ev.Kind.String()]++
+				}
+				if err != nil {
+					if n >= len(part) {
+						t.Fatalf("%s step %d: %d of %d events applied with error %v", name, step, n, len(part), err)
+					}
+					// The syncer withdraws a view an event could not
+					// be applied to (R-REC-3).
+					s.flushKeys()
+					s.invalidate(err.Error())
+					seen["fault"]++
+					break
+				}
+				if n != len(part) {
+					t.Fatalf("%s step %d: %d of %d events applied", name, step, n, len(part))
+				}
+				if len(part) > 1 {
+					seen["run of events"]++
+				}
+				for i := 1; i < len(part); i++ {
+					if prev := &part[i-1]; part[i].Kind == kvevent.BlockStored && prev.Kind == kvevent.BlockStored && len(prev.TokenIDs) > 0 &&
+						part[i].HasParent && part[i].ParentHash == prev.BlockHashes[len(prev.BlockHashes)-1] {
+						seen["chain in one run"]++
+					}
+				}
+				if e+run < len(evs) {
+					if len(s.pending) > 0 {
+						seen["additions pending"]++
+					}
+					tokens := randomPrompt(rng, ms)
+					keys := kvindex.KeysFor(tokens, modelBlock, 1024, nil)
+					dst = d.Query(tokens, dst[:0])
+					for i, mm := range ms {
+						wd, wh := referenceMatch(mm.s, keys)
+						if got := dst[i]; got.DeviceHitTokens > wd*modelBlock || got.DeviceHitTokens+got.HostOnlyHitTokens > (wd+wh)*modelBlock {
+							t.Fatalf("%s step %d stream %d, inside a batch: query %d/%d tokens, own index %d/%d blocks",
+								name, step, i, got.DeviceHitTokens, got.HostOnlyHitTokens, wd, wh)
+						}
+					}
+				}
+			}
+			s.flushKeys()
+		}
+		for q := 0; q < 2; q++ {
+			tokens := randomPrompt(rng, ms)
+			keys := kvindex.KeysFor(tokens, modelBlock, 1024, nil)
+			dst = d.Query(tokens, dst[:0])
+			layout, hits = d.Hits(tokens, hits[:0])
+			if len(hits) != len(ms) || len(layout.Streams) != len(ms) {
+				t.Fatalf("%s step %d: %d hits over %d streams, want %d", name, step, len(hits), len(layout.Streams), len(ms))
+			}
+			for i, mm := range ms {
+				wd, wh := referenceMatch(mm.s, keys)
+				got := dst[i]
+				// The router's answer is the query's, read from the
+				// walk alone: the same hits, and only for a stream
+				// with a view.
+				h := hits[i]
+				if si := layout.Streams[i]; si.InstanceName != got.InstanceName || si.DPRank != got.DPRank {
+					t.Fatalf("%s step %d: layout stream %d is %s/%d, query %s/%d", name, step, i, si.InstanceName, si.DPRank, got.InstanceName, got.DPRank)
+				}
+				if h.OK != (len(tokens) >= modelBlock && got.Synchronized) || h.DeviceTokens != got.DeviceHitTokens || h.HostOnlyTokens != got.HostOnlyHitTokens {
+					t.Fatalf("%s step %d stream %d: hits %+v, query %+v", name, step, i, h, got)
+				}
+				exact := got.DeviceHitTokens == wd*modelBlock && got.HostOnlyHitTokens == wh*modelBlock
+				if !exact && (!mm.freshHashes || got.DeviceHitTokens > wd*modelBlock || got.DeviceHitTokens+got.HostOnlyHitTokens > (wd+wh)*modelBlock) {
+					t.Fatalf("%s step %d stream %d (slot %d, synced %v, fresh hashes %v): query %d/%d tokens, own index %d/%d blocks",
+						name, step, i, mm.s.slot, got.Synchronized, mm.freshHashes, got.DeviceHitTokens, got.HostOnlyHitTokens, wd, wh)
+				}
+				if !exact {
+					seen["under-report of a shared key"]++
+				}
+				if want := wantStatus(mm.s); got.Synchronized != want.Synchronized || got.Sequence != want.Sequence ||
+					got.Error != want.Error || got.DeviceBlocks != want.DeviceBlocks || got.HostBlocks != want.HostBlocks {
+					t.Fatalf("%s step %d stream %d: query status %+v, under the lock %+v", name, step, i, got, want)
+				}
+				if wd+wh > 0 {
+					seen["hit"]++
+					hitSlots[mm.s.slot] = true
+				}
+				if wh > 0 {
+					seen["host-only hit"]++
+				}
+			}
+		}
+	}
+	// Every view withdrawn, the table holds nothing: no stream left
+	// bits behind.
+	for _, m := range ms {
+		m.s.invalidate("end")
+	}
+	if n := tab.records(); n != 0 {
+		t.Errorf("%s: %d records left after every view was withdrawn", name, n)
+	}
+	return tab
 }
 
 // wantStatus is the stream's status read under its lock, which the query

@@ -1,13 +1,10 @@
 package kvindex
 
 import (
-	"encoding/binary"
 	"fmt"
-	"math/rand/v2"
 	"testing"
 
 	"github.com/kvcar/kvcar/internal/kvevent"
-	"github.com/zeebo/xxh3"
 )
 
 const (
@@ -252,26 +249,4 @@ func checkHomes(ix *Index, t *table, byKey bool) error {
 		return fmt.Errorf("%d cells far from home, counted %d", far, t.far)
 	}
 	return nil
-}
-
-// fuzzSource is a rand.Source that gives a fuzzer's bytes, eight at a
-// time, so that the fuzzer steers a generator's choices; once they run
-// out it goes on with a generator seeded by them, so that a sequence of
-// choices always ends (rand's bounded draws retry on some values).
-type fuzzSource struct {
-	b    []byte
-	rest *rand.PCG
-}
-
-func newFuzzSource(b []byte) *fuzzSource {
-	return &fuzzSource{b: b, rest: rand.NewPCG(uint64(len(b)), xxh3.Hash(b))}
-}
-
-func (s *fuzzSource) Uint64() uint64 {
-	if len(s.b) == 0 {
-		return s.rest.Uint64()
-	}
-	var v [8]byte
-	s.b = s.b[copy(v[:], s.b):]
-	return binary.LittleEndian.Uint64(v[:])
 }

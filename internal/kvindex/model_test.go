@@ -10,6 +10,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kvcar/kvcar/internal/fuzzsrc"
 	"github.com/kvcar/kvcar/internal/kvevent"
 	"github.com/zeebo/xxh3"
 )
@@ -407,13 +408,13 @@ func TestAgainstReferenceModel(t *testing.T) {
 }
 
 // FuzzAgainstReferenceModel is TestAgainstReferenceModel with the
-// events' random choices read from the fuzzer's bytes (fuzzSource).
+// events' random choices read from the fuzzer's bytes (fuzzsrc.Source).
 func FuzzAgainstReferenceModel(f *testing.F) {
 	f.Add(uint8(0), []byte{})
 	f.Add(uint8(5), []byte("stores, removals, another tier, a clear"))
 	f.Fuzz(func(t *testing.T, size uint8, choices []byte) {
 		cfg := Config{BlockSize: 2, HashSeed: 1024, MaxBlocks: 4 + int(size%48)}
-		againstModel(t, cfg, rand.New(newFuzzSource(choices)), 32+len(choices)/4, "fuzzed", map[string]int{})
+		againstModel(t, cfg, rand.New(fuzzsrc.New(choices)), 32+len(choices)/4, "fuzzed", map[string]int{})
 	})
 }
 

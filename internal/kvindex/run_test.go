@@ -7,6 +7,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/kvcar/kvcar/internal/fuzzsrc"
 	"github.com/kvcar/kvcar/internal/kvevent"
 )
 
@@ -130,13 +131,13 @@ func TestApplyRunMatchesApply(t *testing.T) {
 }
 
 // FuzzApplyRunMatchesApply is TestApplyRunMatchesApply with the batches'
-// random choices read from the fuzzer's bytes (fuzzSource).
+// random choices read from the fuzzer's bytes (fuzzsrc.Source).
 func FuzzApplyRunMatchesApply(f *testing.F) {
 	f.Add(uint8(0), []byte{})
 	f.Add(uint8(3), []byte("a chain, a removal, another tier"))
 	f.Fuzz(func(t *testing.T, size uint8, choices []byte) {
 		cfg := Config{BlockSize: 2, HashSeed: 1024, MaxBlocks: 4 + int(size%48)}
-		runAgainstApply(t, cfg, rand.New(newFuzzSource(choices)), 8+len(choices)/16, "fuzzed", map[string]int{})
+		runAgainstApply(t, cfg, rand.New(fuzzsrc.New(choices)), 8+len(choices)/16, "fuzzed", map[string]int{})
 	})
 }
 

@@ -134,6 +134,7 @@ var layout = map[string]place{
 	"internal/leakcheck":         {layer: 0, testOnly: true},
 	"internal/decodeheap":        {layer: 0, testOnly: true},
 	"internal/testlog":           {layer: 0, testOnly: true},
+	"internal/fuzzsrc":           {layer: 0, testOnly: true},
 	"internal/closedloop":        {layer: 0, testOnly: true},
 	// Benchmarks of kvindex and kvdir share its generated engine messages.
 	"internal/kvindex/prefillgen": {layer: 1, testOnly: true, forbid: slices.Concat(sockets, routing)},
