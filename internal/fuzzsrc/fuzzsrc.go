@@ -32,3 +32,9 @@ func (s *Source) Uint64() uint64 {
 	s.b = s.b[copy(v[:], s.b):]
 	return binary.LittleEndian.Uint64(v[:])
 }
+
+// Steps is how many steps a fuzz target takes for an input of b: base,
+// one more for every per bytes of it, and at most most. Bounded, so that
+// the long inputs a long fuzzing run grows do not make a fixed number of
+// executions, as CI runs, slow.
+func Steps(b []byte, base, per, most int) int { return min(base+len(b)/per, most) }

@@ -36,3 +36,12 @@ func TestBoundedDrawsEnd(t *testing.T) {
 		}
 	}
 }
+
+// TestSteps: base, one more for every per bytes, at most most.
+func TestSteps(t *testing.T) {
+	for _, c := range []struct{ n, want int }{{0, 8}, {15, 8}, {16, 9}, {1 << 20, 32}} {
+		if got := Steps(make([]byte, c.n), 8, 16, 32); got != c.want {
+			t.Errorf("Steps of %d bytes = %d, want %d", c.n, got, c.want)
+		}
+	}
+}

@@ -176,9 +176,7 @@ func FuzzSharedTableAgainstPerStreamMatch(f *testing.F) {
 	f.Add(uint8(69), []byte{})
 	f.Add(uint8(2), []byte("publish, store, remove, calibrate, retire"))
 	f.Fuzz(func(t *testing.T, streams uint8, choices []byte) {
-		// Bounded, so that the inputs a long run grows do not make CI's
-		// fixed number of executions slow.
-		sharedTableSteps(t, rand.New(fuzzsrc.New(choices)), 1+int(streams)%70, min(20+len(choices)/8, 200), "fuzzed", map[string]int{}, map[int]bool{})
+		sharedTableSteps(t, rand.New(fuzzsrc.New(choices)), 1+int(streams)%70, fuzzsrc.Steps(choices, 20, 8, 200), "fuzzed", map[string]int{}, map[int]bool{})
 	})
 }
 

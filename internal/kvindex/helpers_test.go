@@ -250,3 +250,9 @@ func checkHomes(ix *Index, t *table, byKey bool) error {
 	}
 	return nil
 }
+
+// fuzzConfig is the index the fuzz targets drive: two-token blocks, and
+// room for 4 to 51 blocks as the fuzzer's size byte says.
+func fuzzConfig(size uint8) Config {
+	return Config{BlockSize: 2, HashSeed: 1024, MaxBlocks: 4 + int(size%48)}
+}

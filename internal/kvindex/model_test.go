@@ -413,10 +413,7 @@ func FuzzAgainstReferenceModel(f *testing.F) {
 	f.Add(uint8(0), []byte{})
 	f.Add(uint8(5), []byte("stores, removals, another tier, a clear"))
 	f.Fuzz(func(t *testing.T, size uint8, choices []byte) {
-		cfg := Config{BlockSize: 2, HashSeed: 1024, MaxBlocks: 4 + int(size%48)}
-		// Bounded, so that the inputs a long run grows do not make CI's
-		// fixed number of executions slow.
-		againstModel(t, cfg, rand.New(fuzzsrc.New(choices)), min(32+len(choices)/4, 256), "fuzzed", map[string]int{})
+		againstModel(t, fuzzConfig(size), rand.New(fuzzsrc.New(choices)), fuzzsrc.Steps(choices, 32, 4, 256), "fuzzed", map[string]int{})
 	})
 }
 

@@ -136,10 +136,7 @@ func FuzzApplyRunMatchesApply(f *testing.F) {
 	f.Add(uint8(0), []byte{})
 	f.Add(uint8(3), []byte("a chain, a removal, another tier"))
 	f.Fuzz(func(t *testing.T, size uint8, choices []byte) {
-		cfg := Config{BlockSize: 2, HashSeed: 1024, MaxBlocks: 4 + int(size%48)}
-		// Bounded, so that the inputs a long run grows do not make CI's
-		// fixed number of executions slow.
-		runAgainstApply(t, cfg, rand.New(fuzzsrc.New(choices)), min(8+len(choices)/16, 32), "fuzzed", map[string]int{})
+		runAgainstApply(t, fuzzConfig(size), rand.New(fuzzsrc.New(choices)), fuzzsrc.Steps(choices, 8, 16, 32), "fuzzed", map[string]int{})
 	})
 }
 
