@@ -90,26 +90,15 @@ test-scripts:
 bench: deps tokenizer-fixtures
 	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
 
+# fuzz runs every fuzz target of the module, found by name in the test
+# files, so that a new target cannot be left out of CI's count.
 fuzz: deps
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeBatch$$' -fuzztime $(FUZZTIME) ./internal/kvevent/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseReplay$$' -fuzztime $(FUZZTIME) ./internal/kvevent/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseLive$$' -fuzztime $(FUZZTIME) ./internal/kvevent/
-	$(GO) test -run '^$$' -fuzz '^FuzzTemplates$$' -fuzztime $(FUZZTIME) ./internal/kvevent/
-	$(GO) test -run '^$$' -fuzz '^FuzzAgainstReferenceModel$$' -fuzztime $(FUZZTIME) ./internal/kvindex/
-	$(GO) test -run '^$$' -fuzz '^FuzzApplyRunMatchesApply$$' -fuzztime $(FUZZTIME) ./internal/kvindex/
-	$(GO) test -run '^$$' -fuzz '^FuzzSharedTableAgainstPerStreamMatch$$' -fuzztime $(FUZZTIME) ./internal/kvdir/
-	$(GO) test -run '^$$' -fuzz '^FuzzParse$$' -fuzztime $(FUZZTIME) ./internal/config/
-	$(GO) test -run '^$$' -fuzz '^FuzzQueryRequest$$' -fuzztime $(FUZZTIME) ./internal/server/
-	$(GO) test -run '^$$' -fuzz '^FuzzInferenceRequest$$' -fuzztime $(FUZZTIME) ./internal/server/
-	$(GO) test -run '^$$' -fuzz '^FuzzHeadReader$$' -fuzztime $(FUZZTIME) ./internal/server/
-	$(GO) test -run '^$$' -fuzz '^FuzzEncode$$' -fuzztime $(FUZZTIME) ./internal/tokenizer/
-	$(GO) test -run '^$$' -fuzz '^FuzzSplit$$' -fuzztime $(FUZZTIME) ./internal/tokenizer/
-	$(GO) test -run '^$$' -fuzz '^FuzzParseFrame$$' -fuzztime $(FUZZTIME) ./internal/baidustd/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeMeta$$' -fuzztime $(FUZZTIME) ./internal/baidustd/
-	$(GO) test -run '^$$' -fuzz '^FuzzDecodeCost$$' -fuzztime $(FUZZTIME) ./internal/baidustd/
-	$(GO) test -run '^$$' -fuzz '^FuzzString$$' -fuzztime $(FUZZTIME) ./internal/jsonw/
-	$(GO) test -run '^$$' -fuzz '^FuzzAppendResponse$$' -fuzztime $(FUZZTIME) ./internal/xllmrpc/
-	$(GO) test -run '^$$' -fuzz '^FuzzSum$$' -fuzztime $(FUZZTIME) ./internal/blockhash/
+	@set -e; for f in $$(grep -rlE '^func Fuzz[A-Za-z0-9_]*\(' --include='*_test.go' internal cmd | sort); do \
+		for t in $$(sed -nE 's/^func (Fuzz[A-Za-z0-9_]*)\(.*/\1/p' $$f); do \
+			echo "$$t ./$$(dirname $$f)/"; \
+			$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./$$(dirname $$f)/; \
+		done; \
+	done
 
 # proto regenerates the checked-in Go code of every .proto file with Debian's
 # protoc (protobuf-compiler) and the protoc-gen-go pinned as a tool in go.mod.
