@@ -181,13 +181,13 @@ func FuzzSharedTableAgainstPerStreamMatch(f *testing.F) {
 }
 
 // sharedTableSteps runs steps random steps of TestSharedTableAgainstPerStreamMatch
-// on a directory of n model streams, checking every query against each
+// on a directory of streams model streams, checking every query against each
 // stream's own index, then withdraws every view and checks that the table
 // holds nothing. What the steps reached is added to seen, the slots that
 // had a hit to hitSlots. It returns the table.
-func sharedTableSteps(t *testing.T, rng *rand.Rand, n, steps int, name string, seen map[string]int, hitSlots map[int]bool) *keyTable {
+func sharedTableSteps(t *testing.T, rng *rand.Rand, streams, steps int, name string, seen map[string]int, hitSlots map[int]bool) *keyTable {
 	t.Helper()
-	d, ms := modelDirectory(t, n)
+	d, ms := modelDirectory(t, streams)
 	tab := ms[0].s.keys
 	var dst []Match
 	var hits []Hit
