@@ -312,7 +312,7 @@ func (d *Directory) Query(tokenIDs []uint32, dst []Match) []Match {
 		if qs != nil {
 			wr = &qs.walks[set.groupOf[si]]
 		}
-		s.match(wr, &dst[len(dst)-1])
+		s.match(&set.layout.Streams[si], int(set.slotOf[si]), wr, &dst[len(dst)-1])
 	}
 	d.putScratch(qs)
 	return dst

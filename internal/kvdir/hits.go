@@ -19,6 +19,11 @@ type StreamInfo struct {
 	Discovered  bool
 }
 
+// info returns the identity of the spec's stream as queries report it.
+func (sp *StreamSpec) info() StreamInfo {
+	return StreamInfo{InstanceName: sp.InstanceName, DPRank: sp.DPRank, Incarnation: sp.Incarnation, Discovered: sp.Discovered}
+}
+
 // Hit is one stream's answer to a router's prefix query (Directory.Hits).
 type Hit struct {
 	// DeviceTokens and HostOnlyTokens are as Match's DeviceHitTokens and
@@ -108,8 +113,7 @@ func (s *streamSet) index() *streamSet {
 	s.layout = &Layout{Streams: make([]StreamInfo, len(s.streams))}
 	for i, st := range s.streams {
 		s.slotOf[i] = int32(st.slot)
-		sp := &st.spec
-		s.layout.Streams[i] = StreamInfo{InstanceName: sp.InstanceName, DPRank: sp.DPRank, Incarnation: sp.Incarnation, Discovered: sp.Discovered}
+		s.layout.Streams[i] = st.spec.info()
 	}
 	return s
 }

@@ -61,7 +61,8 @@ func (d *Directory) Streams() []StreamStatus {
 // reports the same reading.
 func (s *stream) report(now time.Time) StreamStatus {
 	var m Match
-	s.match(nil, &m)
+	id := s.spec.info()
+	s.match(&id, s.slot, nil, &m)
 	c := &s.counters
 	st := StreamStatus{
 		InstanceName:     s.spec.InstanceName,
