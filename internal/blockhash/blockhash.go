@@ -47,6 +47,10 @@ var defaultSecret = [secretSize / 8]uint64{
 type Hasher struct {
 	seed   uint64
 	secret [secretSize]byte
+	// fold holds the secret's words that merge XORs into the
+	// accumulators, the low half's then the high half's, each at an
+	// offset no word load can take without a bounds check.
+	fold [16]uint64
 }
 
 // New returns a Hasher for seed.
@@ -59,6 +63,10 @@ func New(seed uint64) Hasher {
 			w -= seed
 		}
 		binary.LittleEndian.PutUint64(h.secret[8*i:], w)
+	}
+	for i := range 8 {
+		h.fold[i] = h.word(11 + 8*i)
+		h.fold[8+i] = h.word(secretSize - stripeLen - 11 + 8*i)
 	}
 	return h
 }
@@ -200,12 +208,12 @@ func (h *Hasher) stripes(acc *[8]uint64, head, body []byte, l int) {
 
 // merge folds the accumulators of an input of l bytes into its hash.
 func (h *Hasher) merge(acc *[8]uint64, l int) (hi, lo uint64) {
-	lo = uint64(l) * prime64_1
-	hi = ^(uint64(l) * prime64_2)
-	for i := 0; i < 8; i += 2 {
-		lo += mulFold(acc[i]^h.word(11+8*i), acc[i+1]^h.word(19+8*i))
-		hi += mulFold(acc[i]^h.word(secretSize-stripeLen-11+8*i), acc[i+1]^h.word(secretSize-stripeLen-3+8*i))
-	}
+	f := &h.fold
+	a0, a1, a2, a3, a4, a5, a6, a7 := acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]
+	lo = uint64(l)*prime64_1 + mulFold(a0^f[0], a1^f[1]) + mulFold(a2^f[2], a3^f[3]) +
+		mulFold(a4^f[4], a5^f[5]) + mulFold(a6^f[6], a7^f[7])
+	hi = ^(uint64(l) * prime64_2) + mulFold(a0^f[8], a1^f[9]) + mulFold(a2^f[10], a3^f[11]) +
+		mulFold(a4^f[12], a5^f[13]) + mulFold(a6^f[14], a7^f[15])
 	return avalanche(hi), avalanche(lo)
 }
 
