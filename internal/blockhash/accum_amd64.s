@@ -72,20 +72,43 @@ GLOBL scrambleMul<>(SB), RODATA|NOPTR, $8
 	VPADDQ   Z2, Z0, Z0 \
 	VPADDQ   Z6, Z1, Z1
 
-// func stripesAVX512(acc *[8]uint64, headed int, h0, h1 uint64, body, secret *byte, n int, last *byte)
+// FOLD adds to r the fold of the two words of x (XXH3's mul128_fold64:
+// the 128-bit product's halves XORed). It takes AX, CX and DX.
+#define FOLD(x, r) \
+	VMOVQ   x, AX \
+	VPEXTRQ $1, x, CX \
+	MULQ    CX \
+	XORQ    DX, AX \
+	ADDQ    AX, r
+
+// AVALANCHE is XXH3's avalanche of r. It takes AX.
+#define AVALANCHE(r) \
+	MOVQ  r, AX \
+	SHRQ  $37, AX \
+	XORQ  AX, r \
+	MOVQ  $0x165667919E3779F9, AX \
+	IMULQ AX, r \
+	MOVQ  r, AX \
+	SHRQ  $32, AX \
+	XORQ  AX, r
+
+// func longAVX512(headed int, h0, h1 uint64, body, secret *byte, n int, last *byte, fold *[16]uint64, l int) (hi, lo uint64)
 //
-// All of an input's stripes: n full ones from the start, the first made
-// of the words h0 and h1 and body's first 48 bytes when headed is not 0
-// (else body's first 64), the others from body at 64-16 (or 64) bytes on,
-// the accumulators scrambled after every 16th; then the 64 bytes at last
-// with the secret from byte 121. n is at least 1.
-TEXT ·stripesAVX512(SB), NOSPLIT, $0-64
-	MOVQ acc+0(FP), AX
-	MOVQ headed+8(FP), BX
-	MOVQ body+32(FP), SI
-	MOVQ secret+40(FP), DX
-	MOVQ n+48(FP), CX
-	MOVQ last+56(FP), DI
+// XXH3's long-input path over an input of l bytes: its stripes, n full
+// ones from the start, the first made of the words h0 and h1 and body's
+// first 48 bytes when headed is not 0 (else body's first 64), the others
+// from body at 64-16 (or 64) bytes on, the accumulators scrambled after
+// every 16th; then the 64 bytes at last with the secret from byte 121;
+// then the merge of the accumulators into the hash's halves with the
+// secret's words in fold (Hasher.merge). n is at least 1. The merge is
+// done here because the accumulators, stored for Go to read back word
+// by word, made it wait on the store of the whole vector.
+TEXT ·longAVX512(SB), NOSPLIT, $0-88
+	MOVQ headed+0(FP), BX
+	MOVQ body+24(FP), SI
+	MOVQ secret+32(FP), DX
+	MOVQ n+40(FP), CX
+	MOVQ last+48(FP), DI
 	MOVQ DX, R11
 	XORQ R10, R10
 	VMOVDQU64 accInit<>(SB), Z0
@@ -95,8 +118,8 @@ TEXT ·stripesAVX512(SB), NOSPLIT, $0-64
 	ADDQ      $64, SI
 	TESTQ     BX, BX
 	JZ        first
-	MOVQ      h0+16(FP), R8
-	MOVQ      h1+24(FP), R9
+	MOVQ      h0+8(FP), R8
+	MOVQ      h1+16(FP), R9
 	VMOVQ     R8, X3
 	VPINSRQ   $1, R9, X3, X3
 	VINSERTI32X4 $3, X3, Z3, Z3
@@ -139,6 +162,36 @@ more:
 	LEAQ      121(R11), DX
 	STRIPE
 	VPADDQ    Z1, Z0, Z0
-	VMOVDQU64 Z0, (AX)
+
+	// The merge: lo from l*prime64_1 and the secret's words from byte 11,
+	// hi from ^(l*prime64_2) and those from byte 117, each adding the folds
+	// of the accumulators' pairs XORed with its words.
+	MOVQ          fold+56(FP), BX
+	VPXORQ        (BX), Z0, Z4
+	VPXORQ        64(BX), Z0, Z5
+	MOVQ          l+64(FP), R8
+	MOVQ          $0x9E3779B185EBCA87, R12
+	IMULQ         R8, R12
+	MOVQ          $0xC2B2AE3D27D4EB4F, R13
+	IMULQ         R8, R13
+	NOTQ          R13
+	FOLD(X4, R12)
+	FOLD(X5, R13)
+	VEXTRACTI32X4 $1, Z4, X6
+	VEXTRACTI32X4 $1, Z5, X7
+	FOLD(X6, R12)
+	FOLD(X7, R13)
+	VEXTRACTI32X4 $2, Z4, X6
+	VEXTRACTI32X4 $2, Z5, X7
+	FOLD(X6, R12)
+	FOLD(X7, R13)
+	VEXTRACTI32X4 $3, Z4, X6
+	VEXTRACTI32X4 $3, Z5, X7
+	FOLD(X6, R12)
+	FOLD(X7, R13)
 	VZEROUPPER
+	AVALANCHE(R13)
+	AVALANCHE(R12)
+	MOVQ          R13, hi+72(FP)
+	MOVQ          R12, lo+80(FP)
 	RET

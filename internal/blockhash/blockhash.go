@@ -103,9 +103,8 @@ func (h *Hasher) SumAfter(scratch []byte, phi, plo uint64, body []byte) (hi, lo 
 		u := xxh3.Hash128Seed(in, h.seed)
 		return u.Hi, u.Lo
 	}
-	var acc [8]uint64
-	if stripesAfter(&acc, true, bits.ReverseBytes64(phi), bits.ReverseBytes64(plo), body, &h.secret) {
-		return h.merge(&acc, l)
+	if hi, lo, ok := h.longAfter(true, bits.ReverseBytes64(phi), bits.ReverseBytes64(plo), body); ok {
+		return hi, lo
 	}
 	var head [keyLen]byte
 	binary.BigEndian.PutUint64(head[:8], phi)
@@ -167,10 +166,13 @@ func (h *Hasher) sum(scratch, head, body []byte) (hi, lo uint64) {
 
 // long is XXH3's long-input path over head || body.
 func (h *Hasher) long(head, body []byte, l int) (hi, lo uint64) {
-	var acc [8]uint64
-	if len(head) != 0 || !stripesAfter(&acc, false, 0, 0, body, &h.secret) {
-		h.stripes(&acc, head, body, l)
+	if len(head) == 0 {
+		if hi, lo, ok := h.longAfter(false, 0, 0, body); ok {
+			return hi, lo
+		}
 	}
+	var acc [8]uint64
+	h.stripes(&acc, head, body, l)
 	return h.merge(&acc, l)
 }
 

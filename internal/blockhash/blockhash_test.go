@@ -142,9 +142,10 @@ func TestAccumulatePathsAgree(t *testing.T) {
 	}
 }
 
-// The vector path over a whole input gives what the general one does,
-// wherever it runs: one block or less, and several with scrambles between.
-func TestStripesPathAgrees(t *testing.T) {
+// The vector path over a whole input, stripes and merge, gives what the
+// general one does wherever it runs: one block or less, and several with
+// scrambles between.
+func TestLongPathAgrees(t *testing.T) {
 	r := rand.New(rand.NewPCG(9, 10))
 	h := New(r.Uint64())
 	for _, headed := range []bool{false, true} {
@@ -155,16 +156,19 @@ func TestStripesPathAgrees(t *testing.T) {
 		}
 		for l := midSizeMax + 1; l <= 3*blockLen+2*stripeLen; l++ {
 			body := randomBytes(r, l-len(head))
-			var got, want [8]uint64
-			h.stripes(&want, head, body, l)
-			if stripesAfter(&got, headed, h0, h1, body, &h.secret) && got != want {
-				t.Fatalf("head %d, %d bytes: %x, want %x", len(head), l, got, want)
+			var acc [8]uint64
+			h.stripes(&acc, head, body, l)
+			whi, wlo := h.merge(&acc, l)
+			if hi, lo, ok := h.longAfter(headed, h0, h1, body); ok && (hi != whi || lo != wlo) {
+				t.Fatalf("head %d, %d bytes: %016x%016x, want %016x%016x", len(head), l, hi, lo, whi, wlo)
 			}
 		}
 	}
-	var acc [8]uint64
-	if stripesAfter(&acc, false, 0, 0, make([]byte, midSizeMax), &h.secret) || stripesAfter(&acc, true, 0, 0, make([]byte, midSizeMax-keyLen), &h.secret) {
+	if _, _, ok := h.longAfter(false, 0, 0, make([]byte, midSizeMax)); ok {
 		t.Fatal("the vector path took a short input")
+	}
+	if _, _, ok := h.longAfter(true, 0, 0, make([]byte, midSizeMax-keyLen)); ok {
+		t.Fatal("the vector path took a short input after a head")
 	}
 }
 
