@@ -180,11 +180,12 @@ func FuzzSharedTableAgainstPerStreamMatch(f *testing.F) {
 	})
 }
 
-// sharedTableSteps runs steps random steps of TestSharedTableAgainstPerStreamMatch
-// on a directory of streams model streams, checking every query against each
-// stream's own index, then withdraws every view and checks that the table
-// holds nothing. What the steps reached is added to seen, the slots that
-// had a hit to hitSlots. It returns the table.
+// sharedTableSteps runs steps random steps of
+// TestSharedTableAgainstPerStreamMatch on a directory of as many model
+// streams as streams says, checking every query against each stream's own
+// index, then withdraws every view and checks that the table holds
+// nothing. What the steps reached is added to seen, the slots that had a
+// hit to hitSlots. It returns the table.
 func sharedTableSteps(t *testing.T, rng *rand.Rand, streams, steps int, name string, seen map[string]int, hitSlots map[int]bool) *keyTable {
 	t.Helper()
 	d, ms := modelDirectory(t, streams)

@@ -303,15 +303,15 @@ func (s *stream) match(id *StreamInfo, slot int, wr *walkResult, m *Match) {
 // count in the walk: its view was being published or withdrawn.
 const viewChanging = "view being published or withdrawn"
 
-// fillHits sets m's hit tokens from the walk, slot's answer in it. A view withdrawn after the
-// walk reads unsynchronised and gets none (R-REC-1). A stream said
-// synchronised whose slot the walk did not count is between its view and
-// the table (publish counts the slot before it says synchronised,
-// invalidate stops counting it just before it says unsynchronised): it
-// reads unsynchronised too, rather than synchronised with no hits, an
-// answer a router would take for an engine holding nothing. fillHits
-// reports whether m stays synchronised; without a walk (a prompt shorter
-// than a block, a status query) it does.
+// fillHits sets m's hit tokens from slot's answer in the walk. A view
+// withdrawn after the walk reads unsynchronised and gets none (R-REC-1). A
+// stream said synchronised whose slot the walk did not count is between
+// its view and the table (publish counts the slot before it says
+// synchronised, invalidate stops counting it just before it says
+// unsynchronised): it reads unsynchronised too, rather than synchronised
+// with no hits, an answer a router would take for an engine holding
+// nothing. fillHits reports whether m stays synchronised; without a walk
+// (a prompt shorter than a block, a status query) it does.
 func fillHits(wr *walkResult, slot int, m *Match) bool {
 	blocks, hostOnly, ok := wr.resultOf(slot)
 	if !ok {
