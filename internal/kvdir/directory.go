@@ -306,13 +306,16 @@ func (d *Directory) Close() error {
 func (d *Directory) Query(tokenIDs []uint32, dst []Match) []Match {
 	set := d.set.Load()
 	qs := d.walkAll(set, tokenIDs)
+	// match writes every field of its Match, so the slots are taken
+	// without append's zeroing of each.
+	n := len(dst)
+	dst = slices.Grow(dst, len(set.streams))[:n+len(set.streams)]
 	for si, s := range set.streams {
-		dst = append(dst, Match{})
 		var wr *walkResult
 		if qs != nil {
 			wr = &qs.walks[set.groupOf[si]]
 		}
-		s.match(&set.layout.Streams[si], int(set.slotOf[si]), wr, &dst[len(dst)-1])
+		s.match(&set.layout.Streams[si], int(set.slotOf[si]), wr, &dst[n+si])
 	}
 	d.putScratch(qs)
 	return dst
