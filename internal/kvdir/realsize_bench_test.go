@@ -30,6 +30,9 @@ const (
 	realChain      = realTokens / benchBlockSize
 	realVocabulary = 151_643
 	realPrompts    = 512
+	// shortTokens is a short prompt's length: 12 blocks of 128 tokens, a
+	// conversation's first turn after a system prompt.
+	shortTokens = 1536
 )
 
 // chainTokens returns the tokens of conversation c.
@@ -154,7 +157,8 @@ func buildStreams(tb testing.TB, maxBlocks, bs int, chains func(i int, add func(
 // prompts returns realPrompts distinct 8k-token prompts of one kind:
 // "all" a conversation every stream holds whole, "half" the first half
 // of one followed by new text, "none" new text, "one" a
-// conversation one stream holds (the others miss at its first block).
+// conversation one stream holds (the others miss at its first block);
+// "short" is "all" cut to shortTokens, the prompts kvcar-scale sends.
 func (r *realDirectory) prompts(kind string) ([][]uint32, int) {
 	rng := rand.New(rand.NewPCG(uint64(len(kind)), 99))
 	out := make([][]uint32, realPrompts)
@@ -164,6 +168,9 @@ func (r *realDirectory) prompts(kind string) ([][]uint32, int) {
 		case "all":
 			out[p] = chainTokens(uint64(rng.IntN(r.shared)), nil)
 			want = r.chain
+		case "short":
+			out[p] = chainTokens(uint64(rng.IntN(r.shared)), nil)[:shortTokens]
+			want = shortTokens / r.bs
 		case "half":
 			t := chainTokens(uint64(rng.IntN(r.shared)), nil)
 			fresh := chainTokens(1<<62|uint64(p), nil)
@@ -180,7 +187,8 @@ func (r *realDirectory) prompts(kind string) ([][]uint32, int) {
 	return out, want
 }
 
-// BenchmarkQueryRealSize measures Directory.Query of 8k-token prompts over
+// BenchmarkQueryRealSize measures Directory.Query of 8k-token prompts (and
+// of shortTokens, "short") over
 // 128 streams holding 16,384, 65,536 and 262,144 blocks each (R-DIR-4),
 // reporting per-query p50 and p99 and the share of queries delayed past
 // the p50 (see reportPercentiles). "perstream" is the walk the directory
@@ -205,9 +213,9 @@ func BenchmarkQuerySmallBlocks(b *testing.B) {
 }
 
 func benchQueryRealSize(b *testing.B, bs int, sizes []int) {
-	kinds := []string{"all", "half", "none", "one", "perstream", "all-cold"}
+	kinds := []string{"all", "half", "none", "one", "short", "perstream", "all-cold"}
 	if bs != benchBlockSize {
-		kinds = []string{"all", "half", "none", "one", "all-cold"}
+		kinds = []string{"all", "half", "none", "one", "short", "all-cold"}
 	}
 	for _, perStream := range sizes {
 		b.Run(fmt.Sprintf("blocks=%d", perStream), func(b *testing.B) {
@@ -278,9 +286,9 @@ func benchQueryRealSize(b *testing.B, bs int, sizes []int) {
 						for j := 0; j < len(evict); j += 64 {
 							evict[j]++
 						}
-						copy(hot, prompts[i%len(prompts)])
+						p := hot[:copy(hot, prompts[i%len(prompts)])]
 						t0 := time.Now()
-						query(hot)
+						query(p)
 						lat = append(lat, time.Since(t0))
 					}
 					b.StopTimer()
