@@ -65,9 +65,8 @@ func (d *Directory) Hits(tokenIDs []uint32, dst []Hit) (*Layout, []Hit) {
 			var h Hit
 			if qs != nil {
 				g := set.groupOf[si]
-				if blocks, hostOnly, ok := qs.walks[g].resultOf(int(slot)); ok {
-					bs := set.tables[g].blockSize
-					h = Hit{DeviceTokens: (blocks - hostOnly) * bs, HostOnlyTokens: hostOnly * bs, OK: true}
+				if dev, hostOnly, ok := qs.walks[g].tokensOf(int(slot)); ok {
+					h = Hit{DeviceTokens: dev, HostOnlyTokens: hostOnly, OK: true}
 				}
 			}
 			dst = append(dst, h)

@@ -916,6 +916,17 @@ func (wr *walkResult) resultOf(slot int) (blocks, hostOnly int, ok bool) {
 	return int(wr.blocks[slot]), hostOnly, true
 }
 
+// tokensOf is resultOf in tokens of the walk's blocks: the slot's matched
+// prefix on Device, and past it on Host only.
+func (wr *walkResult) tokensOf(slot int) (device, hostOnly int, ok bool) {
+	blocks, hostOnly, ok := wr.resultOf(slot)
+	bs := 0
+	if ok {
+		bs = wr.hasher.BlockSize()
+	}
+	return (blocks - hostOnly) * bs, hostOnly * bs, ok
+}
+
 func (wr *walkResult) reset(words, blockSize int, seed uint64) {
 	if wr.hasher == nil || wr.hasher.BlockSize() != blockSize || wr.hasher.Seed() != seed {
 		wr.hasher = kvindex.NewHasher(blockSize, seed)

@@ -313,7 +313,7 @@ const viewChanging = "view being published or withdrawn"
 // nothing. fillHits reports whether m stays synchronised; without a walk
 // (a prompt shorter than a block, a status query) it does.
 func fillHits(wr *walkResult, slot int, m *Match) bool {
-	blocks, hostOnly, ok := wr.resultOf(slot)
+	dev, hostOnly, ok := wr.tokensOf(slot)
 	if !ok {
 		if wr != nil && wr.walked {
 			m.Synchronized, m.Complete, m.Error = false, false, viewChanging
@@ -321,10 +321,8 @@ func fillHits(wr *walkResult, slot int, m *Match) bool {
 		}
 		return true
 	}
-	bs := wr.hasher.BlockSize()
-	m.DeviceHitTokens = (blocks - hostOnly) * bs
-	m.HostOnlyHitTokens = hostOnly * bs
-	m.ReusablePrefixTokens = blocks * bs
+	m.DeviceHitTokens, m.HostOnlyHitTokens = dev, hostOnly
+	m.ReusablePrefixTokens = dev + hostOnly
 	return true
 }
 
