@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/kvcar/kvcar/internal/hugepage"
 	"github.com/kvcar/kvcar/internal/kvindex"
 	"github.com/kvcar/kvcar/internal/prefetch"
 )
@@ -249,6 +250,19 @@ const (
 	shrinkNum, shrinkDen = 1, 5
 )
 
+// cellArray makes an array of n cells, asking for huge pages when it is
+// large. A walk reads a cell or two of each prompt block at random in an
+// array of up to hundreds of MiB; with 4 KiB pages nearly each of those
+// reads also misses the TLB, and on a virtual machine that walk is two
+// page tables deep. On the Intel Xeon the real-size query took 0.88–0.90
+// of its time with huge pages (performance log, "The table's cells on
+// huge pages").
+func cellArray(n int) []cell {
+	c := make([]cell, n)
+	hugepage.Advise(c)
+	return c
+}
+
 // keyChange is one content key's tiers on one stream after a change.
 type keyChange struct {
 	k         kvindex.Key
@@ -257,7 +271,7 @@ type keyChange struct {
 
 func newKeyTable(blockSize int, seed uint64) *keyTable {
 	t := &keyTable{blockSize: blockSize, seed: seed, words: 1, published: make([]uint64, 1), slotUsed: make([]bool, 64),
-		lockedWalks: new(atomic.Uint64), migrateFrom: migrateFrom, newCells: func(n int) []cell { return make([]cell, n) },
+		lockedWalks: new(atomic.Uint64), migrateFrom: migrateFrom, newCells: cellArray,
 		touchPages: touchPages, makers: new(sync.WaitGroup)}
 	t.publish()
 	return t
@@ -783,7 +797,7 @@ func (t *keyTable) rebuildCells(extra int) { t.rebuild(extra, false) }
 // here; apply makes room first.
 func (t *keyTable) rebuild(extra int, repack bool) {
 	n := max(minCells, ((t.live+extra)*rebuildLoadDen+rebuildLoadNum-1)/rebuildLoadNum)
-	cells := make([]cell, n)
+	cells := cellArray(n)
 	pool := t.pool
 	if repack {
 		pool = slab{}

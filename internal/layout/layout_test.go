@@ -101,6 +101,8 @@ var layout = map[string]place{
 	"internal/jsonw": {layer: 0, forbid: slices.Concat(sockets, routing)},
 	// A processor hint and nothing else: it imports nothing of kvcar.
 	"internal/prefetch": {layer: 0, forbid: slices.Concat(sockets, routing)},
+	// A kernel hint about memory and nothing else: it imports nothing of kvcar.
+	"internal/hugepage": {layer: 0, forbid: slices.Concat(sockets, routing)},
 	// XXH3 over bytes the index hands it: it imports nothing of kvcar.
 	"internal/blockhash": {layer: 0, forbid: slices.Concat(sockets, routing)},
 	// A count of bytes held, for the HTTP and baidu_std servers: it
