@@ -254,7 +254,7 @@ const (
 // large. A walk reads a cell or two of each prompt block at random in an
 // array of up to hundreds of MiB; with 4 KiB pages nearly each of those
 // reads also misses the TLB, and on a virtual machine that walk is two
-// page tables deep. On the Intel Xeon the real-size query took 0.88–0.90
+// page tables deep. On the Intel Xeon the real-size query took 0.88–0.91
 // of its time with huge pages (performance log, "The table's cells on
 // huge pages").
 func cellArray(n int) []cell {

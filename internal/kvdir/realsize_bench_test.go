@@ -188,17 +188,17 @@ func (r *realDirectory) prompts(kind string) ([][]uint32, int) {
 }
 
 // BenchmarkQueryRealSize measures Directory.Query of 8k-token prompts (and
-// of shortTokens, "short") over
-// 128 streams holding 16,384, 65,536 and 262,144 blocks each (R-DIR-4),
-// reporting per-query p50 and p99 and the share of queries delayed past
-// the p50 (see reportPercentiles). "perstream" is the walk the directory
-// did before the shared key table (every stream's own index, under its
-// lock, through a key table per index, built here as the indexes no
-// longer keep one) over the same data and "all" prompts, for comparison;
-// "all-cold" is "all" with the caches evicted (coldBytes written) before
-// each query, as a router's sparse decisions find them, and the prompt
-// then copied to the request's buffer, as its parser just wrote it. The
-// directory is built once per size and shared by the sub-benchmarks.
+// of shortTokens, "short") over 128 streams holding 16,384, 65,536 and
+// 262,144 blocks each (R-DIR-4), reporting per-query p50 and p99 and the
+// share of queries delayed past the p50 (see reportPercentiles).
+// "perstream" is the walk the directory did before the shared key table
+// (every stream's own index, under its lock, through a key table per
+// index, built here as the indexes no longer keep one) over the same data
+// and "all" prompts, for comparison; "all-cold" is "all" with the caches
+// evicted (coldBytes written) before each query, as a router's sparse
+// decisions find them, and the prompt then copied to the request's buffer,
+// as its parser just wrote it. The directory is built once per size and
+// shared by the sub-benchmarks.
 func BenchmarkQueryRealSize(b *testing.B) {
 	benchQueryRealSize(b, benchBlockSize, []int{16384, 65536, 262144})
 }
