@@ -934,11 +934,11 @@ func (wr *walkResult) resultOf(slot int) (blocks, hostOnly int, ok bool) {
 // prefix on Device, and past it on Host only.
 func (wr *walkResult) tokensOf(slot int) (device, hostOnly int, ok bool) {
 	blocks, hostOnly, ok := wr.resultOf(slot)
-	bs := 0
-	if ok {
-		bs = wr.hasher.BlockSize()
+	if !ok {
+		return 0, 0, false
 	}
-	return (blocks - hostOnly) * bs, hostOnly * bs, ok
+	bs := wr.hasher.BlockSize()
+	return (blocks - hostOnly) * bs, hostOnly * bs, true
 }
 
 func (wr *walkResult) reset(words, blockSize int, seed uint64) {
