@@ -9,5 +9,10 @@
 // entry without a package, fails the test: a new package must be placed
 // before it can be merged.
 //
+// A second test holds the module's amd64 assembly to one rule of
+// encoding: a function that uses 256- or 512-bit registers runs no
+// legacy-encoded SSE instruction, which on Intel processors costs a
+// state change each (asm_test.go).
+//
 // Nothing imports this package.
 package layout
