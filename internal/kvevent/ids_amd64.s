@@ -34,6 +34,19 @@ DATA vidLanes<>+48(SB)/8, $0x0d0d0d0d0c0c0c0c
 DATA vidLanes<>+56(SB)/8, $0x0f0f0f0f0e0e0e0e
 GLOBL vidLanes<>(SB), RODATA|NOPTR, $64
 
+// vidClass, in each 16-byte lane, maps min(b - 0xcb, 4) for a byte b to
+// the width of an id whose type byte b is, with bit 7 set where b is no
+// uint8, uint16 or uint32 type byte (then a fixint's 1, if b is one).
+DATA vidClass<>+0(SB)/8, $0x8181818105030281
+DATA vidClass<>+8(SB)/8, $0x8181818181818181
+DATA vidClass<>+16(SB)/8, $0x8181818105030281
+DATA vidClass<>+24(SB)/8, $0x8181818181818181
+DATA vidClass<>+32(SB)/8, $0x8181818105030281
+DATA vidClass<>+40(SB)/8, $0x8181818181818181
+DATA vidClass<>+48(SB)/8, $0x8181818105030281
+DATA vidClass<>+56(SB)/8, $0x8181818181818181
+GLOBL vidClass<>(SB), RODATA|NOPTR, $64
+
 // func decodeIDsAVX512(p *byte, n int, dst *uint32, k int) (ids, used int)
 //
 // Windows of 64 bytes at a stride of 64. For each byte, the width an
@@ -48,6 +61,15 @@ GLOBL vidLanes<>(SB), RODATA|NOPTR, $64
 // lowest first, sixteen ids at a time. A window whose ids need a start
 // that is no type byte is left to the caller, and so is everything once
 // fewer than 128 bytes remain.
+//
+// The loop is bound by the one port that runs 512-bit permutes and
+// compares into masks, so what a window needs besides its permutes is
+// done on the others: widths by one in-lane table look-up, the ids taken
+// and the bytes to keep by sign bits (VPMOVB2M), not by compares. While
+// 64 or more ids remain to be read the groups are stored whole, the
+// lanes past the window's ids written over by the next window's or left
+// to the caller, whose ids they are: dst[ids:k] may hold anything after
+// a call.
 TEXT ·decodeIDsAVX512(SB), NOSPLIT, $0-48
 	MOVQ	p+0(FP), DX
 	MOVQ	n+8(FP), R8
@@ -72,20 +94,18 @@ TEXT ·decodeIDsAVX512(SB), NOSPLIT, $0-48
 	KMOVQ	AX, K6
 	VMOVDQU64	vidIota<>(SB), Z16
 	VMOVDQU64	vidIota<>+64(SB), Z17
-	MOVL	$0xcc, AX
+	MOVL	$0xcb, AX
 	VPBROADCASTB	AX, Z18
-	MOVL	$0xcd, AX
+	MOVL	$4, AX
 	VPBROADCASTB	AX, Z19
-	MOVL	$0xce, AX
-	VPBROADCASTB	AX, Z20
+	VMOVDQU64	vidClass<>(SB), Z20
 	MOVL	$1, AX
 	VPBROADCASTB	AX, Z21
-	MOVL	$2, AX
+	MOVL	$0x7f, AX
 	VPBROADCASTB	AX, Z22
-	MOVL	$3, AX
-	VPBROADCASTB	AX, Z23
-	MOVL	$5, AX
-	VPBROADCASTB	AX, Z24
+	// Z23: 1 in the lowest byte of each four-byte lane.
+	MOVL	$1, AX
+	VPBROADCASTD	AX, Z23
 	MOVL	$64, AX
 	VPBROADCASTB	AX, Z25
 	MOVL	$0x03020100, AX
@@ -101,23 +121,13 @@ window:
 	JLE	stopped
 	VMOVDQU8	(SI), Z0
 	VMOVDQU8	64(SI), Z1
-	// Widths.
-	VMOVDQA64	Z21, Z2
-	VPCMPEQB	Z18, Z0, K7
-	VMOVDQU8	Z22, K7, Z2
-	VPCMPEQB	Z19, Z0, K7
-	VMOVDQU8	Z23, K7, Z2
-	VPCMPEQB	Z20, Z0, K7
-	VMOVDQU8	Z24, K7, Z2
-	// Z29: 0xff at bytes of 0x80 and above with width 1, no type byte.
-	VPMOVB2M	Z0, K7
-	KMOVQ	K7, AX
-	VPCMPUB	$4, Z21, Z2, K7
-	KMOVQ	K7, BX
-	NOTQ	BX
-	ANDQ	BX, AX
-	KMOVQ	AX, K7
-	VPMOVM2B	K7, Z29
+	// Z2: widths. Z29: bit 7 set at the bytes that are no type byte,
+	// 0x80 and above but none of 0xcc, 0xcd and 0xce.
+	VPSUBB	Z18, Z0, Z2
+	VPMINUB	Z19, Z2, Z2
+	VPSHUFB	Z2, Z20, Z2
+	VPANDD	Z0, Z2, Z29
+	VPANDD	Z22, Z2, Z2
 	// N and its powers: Z3 N, Z4 N^2, Z5 N^4, Z6 N^8, Z7 N^16, Z8 N^32.
 	VPADDB	Z2, Z16, Z3
 	VMOVDQA64	Z3, Z4
@@ -137,20 +147,36 @@ window:
 	// the chain would wait on.
 	VMOVDQA64	Z8, Z30
 	VPERMI2B	Z17, Z8, Z30
-	// Z9: lane k holds N^k(s).
+	// Z9: lane k holds N^k(s) while that lies in the window, and some
+	// position past the window once N^k(s) does. A step permutes within
+	// the window only, a lane already past it reading some position's
+	// power there: taking the greater of that and the lane keeps the
+	// lane past the window (powers never go back), at half the port
+	// time of a permute across the window and what lies past it.
 	VMOVDQA64	Z31, Z9
 	VPERMB	Z30, Z31, Z31
 	VPSUBB	Z25, Z31, Z31
-	VPERMI2B	Z17, Z3, K1, Z9
-	VPERMI2B	Z17, Z4, K2, Z9
-	VPERMI2B	Z17, Z5, K3, Z9
-	VPERMI2B	Z17, Z6, K4, Z9
-	VPERMI2B	Z17, Z7, K5, Z9
-	VPERMI2B	Z17, Z8, K6, Z9
-	// BX: the ids taken, those that start in the window, at most CX.
-	VPCMPUB	$1, Z25, Z9, K7
+	VPERMB.Z	Z3, Z9, K1, Z10
+	VPMAXUB	Z10, Z9, Z9
+	VPERMB.Z	Z4, Z9, K2, Z10
+	VPMAXUB	Z10, Z9, Z9
+	VPERMB.Z	Z5, Z9, K3, Z10
+	VPMAXUB	Z10, Z9, Z9
+	VPERMB.Z	Z6, Z9, K4, Z10
+	VPMAXUB	Z10, Z9, Z9
+	VPERMB.Z	Z7, Z9, K5, Z10
+	VPMAXUB	Z10, Z9, Z9
+	VPERMB.Z	Z8, Z9, K6, Z10
+	VPMAXUB	Z10, Z9, Z9
+	// Z15: where an id starting at each position ends, less one: its
+	// last byte.
+	VPSUBB	Z21, Z3, Z15
+	// BX: the ids taken, those that start in the window (a lane of Z9
+	// below 64 has bit 6 clear, and none exceeds 127), at most CX.
+	VPADDB	Z9, Z9, Z10
+	VPMOVB2M	Z10, K7
 	KMOVQ	K7, AX
-	POPCNTQ	AX, BX
+	TZCNTQ	AX, BX
 	CMPQ	BX, CX
 	CMOVQGT	CX, BX
 	// Any of them starting at no type byte: leave the window.
@@ -161,45 +187,62 @@ window:
 	BZHIQ	BX, R11, R11
 	TESTQ	R11, AX
 	JNZ	notid
-	// Values, sixteen ids at a time: byte j of lane i is the id's
-	// (start + width - 1 - j)th byte while j < max(width - 1, 1).
+	// Values, sixteen ids at a time: byte j of lane i is byte last - j
+	// of the id, last being its last byte, while that lies after its
+	// type byte, and byte j = 0 whatever its width (a fixint's value is
+	// its type byte): while start - (last - j) - (j == 0) is negative.
 	VMOVDQA64	Z27, Z11
-	XORQ	R12, R12
 	MOVQ	DI, R13
-group:
+	CMPQ	CX, $64
+	JLT	masked
+	MOVQ	BX, R12
+whole:
 	VPERMB	Z9, Z11, Z12
-	VPERMB	Z2, Z12, Z13
-	VPADDB	Z13, Z12, Z12
-	VPSUBB	Z21, Z12, Z12
-	VPSUBB	Z26, Z12, Z12
-	VPSUBB	Z21, Z13, Z13
-	VPMAXUB	Z21, Z13, Z13
-	VPCMPUB	$1, Z13, Z26, K7
-	VPERMI2B.Z	Z1, Z0, K7, Z12
-	MOVQ	BX, AX
-	SUBQ	R12, AX
-	MOVL	$0xffff, R11
-	BZHIQ	AX, R11, R11
-	KMOVQ	R11, K7
-	VMOVDQU32	Z12, K7, (R13)
-	ADDQ	$64, R13
+	VPERMB	Z15, Z12, Z13
+	VPSUBB	Z26, Z13, Z13
+	VPSUBB	Z13, Z12, Z14
+	VPSUBB	Z23, Z14, Z14
+	VPMOVB2M	Z14, K7
+	VPERMI2B.Z	Z1, Z0, K7, Z13
+	VMOVDQU32	Z13, (R13)
 	VPADDB	Z28, Z11, Z11
-	ADDQ	$16, R12
-	CMPQ	R12, BX
-	JLT	group
+	VPERMB	Z9, Z11, Z12
+	VPERMB	Z15, Z12, Z13
+	VPSUBB	Z26, Z13, Z13
+	VPSUBB	Z13, Z12, Z14
+	VPSUBB	Z23, Z14, Z14
+	VPMOVB2M	Z14, K7
+	VPERMI2B.Z	Z1, Z0, K7, Z13
+	VMOVDQU32	Z13, 64(R13)
+	VPADDB	Z28, Z11, Z11
+	ADDQ	$128, R13
+	// Two groups whatever the count: the branch is taken by windows of
+	// more than 32 ids only, which real text has few of.
+	SUBQ	$32, R12
+	JGT	whole
+	JMP	stored
+masked:
+	// Fewer than 64 ids to read: each group's lanes past them are not
+	// written.
+	MOVQ	R11, R12
+part:
+	VPERMB	Z9, Z11, Z12
+	VPERMB	Z15, Z12, Z13
+	VPSUBB	Z26, Z13, Z13
+	VPSUBB	Z13, Z12, Z14
+	VPSUBB	Z23, Z14, Z14
+	VPMOVB2M	Z14, K7
+	VPERMI2B.Z	Z1, Z0, K7, Z13
+	KMOVQ	R12, K7
+	VMOVDQU32	Z13, K7, (R13)
+	VPADDB	Z28, Z11, Z11
+	ADDQ	$64, R13
+	SHRQ	$16, R12
+	JNZ	part
+stored:
 	LEAQ	(DI)(BX*4), DI
 	SUBQ	BX, CX
 	ADDQ	BX, R10
-	// AX: where the last id taken ends, lane BX of Z9, or 64 when the
-	// window held 64.
-	MOVQ	$64, AX
-	CMPQ	BX, $64
-	JGE	ended
-	VPBROADCASTB	BX, Z10
-	VPERMB	Z9, Z10, Z10
-	VMOVD	X10, AX
-	ANDQ	$0xff, AX
-ended:
 	TESTQ	CX, CX
 	JEQ	last
 	// Every id starting in the window was taken: the next starts R9
@@ -213,6 +256,14 @@ notid:
 	ANDQ	$0xff, R9
 	JMP	stop
 last:
+	// AX: where the last id taken ends, N of its start, lane BX - 1
+	// of Z9.
+	LEAQ	-1(BX), AX
+	VPBROADCASTB	AX, Z10
+	VPERMB	Z9, Z10, Z10
+	VPERMB	Z3, Z10, Z10
+	VMOVD	X10, AX
+	ANDQ	$0xff, AX
 	ADDQ	AX, SI
 	SUBQ	DX, SI
 	MOVQ	R10, ids+32(FP)
