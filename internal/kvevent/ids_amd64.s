@@ -47,6 +47,21 @@ DATA vidClass<>+48(SB)/8, $0x8181818105030281
 DATA vidClass<>+56(SB)/8, $0x8181818181818181
 GLOBL vidClass<>(SB), RODATA|NOPTR, $64
 
+// VALUES16 sets Z13 to the values of the sixteen ids whose lanes Z11
+// selects in Z9, one a four-byte lane: byte j of lane i is byte last - j
+// of the id, last being its last byte (Z15), while that lies after its
+// type byte, and byte j = 0 whatever its width (a fixint's value is its
+// type byte): while start - (last - j) - (j == 0) is negative. It
+// clobbers Z12, Z14 and K7.
+#define VALUES16 \
+	VPERMB	Z9, Z11, Z12 \
+	VPERMB	Z15, Z12, Z13 \
+	VPSUBB	Z26, Z13, Z13 \
+	VPSUBB	Z13, Z12, Z14 \
+	VPSUBB	Z23, Z14, Z14 \
+	VPMOVB2M	Z14, K7 \
+	VPERMI2B.Z	Z1, Z0, K7, Z13
+
 // func decodeIDsAVX512(p *byte, n int, dst *uint32, k int) (ids, used int)
 //
 // Windows of 64 bytes at a stride of 64. For each byte, the width an
@@ -187,32 +202,17 @@ window:
 	BZHIQ	BX, R11, R11
 	TESTQ	R11, AX
 	JNZ	notid
-	// Values, sixteen ids at a time: byte j of lane i is byte last - j
-	// of the id, last being its last byte, while that lies after its
-	// type byte, and byte j = 0 whatever its width (a fixint's value is
-	// its type byte): while start - (last - j) - (j == 0) is negative.
+	// Values, sixteen ids at a time (VALUES16).
 	VMOVDQA64	Z27, Z11
 	MOVQ	DI, R13
 	CMPQ	CX, $64
 	JLT	masked
 	MOVQ	BX, R12
 whole:
-	VPERMB	Z9, Z11, Z12
-	VPERMB	Z15, Z12, Z13
-	VPSUBB	Z26, Z13, Z13
-	VPSUBB	Z13, Z12, Z14
-	VPSUBB	Z23, Z14, Z14
-	VPMOVB2M	Z14, K7
-	VPERMI2B.Z	Z1, Z0, K7, Z13
+	VALUES16
 	VMOVDQU32	Z13, (R13)
 	VPADDB	Z28, Z11, Z11
-	VPERMB	Z9, Z11, Z12
-	VPERMB	Z15, Z12, Z13
-	VPSUBB	Z26, Z13, Z13
-	VPSUBB	Z13, Z12, Z14
-	VPSUBB	Z23, Z14, Z14
-	VPMOVB2M	Z14, K7
-	VPERMI2B.Z	Z1, Z0, K7, Z13
+	VALUES16
 	VMOVDQU32	Z13, 64(R13)
 	VPADDB	Z28, Z11, Z11
 	ADDQ	$128, R13
@@ -226,13 +226,7 @@ masked:
 	// written.
 	MOVQ	R11, R12
 part:
-	VPERMB	Z9, Z11, Z12
-	VPERMB	Z15, Z12, Z13
-	VPSUBB	Z26, Z13, Z13
-	VPSUBB	Z13, Z12, Z14
-	VPSUBB	Z23, Z14, Z14
-	VPMOVB2M	Z14, K7
-	VPERMI2B.Z	Z1, Z0, K7, Z13
+	VALUES16
 	KMOVQ	R12, K7
 	VMOVDQU32	Z13, K7, (R13)
 	VPADDB	Z28, Z11, Z11
