@@ -222,7 +222,13 @@ func (ix *Index) shiftDelete(home uint64, s uint32) {
 		// bits give its displacement exactly: a cell may move back to
 		// the hole unless its home lies after the hole, that is unless
 		// it is displaced less than it lies past the hole.
+		//
+		// Whether a cell moves depends on the data alone, so a branch
+		// on it is mispredicted about every other cell: the hole's
+		// place and what it holds are chosen without one (conditional
+		// moves), and the hole is written whether or not a cell moved.
 		cells, sb := t.cells, t.sb
+		held := cells[i]
 		for j := i; ; {
 			if j++; j == n {
 				j = 0
@@ -235,10 +241,12 @@ func (ix *Index) shiftDelete(home uint64, s uint32) {
 			if j < i {
 				gap += n
 			}
+			next, v := i, held
 			if (j-uint64(c>>sb))&(homeSpan-1) >= gap {
-				cells[i] = c
-				i = j
+				next, v = j, c
 			}
+			cells[i] = v
+			i, held = next, v
 		}
 		cells[i] = 0
 		return
