@@ -838,10 +838,6 @@ func (t *keyTable) remove(i int) {
 // shiftOut empties cell i of cells, the served ones (with stores walks
 // may read) or a migration's.
 func (t *keyTable) shiftOut(cells []cell, i int, served bool) {
-	if !served || !t.shared {
-		shiftOutPlain(cells, i)
-		return
-	}
 	n := len(cells)
 	for j := i; ; {
 		if j++; j == n {
@@ -860,46 +856,18 @@ func (t *keyTable) shiftOut(cells []cell, i int, served bool) {
 		} else if i < h || h <= j {
 			continue
 		}
-		t.store(i, *c)
+		if served {
+			t.store(i, *c)
+		} else {
+			cells[i] = *c
+		}
 		i = j
 	}
-	t.store(i, cell{})
-}
-
-// shiftOutPlain is shiftOut where no walk reads cells meanwhile: a
-// migration's, or the served ones during a write with plain stores.
-// Whether a cell moves depends on the data alone, so a branch on it is
-// mispredicted about every other cell: the hole's place and what it
-// holds are chosen without one (conditional moves), and the hole is
-// written whether or not a cell moved, which only a walk reading the
-// cells meanwhile could tell.
-func shiftOutPlain(cells []cell, i int) {
-	n := len(cells)
-	hi, th := cells[i].hi, cells[i].tagHold
-	for j := i; ; {
-		if j++; j == n {
-			j = 0
-		}
-		c := cells[j]
-		if !c.used() {
-			break
-		}
-		gap := j - i
-		if gap < 0 {
-			gap += n
-		}
-		// d: how far past the hole the cell's home lies, less one,
-		// cyclically; the cell stays while its home lies in (i, j].
-		d := homeOfTag(c.tag(), n) - i - 1
-		d += n & (d >> 63)
-		next, vhi, vth := i, hi, th
-		if d >= gap {
-			next, vhi, vth = j, c.hi, c.tagHold
-		}
-		cells[i] = cell{hi: vhi, tagHold: vth}
-		i, hi, th = next, vhi, vth
+	if served {
+		t.store(i, cell{})
+	} else {
+		cells[i] = cell{}
 	}
-	cells[i] = cell{}
 }
 
 // storageBytes is the memory the table holds, by capacity.

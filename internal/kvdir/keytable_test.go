@@ -946,61 +946,6 @@ func TestKeyTableRemoveAcrossTheEnd(t *testing.T) {
 	}
 }
 
-// TestShiftOutPathsAgree: a removal during a write that walks may read
-// (atomic stores, stamps) and one during a plain write (conditional
-// moves, the hole written whether or not a cell moves) leave the same
-// cells, in small arrays filled by linear probing up to nine tenths,
-// with probe runs across the end; and every key left is reachable from
-// its home (R-REC-1).
-func TestShiftOutPathsAgree(t *testing.T) {
-	rng := rand.New(rand.NewPCG(11, 12))
-	for trial := range 20000 {
-		n := 4 + rng.IntN(61)
-		cells := make([]cell, n)
-		for range 1 + rng.IntN(n*9/10) {
-			tag := rng.Uint32() | 1
-			i := homeOfTag(tag, n)
-			for cells[i].used() {
-				i = (i + 1) % n
-			}
-			cells[i] = cell{hi: rng.Uint64(), tagHold: uint64(tag)<<32 | uint64(rng.Uint32()|1)}
-		}
-		var used []int
-		for i := range cells {
-			if cells[i].used() {
-				used = append(used, i)
-			}
-		}
-		i := used[rng.IntN(len(used))]
-		gone := cells[i]
-		plain := slices.Clone(cells)
-		shiftOutPlain(plain, i)
-		tab := &keyTable{cells: slices.Clone(cells), stamps: make([]uint64, 1), shared: true}
-		tab.shiftOut(tab.cells, i, true)
-		if !slices.Equal(plain, tab.cells) {
-			t.Fatalf("trial %d: %d cells, cell %d removed:\n before %v\n plain  %v\n shared %v", trial, n, i, cells, plain, tab.cells)
-		}
-		left := 0
-		for j, c := range plain {
-			if !c.used() {
-				continue
-			}
-			left++
-			if c == gone {
-				t.Fatalf("trial %d: the removed cell is still at %d", trial, j)
-			}
-			for h := homeOfTag(c.tag(), n); h != j; h = (h + 1) % n {
-				if !plain[h].used() {
-					t.Fatalf("trial %d: cell %d (home %d) is past an empty cell %d", trial, j, homeOfTag(c.tag(), n), h)
-				}
-			}
-		}
-		if left != len(used)-1 {
-			t.Fatalf("trial %d: %d cells in use after the removal, want %d", trial, left, len(used)-1)
-		}
-	}
-}
-
 // TestWalkStopsAtEveryBatchEdge: the walk hashes and loads a prompt's
 // blocks in batches that grow from one block to walkBatch; a stream's
 // prefix ending just before, at or just after the edge between two
