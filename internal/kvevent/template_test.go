@@ -1,6 +1,7 @@
 package kvevent
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -453,5 +454,36 @@ func TestDecoderFaultIsMalformed(t *testing.T) {
 	}
 	if !reflect.DeepEqual(b.Events, want.Events) {
 		t.Fatal("the next decode differs from the field-by-field one")
+	}
+}
+
+// TestFixedWordsMatchHasPrefix: the words a template compares its short
+// runs of fixed bytes with say what bytes.HasPrefix says, for runs of 0
+// to 20 bytes against inputs as long, shorter and longer, equal or
+// differing in any one byte.
+func TestFixedWordsMatchHasPrefix(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for trial := range 20000 {
+		run := make([]byte, rng.IntN(21))
+		for i := range run {
+			run[i] = byte(rng.IntN(256))
+		}
+		var w fixedWords
+		w.set(run)
+		p := append([]byte(nil), run...)
+		for range rng.IntN(21) {
+			p = append(p, byte(rng.IntN(256)))
+		}
+		switch rng.IntN(3) {
+		case 0:
+			if len(p) > 0 {
+				p[rng.IntN(len(p))] ^= byte(1 + rng.IntN(255))
+			}
+		case 1:
+			p = p[:rng.IntN(len(p)+1)]
+		}
+		if got, want := w.startsWith(p, run), bytes.HasPrefix(p, run); got != want {
+			t.Fatalf("trial %d: run %x, input %x: %v, bytes.HasPrefix %v", trial, run, p, got, want)
+		}
 	}
 }
