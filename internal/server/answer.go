@@ -99,35 +99,39 @@ func (a *answer) readHead(br *bufio.Reader) error {
 		if n == maxAnswerHeadLines {
 			return fmt.Errorf("more than %d header lines", maxAnswerHeadLines)
 		}
+		// A name that is no token, as Go's own client refuses it: one
+		// that differs from a framing field's only in a byte Unicode
+		// folds (Tran\u017ffer-Encoding) would be framing to kvcar and
+		// not to the engine's other clients.
 		colon := bytes.IndexByte(line, ':')
-		if colon <= 0 || bytes.ContainsAny(line[:colon], " \t") {
+		if colon <= 0 || !validToken(line[:colon]) {
 			return fmt.Errorf("malformed header line %q", truncated(line))
 		}
 		name, value := line[:colon], bytes.Trim(line[colon+1:], " \t")
 		switch {
-		case bytes.EqualFold(name, []byte("Content-Length")):
+		case asciiEqualFold(name, "Content-Length"):
 			v, ok := parseLength(value)
 			if !ok || (haveLength && v != a.length) {
 				return fmt.Errorf("invalid Content-Length %q", truncated(value))
 			}
 			a.length, haveLength = v, true
 			a.contentLength = reuseValue(a.contentLength, value)
-		case bytes.EqualFold(name, []byte("Transfer-Encoding")):
-			if !bytes.EqualFold(value, []byte("chunked")) || chunked {
+		case asciiEqualFold(name, "Transfer-Encoding"):
+			if !asciiEqualFold(value, "chunked") || chunked {
 				return fmt.Errorf("unsupported Transfer-Encoding %q", truncated(value))
 			}
 			chunked = true
-		case bytes.EqualFold(name, []byte("Connection")):
+		case asciiEqualFold(name, "Connection"):
 			for tok := range bytes.SplitSeq(value, []byte(",")) {
 				tok = bytes.Trim(tok, " \t")
-				a.close = a.close || bytes.EqualFold(tok, []byte("close"))
-				keepAlive = keepAlive || bytes.EqualFold(tok, []byte("keep-alive"))
+				a.close = a.close || asciiEqualFold(tok, "close")
+				keepAlive = keepAlive || asciiEqualFold(tok, "keep-alive")
 			}
-		case bytes.EqualFold(name, []byte("Content-Type")):
+		case asciiEqualFold(name, "Content-Type"):
 			if len(a.contentType) == 0 && len(value) > 0 {
 				a.contentType = reuseValue(a.contentType, value)
 			}
-		case bytes.EqualFold(name, []byte("Cache-Control")):
+		case asciiEqualFold(name, "Cache-Control"):
 			if len(a.cacheControl) == 0 && len(value) > 0 {
 				a.cacheControl = reuseValue(a.cacheControl, value)
 			}
@@ -142,7 +146,9 @@ func (a *answer) readHead(br *bufio.Reader) error {
 		a.contentLength = a.contentLength[:0]
 	}
 	a.isChunked = chunked
-	a.close = a.close || (http10 && !keepAlive)
+	// RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding has
+	// faulty framing; the connection closes after it, whatever it asked.
+	a.close = a.close || (http10 && (!keepAlive || chunked))
 	return nil
 }
 
@@ -272,6 +278,9 @@ func (c *chunkedBody) Read(p []byte) (int, error) {
 			if len(line) == 0 {
 				c.done = true
 				return n, io.EOF
+			}
+			if _, _, err := fieldLine(line); err != nil {
+				return n, fmt.Errorf("%w: trailer: %w", errEngineAnswer, err)
 			}
 		}
 		return n, fmt.Errorf("%w: more than %d trailer lines", errEngineAnswer, maxAnswerHeadLines)

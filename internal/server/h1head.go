@@ -61,6 +61,13 @@ type headReader struct {
 	lastTarget, lastHost string
 }
 
+// maxHeadFields bounds the field lines of a request head, and of a
+// chunked body's trailer: what a head's fields cost to record grows
+// with the square of their number (add looks each key up among those
+// seen), and within a 1 MiB head 80,000 names took over 10 s of CPU.
+// Clients send a few dozen; Apache httpd's default limit is 100.
+const maxHeadFields = 256
+
 // errHeadTooLarge is a head past maxBytes.
 var errHeadTooLarge = errors.New("request head too large")
 
@@ -119,23 +126,20 @@ func (hr *headReader) read(h *reqHead) error {
 	}
 	haveLength, haveHost := false, false
 	lengthValue := ""
-	for {
+	for n := 0; ; n++ {
 		if line, err = hr.line(); err != nil {
 			return hr.readErr(err)
 		}
 		if len(line) == 0 {
 			break
 		}
-		if line[0] == ' ' || line[0] == '\t' {
-			return badHead("obsolete line folding in header line %s", quoteTrunc(line))
+		if n == maxHeadFields {
+			return &headError{status: http.StatusRequestHeaderFieldsTooLarge,
+				message: "request head has more than " + strconv.Itoa(maxHeadFields) + " header fields"}
 		}
-		colon := bytes.IndexByte(line, ':')
-		if colon <= 0 || !validToken(line[:colon]) {
-			return badHead("malformed header line %s", quoteTrunc(line))
-		}
-		name, value := line[:colon], bytes.Trim(line[colon+1:], " \t")
-		if !validValue(value) {
-			return badHead("invalid character in the value of header %s", quoteTrunc(name))
+		name, value, err := fieldLine(line)
+		if err != nil {
+			return badHead("%s", err.Error())
 		}
 		key, stored := hr.add(name, value)
 		switch key {
@@ -151,7 +155,7 @@ func (hr *headReader) read(h *reqHead) error {
 			}
 			h.contentLength, haveLength, lengthValue = v, true, stored
 		case "Transfer-Encoding":
-			if h.chunked || !bytes.EqualFold(value, []byte("chunked")) {
+			if h.chunked || !asciiEqualFold(value, "chunked") {
 				return &headError{status: http.StatusNotImplemented,
 					message: "unsupported Transfer-Encoding " + quoteTrunc(value) + ": only one chunked coding is taken"}
 			}
@@ -167,11 +171,11 @@ func (hr *headReader) read(h *reqHead) error {
 		case "Connection":
 			for tok := range bytes.SplitSeq(value, []byte(",")) {
 				tok = bytes.Trim(tok, " \t")
-				h.close = h.close || bytes.EqualFold(tok, []byte("close"))
-				h.keepAlive = h.keepAlive || bytes.EqualFold(tok, []byte("keep-alive"))
+				h.close = h.close || asciiEqualFold(tok, "close")
+				h.keepAlive = h.keepAlive || asciiEqualFold(tok, "keep-alive")
 			}
 		case "Expect":
-			if !bytes.EqualFold(value, []byte("100-continue")) {
+			if !asciiEqualFold(value, "100-continue") {
 				return &headError{status: http.StatusExpectationFailed, message: "unsupported Expect " + quoteTrunc(value)}
 			}
 			h.expectContinue = h.minor >= 1
@@ -272,7 +276,7 @@ var commonKeys = []string{"Host", "User-Agent", "Accept", "Accept-Encoding", "Co
 // stored, reusing the previous head's slice when the value is the same.
 func (hr *headReader) add(name, value []byte) (key, stored string) {
 	for _, k := range commonKeys {
-		if len(k) == len(name) && bytes.EqualFold(name, []byte(k)) {
+		if asciiEqualFold(name, k) {
 			key = k
 			break
 		}
@@ -326,6 +330,43 @@ func (hr *headReader) dropUnseen() {
 			delete(hr.header, k)
 		}
 	}
+}
+
+// fieldLine splits a field line into its name and its value without
+// the whitespace around it, and refuses what RFC 9112 5 does not allow:
+// obsolete line folding, a name that is no token (a space before the
+// colon included), a control character in the value.
+func fieldLine(line []byte) (name, value []byte, err error) {
+	if len(line) > 0 && (line[0] == ' ' || line[0] == '\t') {
+		return nil, nil, fmt.Errorf("obsolete line folding in header line %s", quoteTrunc(line))
+	}
+	colon := bytes.IndexByte(line, ':')
+	if colon <= 0 || !validToken(line[:colon]) {
+		return nil, nil, fmt.Errorf("malformed header line %s", quoteTrunc(line))
+	}
+	name, value = line[:colon], bytes.Trim(line[colon+1:], " \t")
+	if !validValue(value) {
+		return nil, nil, fmt.Errorf("invalid character in the value of header %s", quoteTrunc(name))
+	}
+	return name, value, nil
+}
+
+// asciiEqualFold reports whether b is s, which is ASCII, in any case of
+// its ASCII letters. bytes.EqualFold folds Unicode too: it takes
+// "chun\u212aed" (a Kelvin sign) for "chunked", which a proxy in front
+// of kvcar would not, and a framing two parties read differently is how
+// requests are smuggled.
+func asciiEqualFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i := range len(b) {
+		c, d := b[i], s[i]
+		if c|0x20 != d|0x20 || (c|0x20 < 'a' || c|0x20 > 'z') && c != d {
+			return false
+		}
+	}
+	return true
 }
 
 // validToken reports whether b is an RFC 9110 token (a method or a field

@@ -34,6 +34,7 @@ func FuzzHeadReader(f *testing.F) {
 		"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
 		"GET / HTTP/1.1\r\nhost: a\r\nHOST: b\r\n\r\n",
 		"\r\nGET / HTTP/1.1\r\n\r\n",
+		"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chun\u212aed\r\nConnection: clo\u017fe\r\n\r\n",
 	} {
 		f.Add([]byte(s), uint8(0))
 	}

@@ -529,6 +529,10 @@ func (c *h1conn) serveRequest() (keep bool) {
 	r := &c.req
 	*r = c.base
 	c.w.reset(h)
+	// The body is framed before anything is answered: whatever the
+	// request, its Content-Length or chunks say where the next one
+	// starts (RFC 9112 6.3), and after skips what was not read.
+	c.body.reset(h)
 	if h.target == "*" && h.method == http.MethodOptions {
 		// A server-wide OPTIONS: what net/http answers.
 		c.w.Header()["Content-Length"] = []string{"0"}
@@ -536,7 +540,6 @@ func (c *h1conn) serveRequest() (keep bool) {
 		c.w.finish()
 		return c.after(h)
 	}
-	c.body.reset(h)
 	u, err := c.parseURL(h.target)
 	if err != nil {
 		c.refuse(badHead("malformed request target %s", quoteTrunc([]byte(h.target))))
@@ -692,11 +695,14 @@ func (b *h1body) Read(p []byte) (int, error) {
 }
 
 // trailer reads a chunked body's trailer fields (and drops them), within
-// the head's byte limit, and returns io.EOF once they end.
+// the head's byte and field limits, and returns io.EOF once they end.
+// Each line must be a field line (RFC 9112 7.1.2): a front end that ends
+// the body at its last chunk's empty line would otherwise see a request
+// where kvcar sees a trailer.
 func (b *h1body) trailer() error {
 	hr := &b.c.hr
 	hr.used = 0
-	for {
+	for n := 0; ; n++ {
 		line, err := hr.line()
 		if err != nil {
 			if errors.Is(err, errHeadTooLarge) {
@@ -709,6 +715,12 @@ func (b *h1body) trailer() error {
 		}
 		if len(line) == 0 {
 			return io.EOF
+		}
+		if n == maxHeadFields {
+			return fmt.Errorf("trailer has more than %d fields", maxHeadFields)
+		}
+		if _, _, err := fieldLine(line); err != nil {
+			return fmt.Errorf("trailer: %w", err)
 		}
 	}
 }

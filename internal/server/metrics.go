@@ -152,9 +152,23 @@ func (m *httpMetrics) newRouteSeries(route string) *routeSeries {
 func (m *httpMetrics) instrument(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		code := http.StatusOK
+		// A handler that aborts its answer (http.ErrAbortHandler: the
+		// engine's answer broke off while it was relayed) is counted as
+		// a 502, whatever status went out before, and the panic goes on
+		// to the server, which closes the connection.
+		code := http.StatusBadGateway
+		defer func() {
+			route := r.Pattern
+			if route == "" {
+				route = "unmatched"
+			}
+			rs := m.routes.get(route, m.newRouteSeries)
+			rs.count(m.requests, code)
+			rs.latency.Observe(time.Since(start).Seconds())
+		}()
 		if sr, ok := w.(statusReporter); ok {
 			next.ServeHTTP(w, r)
+			code = http.StatusOK
 			if c := sr.sentStatus(); c != 0 {
 				code = c
 			}
@@ -163,13 +177,6 @@ func (m *httpMetrics) instrument(next http.Handler) http.Handler {
 			next.ServeHTTP(rec, r)
 			code = rec.code
 		}
-		route := r.Pattern
-		if route == "" {
-			route = "unmatched"
-		}
-		rs := m.routes.get(route, m.newRouteSeries)
-		rs.count(m.requests, code)
-		rs.latency.Observe(time.Since(start).Seconds())
 	})
 }
 

@@ -496,11 +496,18 @@ func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, p
 	cb := p.copyBufs.get()
 	defer p.copyBufs.put(cb)
 	_, err = io.CopyBuffer(dst, ans.body, cb.b[:])
-	if err != nil && r.Context().Err() == nil {
-		p.log.Warn("relaying the engine's answer failed", "engine", d.Prefill, "err", err)
-	}
 	// The connection is kept only when the answer was read whole.
 	p.engines.finish(kc, err == nil)
+	if err != nil {
+		if r.Context().Err() == nil {
+			p.log.Warn("relaying the engine's answer failed", "engine", d.Prefill, "err", err)
+		}
+		// The client must not take what it got for the whole answer
+		// (RFC 9112 8): returning would end a chunked answer with its
+		// last chunk. Aborting closes the client's connection with the
+		// answer cut, as net/http's ReverseProxy does.
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // appendRouting appends kvcar's routing value, which replaces the one a
