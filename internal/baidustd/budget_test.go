@@ -31,7 +31,8 @@ import (
 )
 
 // A frame's buffer grows as its body arrives, to exactly the body, and
-// reads what ParseFrame parses, at every size around the growth steps.
+// reads what ParseFrame parses, at every size around the growth steps;
+// the budget holds the body and what its meta decodes to.
 func TestReadFrameGrowsToTheBody(t *testing.T) {
 	for _, size := range []int{0, 1, firstChunk - 40, firstChunk, firstChunk + 1, 2*firstChunk + 7, 5*firstChunk + 3, 1 << 20} {
 		m := requestMeta(testSvc, "Echo", 7, nil, false)
@@ -52,8 +53,9 @@ func TestReadFrameGrowsToTheBody(t *testing.T) {
 		if !proto.Equal(f.Meta, want.Meta) || !bytes.Equal(f.Payload, want.Payload) {
 			t.Fatalf("%d bytes: readFrame and ParseFrame disagree", size)
 		}
-		if body := int64(len(frame) - HeaderSize); held != body || b.Used() != body {
-			t.Fatalf("%d bytes: held %d, budget used %d, want the body's %d", size, held, b.Used(), body)
+		metaBytes, _ := proto.Marshal(f.Meta)
+		if body := int64(len(frame)-HeaderSize) + metaCost.of(metaBytes); held != body || b.Used() != body {
+			t.Fatalf("%d bytes: held %d, budget used %d, want the body and its meta's cost, %d", size, held, b.Used(), body)
 		}
 	}
 }
@@ -143,7 +145,7 @@ func TestInflightBudgetRefusesWithELIMIT(t *testing.T) {
 		})
 		<-started
 	}
-	big := make([]byte, 250<<10)
+	big := make([]byte, 240<<10)
 	const refused = "Reached server's limit on request bytes in flight: a frame of"
 
 	// 100 KiB held: the big call's first two chunks fit, its meta with

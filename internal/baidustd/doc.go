@@ -31,10 +31,13 @@
 // worded as brpc numbers and words them (Errno, Error), prefixed with
 // "[<identity>]", the server's address. Per-call handler timeouts, a bound
 // on calls in flight per connection and on connections, one on the bytes
-// all calls hold together (MaxInflightBytes: frames, decompressed
-// messages and, for Unary handlers, a bound on what the message decodes
-// to, read off the wire first; a call that does not fit is answered
-// ELIMIT and its connection serves on), idle connection reaping and a
+// all calls hold together (MaxInflightBytes: frames, a bound on what
+// their RpcMeta decodes to, decompressed messages, for Unary handlers a
+// bound on what the message decodes to, read off the wire first, and a
+// fixed cost a call; a call that does not fit is answered ELIMIT and its
+// connection serves on; held until the handler returns, not until the
+// answer is written, so a peer that reads nothing holds none of it),
+// idle connection reaping and a
 // graceful Shutdown bound what a peer can make the server hold.
 //
 // # Client

@@ -58,9 +58,13 @@ type Request struct {
 	RemoteAddr net.Addr
 
 	// budget is the server's in-flight budget; held is what the handler
-	// took of it (hold), given back when the call ends.
+	// took of it (hold), given back when the handler returns.
 	budget *budget.Bytes
 	held   int64
+	// compress is the call's compress type and wireSize its payload's
+	// size as sent, which brpc's parse errors name.
+	compress int32
+	wireSize int
 }
 
 // hold takes n more bytes of the in-flight budget for the rest of the
@@ -113,8 +117,9 @@ type ServerOptions struct {
 	// (DefaultMaxCallsPerConn).
 	MaxCallsPerConn int
 	// MaxInflightBytes bounds the bytes all calls hold at once: their
-	// frames, taken as they arrive, their decompressed messages, and what
-	// a Unary handler's message may decode to, until their handlers return
+	// frames, taken as they arrive, what their metas may decode to, their
+	// decompressed messages, what a Unary handler's message may decode
+	// to, and callCost each, until their handlers return
 	// (DefaultMaxInflightBytes; at least MaxBodySize). A call that does
 	// not fit is answered ELIMIT (a frame refused is read to its end and
 	// dropped), which brpc's default retry policy retries; its
@@ -402,6 +407,16 @@ func (sc *serverConn) serve() {
 			}
 			return
 		}
+		// A call also costs its goroutine, stack, timer and context, some
+		// 6 KiB: charged too, so that the budget bounds the calls at work
+		// however small their frames.
+		if !s.inflight.Take(callCost) {
+			s.inflight.Give(held)
+			sc.refuseCall(f.Meta.GetCorrelationId(), extended(f.Meta),
+				fmt.Sprintf("a call of %d bytes and its %d of work do not fit in %d", held, callCost, s.inflight.Max()))
+			continue
+		}
+		held += callCost
 		// Past MaxCallsPerConn this waits for a call to finish before
 		// reading on: the peer's writes back up, not this process.
 		sc.sem <- struct{}{}
@@ -416,6 +431,11 @@ func (sc *serverConn) serve() {
 		}
 	}
 }
+
+// callCost is what the in-flight budget charges a call besides its
+// frame: 4,096 calls parked in handlers held about 6,000 bytes each of
+// heap and stack, against some 600 their frames and metas were charged.
+const callCost = 8 << 10
 
 // inbound is a call read off the connection and what its frame holds of
 // the in-flight budget.
@@ -521,33 +541,51 @@ func (sc *serverConn) call(in inbound) {
 		<-sc.sem
 		sc.calls.Done()
 	}()
+	// The call's bytes go back to the budget before its answer is
+	// written, not after: a peer that does not read its answers blocks
+	// that write for up to WriteTimeout, and must not hold the budget
+	// every other connection's calls need meanwhile.
+	release := func() {
+		s.inflight.Give(held)
+		held = 0
+	}
 	f := in.f
 	meta := f.Meta
 	cid := meta.GetCorrelationId()
 	ext := extended(meta)
 	h, code, text := s.lookup(meta.GetRequest())
 	if h == nil {
+		release()
 		sc.respondError(cid, ext, code, true, text)
 		return
 	}
 	msg, att, ok := f.Parts()
 	if !ok {
-		sc.respondError(cid, ext, EREQUEST, true, fmt.Sprintf("attachment_size=%d is larger than request_size=%d",
-			meta.GetAttachmentSize(), len(f.Payload)))
+		release()
+		what := "larger than"
+		if meta.GetAttachmentSize() < 0 {
+			what = "negative; the"
+		}
+		sc.respondError(cid, ext, EREQUEST, true, fmt.Sprintf("attachment_size=%d is %s request_size=%d",
+			meta.GetAttachmentSize(), what, len(f.Payload)))
 		return
 	}
 	if ct, cs := meta.GetContentType(), meta.GetChecksumType(); ct != 0 || cs != 0 {
+		release()
 		sc.respondError(cid, ext, EREQUEST, true, fmt.Sprintf("content_type=%d and checksum_type=%d are not supported; only 0 is", ct, cs))
 		return
 	}
-	if ctype := meta.GetCompressType(); ctype != CompressNone {
+	ctype := meta.GetCompressType()
+	if ctype != CompressNone {
 		out, n, err := decompress(ctype, msg, int(s.opts.MaxBodySize), s.inflight)
 		switch {
 		case errors.Is(err, errBudget):
+			release()
 			sc.refuseCall(cid, ext, fmt.Sprintf("request_size=%d decompressed (CompressType=%s) does not fit in %d",
 				len(f.Payload), compressName(ctype), s.inflight.Max()))
 			return
 		case err != nil:
+			release()
 			sc.respondError(cid, ext, EREQUEST, true, fmt.Sprintf("Fail to parse request message, CompressType=%s, request_size=%d",
 				compressName(ctype), len(f.Payload)))
 			return
@@ -558,6 +596,7 @@ func (sc *serverConn) call(in inbound) {
 	req := &Request{
 		Service: rm.GetServiceName(), Method: rm.GetMethodName(), LogID: rm.GetLogId(), RequestID: rm.GetRequestId(),
 		Message: msg, Attachment: att, RemoteAddr: sc.c.RemoteAddr(), budget: s.inflight,
+		compress: ctype, wireSize: len(f.Payload),
 	}
 	timeout := s.opts.HandlerTimeout
 	if t := rm.GetTimeoutMs(); t > 0 {
@@ -580,6 +619,7 @@ func (sc *serverConn) call(in inbound) {
 	// The call waited for its handler, even past its timeout: what the
 	// handler took is given back with the frame.
 	held += req.held
+	release()
 	if !t.Stop() {
 		<-fired
 	}
@@ -687,8 +727,12 @@ func Unary[Req any, PReq interface {
 				limitReached, len(r.Message), n)
 		}
 		if err := proto.Unmarshal(r.Message, req); err != nil {
-			return Response{}, Errorf(EREQUEST, "Fail to parse request message, CompressType=none, request_size=%d",
-				len(r.Message)+len(r.Attachment))
+			size := len(r.Message) + len(r.Attachment)
+			if r.compress != CompressNone {
+				size = r.wireSize
+			}
+			return Response{}, Errorf(EREQUEST, "Fail to parse request message, CompressType=%s, request_size=%d",
+				compressName(r.compress), size)
 		}
 		resp, err := fn(ctx, req)
 		if err != nil {
