@@ -170,8 +170,8 @@ func TestInflightBudgetRefusesWithELIMIT(t *testing.T) {
 
 	release()
 	held.Wait()
-	// A call's answer reaches its client before the call gives its
-	// bytes back: wait for nothing to be held.
+	// The holding calls gave their bytes back as their handlers
+	// returned, before their answers went out: nothing is held.
 	waitUsed(t, srv, 0)
 	if r, err := c.Call(ctx, testSvc, "Echo", big, nil); err != nil || len(r.Message) != len(big) {
 		t.Fatalf("the big call once nothing is held: %d bytes, %v", len(r.Message), err)
