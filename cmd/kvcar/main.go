@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -212,16 +213,82 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 		{"--car_pending_prefix_timeout_ms", f.acctPendingMs, 1, int(lb.MaxAccountingAge / time.Millisecond)},
 		{"--car_max_pending_blocks", f.acctMaxPendBlock, 1, lb.MaxPendingBlocks},
 		{"--car_keep_warm_interval_us", f.keepWarmUs, 0, int(lb.MaxKeepWarmInterval / time.Microsecond)},
+		// Checked whatever the policy, as every flag is: a value out of
+		// range under another policy is a mistake waiting for a switch.
+		{"--target_ttft", f.targetTTFT, 0, maxTargetMs},
+		{"--target_tpot", f.targetTPOT, 0, maxTargetMs},
 	} {
 		if r.val < r.min || r.val > r.max {
 			return nil, fmt.Errorf("%s = %d: must be in [%d, %d]", r.name, r.val, r.min, r.max)
 		}
 	}
-	if !(f.acctTokenWeight >= 0 && f.acctTokenWeight <= 1) {
-		return nil, fmt.Errorf("--car_dispatch_token_weight = %v: must be in [0, 1]", f.acctTokenWeight)
+	for _, r := range []struct {
+		name string
+		val  float64
+	}{
+		{"--car_prefill_lambda", f.carLambda},
+		{"--car_host_hit_weight", f.carHostW},
+		{"--car_dispatch_token_weight", f.acctTokenWeight},
+	} {
+		if !(r.val >= 0 && r.val <= 1) {
+			return nil, fmt.Errorf("%s = %v: must be in [0, 1]", r.name, r.val)
+		}
+	}
+	if h := f.advertiseHost; h != "" && !validHost(h) {
+		return nil, fmt.Errorf("--advertise_host = %q: must be a host name or an IP address, without a port", h)
+	}
+	for _, e := range splitEndpoints(f.etcdAddr) {
+		if err := checkEndpoint(e); err != nil {
+			return nil, fmt.Errorf("--etcd_addr = %q: endpoint %q %v", f.etcdAddr, e, err)
+		}
 	}
 	return f, nil
 }
+
+// validHost reports whether h is an IP address or a DNS host name
+// (letters, digits, hyphens and dots), as engines dial it.
+func validHost(h string) bool {
+	if net.ParseIP(h) != nil {
+		return true
+	}
+	if len(h) > 253 {
+		return false
+	}
+	for _, c := range h {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// checkEndpoint refuses an etcd endpoint the client could never dial,
+// which would leave kvcar waiting for its registry for ever: it must be
+// host:port, with a port in [1, 65535], after an optional http:// or
+// https://; unix sockets (unix:...) are the client's to check.
+func checkEndpoint(e string) error {
+	if strings.HasPrefix(e, "unix:") || strings.HasPrefix(e, "unixs:") {
+		return nil
+	}
+	hp := e
+	for _, scheme := range []string{"http://", "https://"} {
+		hp = strings.TrimPrefix(hp, scheme)
+	}
+	host, port, err := net.SplitHostPort(hp)
+	if err != nil {
+		return fmt.Errorf("is not host:port: %w", err)
+	}
+	if host == "" {
+		return errors.New("has no host")
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("has port %q: must be in [1, 65535]", port)
+	}
+	return nil
+}
+
+// maxTargetMs bounds --target_ttft and --target_tpot: an hour.
+const maxTargetMs = 3_600_000
 
 // accountingOptions are CAR's accounting flags; the block size of
 // pending prefixes is the KV events config's, the engines' block size.

@@ -92,6 +92,11 @@ func trimNewline(s string) string {
 // could never be sent back and would lock every client out. The token
 // itself is never put into an error.
 func checkToken(t string) error {
+	if t == "" {
+		// A variable holding only a line ending: given, and empty once
+		// it is dropped, which would leave the internal API open.
+		return fmt.Errorf("the token is empty")
+	}
 	for i := 0; i < len(t); i++ {
 		if c := t[i]; c < 0x21 || c > 0x7e {
 			return fmt.Errorf("byte %d is 0x%02x: a token must be visible ASCII characters without spaces", i, c)

@@ -33,7 +33,7 @@ func (s *Server) routes() {
 	// into a redirect and hide 404s.
 	s.internal.HandleFunc("/{$}", allow("GET", s.handleRoot))
 	if s.gatherer != nil {
-		s.internal.HandleFunc("GET /metrics", s.handleMetrics(metricsHandler(s.gatherer)))
+		s.internal.HandleFunc("/metrics", allow(http.MethodGet, s.handleMetrics(metricsHandler(s.gatherer))))
 	}
 	s.pprofRoutes()
 }
