@@ -127,7 +127,7 @@ func parseFlags(args []string, out io.Writer) (*flags, error) {
 	fs.IntVar(&oldPort, "port", 8888, "deprecated alias of --http_server_port")
 	fs.StringVar(&f.internalHost, "internal_host", "127.0.0.1", "address of the internal listeners: HTTP (heartbeat intake, query API, operator routes, status page, /metrics, profiler) and brpc (empty: all interfaces)")
 	fs.IntVar(&f.internalPort, "internal_port", 8890, "port of the internal HTTP listener; the vLLM sidecar's HTTP heartbeats go here")
-	fs.BoolVar(&f.insecureInternal, "insecure_internal_api", false, "allow internal listeners reachable from the network without a token (HTTP) or an allowed-network list (brpc)")
+	fs.BoolVar(&f.insecureInternal, "insecure_internal_api", false, "allow internal listeners reachable from the network without a token (HTTP) or an allowed-network list (brpc), and KV event subscribers bound off loopback")
 	fs.StringVar(&f.rpcNetworks, "rpc_allowed_networks", "", "comma-separated CIDRs whose peers may connect to the rpc port (loopback always may); required when it is reachable from the network, unless --insecure_internal_api")
 	fs.IntVar(&f.rpcPort, "rpc_server_port", 8889, "brpc (baidu_std) port on --internal_host where xLLM engines send heartbeats and generations; 0 picks a free one")
 	fs.Int64Var(&f.rpcInflight, "rpc_max_inflight_bytes", baidustd.DefaultMaxInflightBytes, "bytes the rpc port's calls hold at once, frames as they arrive and messages decompressed (ELIMIT past it); at least brpc's largest body, 64 MiB")
@@ -368,6 +368,9 @@ func run(ctx context.Context, args []string, logOut io.Writer, ready chan<- list
 	if f.kvEventsConfig == "" {
 		log.Warn("--kv_events_config_file is empty: the KV index is disabled and every prefix hit ratio is 0")
 	} else if cfg, err = config.Load(f.kvEventsConfig); err != nil {
+		return err
+	}
+	if err := checkHubExposure(f, cfg, log); err != nil {
 		return err
 	}
 	if f.blockSize != 128 {
