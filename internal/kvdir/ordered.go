@@ -30,7 +30,9 @@ import (
 // the base; when the history no longer holds them (its first batch is
 // past the one needed), or in live mode, the view restarts empty at the
 // first batch there is. A live sequence at or below the last live
-// sequence received is a restarted publisher: the view restarts too.
+// sequence received is a restarted publisher: the view restarts too; so,
+// in history mode, is a first live message below a view built from the
+// history alone, which may be one.
 type ordered struct {
 	// idx is the view, nil before one started; when serving it is also
 	// the stream's published index and is written under the stream lock.
@@ -113,6 +115,14 @@ func (y *syncer) dropBuffered() {
 func (y *syncer) orderedLive(seq uint64, wireBytes int) {
 	h := &y.ord
 	restarted := h.haveLastLive && seq <= h.lastLive
+	// The first live message of a view built from history alone, below
+	// what the view holds, is either a batch the replay also carried or
+	// a publisher that restarted since (on a bound subscriber a restart
+	// shows only so). Taken for the first it would keep the old
+	// process's blocks, which the calibrations, replaying from the old
+	// sequence on, never take back: history mode replays from 0 instead,
+	// as for a restart, which costs a replay when it was the first.
+	maybe := !h.haveLastLive && h.idx != nil && seq < h.expected && y.isHistory()
 	h.lastLive, h.haveLastLive = seq, true
 	switch {
 	case h.idx == nil && !y.isHistory():
@@ -128,9 +138,14 @@ func (y *syncer) orderedLive(seq uint64, wireBytes int) {
 		y.bufferOrdered(seq, wireBytes)
 		y.ensureCatchUp()
 		return
-	case restarted:
-		y.s.counters.gaps.Add(1)
-		y.log.Warn("publisher restarted", "stream", y.s.spec.String(), "last_sequence", h.expected, "sequence", seq)
+	case restarted || maybe:
+		if restarted {
+			y.s.counters.gaps.Add(1)
+			y.log.Warn("publisher restarted", "stream", y.s.spec.String(), "last_sequence", h.expected, "sequence", seq)
+		} else {
+			y.log.Info("first live message below the view built from history: replaying from 0, as for a restart",
+				"stream", y.s.spec.String(), "next_sequence", h.expected, "sequence", seq)
+		}
 		y.abortCatchUp()
 		y.dropBuffered()
 		if y.isHistory() && !h.replayFailed {
