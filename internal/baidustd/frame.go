@@ -164,16 +164,16 @@ func readFrame(r *bufio.Reader, maxBody uint32, b *budget.Bytes) (f Frame, held 
 	// What the meta decodes to is taken from b too: its user_fields, a
 	// map, decode to ten times their wire bytes, so metas within the
 	// budget would otherwise take many times it once decoded.
-	if c := metaCost.of(buf[:metaSize]); !b.Take(c) {
+	c := metaCost.of(buf[:metaSize])
+	if !b.Take(c) {
 		b.Give(held)
 		if metaSize > maxLooseMeta {
 			return Frame{}, 0, frameErrorf("an RpcMeta of %d bytes, which may decode to %d, does not fit the in-flight budget", metaSize, c)
 		}
 		// Small enough to decode anyway, to answer the call.
 		return Frame{}, 0, dropFrame(r, buf, body, metaSize)
-	} else {
-		held += c
 	}
+	held += c
 	f = Frame{Meta: &metapb.RpcMeta{}, Payload: buf[metaSize:]}
 	if err := DecodeMeta(buf[:metaSize], f.Meta); err != nil {
 		b.Give(held)
