@@ -499,9 +499,10 @@ func (p *proxy) forward(w http.ResponseWriter, r *http.Request, d lb.Decision, p
 	// The connection is kept only when the answer was read whole.
 	p.engines.finish(kc, err == nil)
 	if err != nil {
-		if r.Context().Err() == nil {
-			p.log.Warn("relaying the engine's answer failed", "engine", d.Prefill, "err", err)
+		if r.Context().Err() != nil {
+			return // the client left: there is no one to tell
 		}
+		p.log.Warn("relaying the engine's answer failed", "engine", d.Prefill, "err", err)
 		// The client must not take what it got for the whole answer
 		// (RFC 9112 8): returning would end a chunked answer with its
 		// last chunk. Aborting closes the client's connection with the
