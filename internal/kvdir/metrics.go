@@ -1,6 +1,7 @@
 package kvdir
 
 import (
+	"math"
 	"strconv"
 	"time"
 
@@ -77,8 +78,12 @@ func (m *metrics) forget(spec StreamSpec) {
 	m.calibration.DeleteLabelValues(spec.InstanceName, dp, "removed")
 }
 
+// observeLag observes a live batch's lag behind its engine timestamp
+// ts, in seconds since the epoch. A ts that is no time (0 or less,
+// infinite, NaN, which a publisher may send) is not observed: a NaN
+// would make the histogram's sum NaN for good.
 func (o *streamObservers) observeLag(ts float64, now time.Time) {
-	if o == nil || ts <= 0 {
+	if o == nil || !(ts > 0) || math.IsInf(ts, 1) {
 		return
 	}
 	lag := float64(now.UnixNano())/1e9 - ts

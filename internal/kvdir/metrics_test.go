@@ -2,6 +2,7 @@ package kvdir
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -169,5 +170,26 @@ func TestMetrics(t *testing.T) {
 	}
 	if v := value(t, reg, "kvcar_streams"); v != 0 {
 		t.Errorf("kvcar_streams = %v", v)
+	}
+}
+
+// TestLagIgnoresTimestampsThatAreNotTimes: a live batch whose timestamp
+// is no time (NaN, infinite, 0 or less) is not observed in
+// kvcar_stream_event_lag_seconds, whose sum a single NaN would spoil for
+// good; a real one still is.
+func TestLagIgnoresTimestampsThatAreNotTimes(t *testing.T) {
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lag", Buckets: []float64{.1, 1, 10}})
+	o := &streamObservers{lag: h}
+	now := time.Now()
+	for _, ts := range []float64{math.NaN(), math.Inf(1), math.Inf(-1), 0, -5} {
+		o.observeLag(ts, now)
+	}
+	o.observeLag(float64(now.Add(-2*time.Second).UnixNano())/1e9, now)
+	var m dto.Metric
+	if err := h.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if n, sum := m.Histogram.GetSampleCount(), m.Histogram.GetSampleSum(); n != 1 || math.IsNaN(sum) || sum < 1.9 || sum > 2.1 {
+		t.Errorf("%d lags observed, sum %v; want the one real timestamp's 2 s", n, sum)
 	}
 }
