@@ -3,8 +3,6 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"net"
-	"strings"
 
 	"github.com/kvcar/kvcar/internal/config"
 )
@@ -32,7 +30,7 @@ func checkHubExposure(f *flags, cfg *config.Config, log *slog.Logger) error {
 		}
 	}
 	for _, b := range binds {
-		if loopbackEndpoint(b.endpoint) {
+		if config.BindIsLoopback(b.endpoint) {
 			continue
 		}
 		if !f.insecureInternal {
@@ -44,23 +42,4 @@ func checkHubExposure(f *flags, cfg *config.Config, log *slog.Logger) error {
 			"key", b.key, "endpoint", b.endpoint)
 	}
 	return nil
-}
-
-// loopbackEndpoint reports whether a ZeroMQ tcp:// endpoint binds only
-// loopback: 127.0.0.0/8, ::1 or localhost.
-func loopbackEndpoint(e string) bool {
-	hp, ok := strings.CutPrefix(e, "tcp://")
-	if !ok {
-		// ipc:// and inproc:// are not on the network.
-		return !strings.Contains(e, "://") || strings.HasPrefix(e, "ipc://") || strings.HasPrefix(e, "inproc://")
-	}
-	host, _, err := net.SplitHostPort(hp)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(strings.Trim(host, "[]"))
-	return ip != nil && ip.IsLoopback()
 }

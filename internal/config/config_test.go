@@ -594,3 +594,20 @@ func TestSubscribeBind(t *testing.T) {
 	mustFail(t, `{"streams":[{"instance_name":"a","endpoint":"tcp://h:5557","bind":true,"topic":"t","sync_mode":"live"},
 		{"instance_name":"b","endpoint":"tcp://h:5557","sync_mode":"live"}]}`, "streams[1].endpoint", "is bound by another stream")
 }
+
+// TestBindIsLoopback: which bind addresses bind loopback only. Parse
+// takes only tcp://host:port binds; any other form is not known to be
+// loopback.
+func TestBindIsLoopback(t *testing.T) {
+	for e, want := range map[string]bool{
+		"tcp://127.0.0.1:5557": true, "tcp://127.1.2.3:5557": true, "tcp://[::1]:5557": true, "tcp://localhost:5557": true,
+		"tcp://[::ffff:127.0.0.1]:5557": true,
+		"tcp://*:5557":                  false, "tcp://0.0.0.0:5557": false, "tcp://[::]:5557": false, "tcp://10.0.0.5:5557": false,
+		"tcp://eth0:5557": false, "tcp://kvcar.example:5557": false, "tcp://127.0.0.1": false,
+		"ipc:///tmp/kv": false, "inproc://kv": false,
+	} {
+		if got := BindIsLoopback(e); got != want {
+			t.Errorf("BindIsLoopback(%q) = %v, want %v", e, got, want)
+		}
+	}
+}

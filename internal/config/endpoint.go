@@ -126,3 +126,18 @@ func BindPorts(endpoint string, n int) []string {
 	}
 	return out
 }
+
+// BindIsLoopback reports whether a bind address checked by Parse binds
+// loopback only (127.0.0.0/8, ::1 or localhost), so that no peer off
+// this host can dial it. Anything else, a wildcard included, is not.
+func BindIsLoopback(endpoint string) bool {
+	host, _, err := net.SplitHostPort(strings.TrimPrefix(endpoint, "tcp://"))
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.Unmap().IsLoopback()
+}
