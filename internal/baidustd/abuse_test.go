@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
-	"encoding/binary"
 	"io"
 	"net"
 	"runtime"
@@ -22,11 +21,6 @@ import (
 	"github.com/kvcar/kvcar/internal/decodeheap"
 	"github.com/kvcar/kvcar/internal/xllmpb/xservicepb"
 )
-
-// peerHeader is a frame header.
-func peerHeader(body, meta uint32) []byte {
-	return binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32([]byte(Magic), body), meta)
-}
 
 // peerReadFrame reads one response frame from r.
 func peerReadFrame(t *testing.T, r *bufio.Reader) Frame {
@@ -133,9 +127,9 @@ func TestRpcMetaDecodeIsCharged(t *testing.T) {
 		wg.Wait()
 	}
 	meta := peerUserFieldsMeta(t, "Hold", (limit/conns-256)/8)
-	metaFrame := append(peerHeader(uint32(len(meta)), uint32(len(meta))), meta...)
+	metaFrame := append(frameHeader(uint32(len(meta)), uint32(len(meta))), meta...)
 	mb, _ := proto.Marshal(requestMeta(testSvc, "Hold", 1, nil, false))
-	plainFrame := append(append(peerHeader(uint32(len(meta)), uint32(len(mb))), mb...), make([]byte, len(meta)-len(mb))...)
+	plainFrame := append(append(frameHeader(uint32(len(meta)), uint32(len(mb))), mb...), make([]byte, len(meta)-len(mb))...)
 
 	plain := peerPeakHeap(func() { send(plainFrame, true) })
 	start := time.Now()
@@ -157,7 +151,7 @@ func TestNegativeAttachmentSizeText(t *testing.T) {
 	m := requestMeta(testSvc, "Echo", 9, nil, false)
 	m.AttachmentSize = proto.Int32(-5)
 	mb, _ := proto.Marshal(m)
-	b := append(append(peerHeader(uint32(len(mb)+3), uint32(len(mb))), mb...), "abc"...)
+	b := append(append(frameHeader(uint32(len(mb)+3), uint32(len(mb))), mb...), "abc"...)
 	f, _, err := ParseFrame(exchange(t, addr, b, 1)[0], DefaultMaxBodySize)
 	if err != nil {
 		t.Fatal(err)
@@ -235,10 +229,10 @@ func TestFramingEdgeCases(t *testing.T) {
 		}
 		okCall(name)
 	}
-	closed("body 0xffffffff", peerHeader(0xffffffff, 0), 1)
-	closed("meta 0xffffffff", peerHeader(10, 0xffffffff), 1)
-	closed("meta > body by one", append(peerHeader(uint32(len(mb)-1), uint32(len(mb))), mb...), 1)
-	closed("truncated meta", append(peerHeader(uint32(len(mb)), uint32(len(mb))), mb[:len(mb)-1]...), 64)
+	closed("body 0xffffffff", frameHeader(0xffffffff, 0), 1)
+	closed("meta 0xffffffff", frameHeader(10, 0xffffffff), 1)
+	closed("meta > body by one", append(frameHeader(uint32(len(mb)-1), uint32(len(mb))), mb...), 1)
+	closed("truncated meta", append(frameHeader(uint32(len(mb)), uint32(len(mb))), mb[:len(mb)-1]...), 64)
 	// Slow loris: announces 1 MiB, trickles; FrameReadTimeout closes it.
 	start := time.Now()
 	func() {
@@ -247,7 +241,7 @@ func TestFramingEdgeCases(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		c.Write(append(peerHeader(1<<20, uint32(len(mb))), mb...))
+		c.Write(append(frameHeader(1<<20, uint32(len(mb))), mb...))
 		c.SetReadDeadline(time.Now().Add(5 * time.Second))
 		done := make(chan struct{})
 		go func() {
@@ -278,7 +272,7 @@ func TestFramingEdgeCases(t *testing.T) {
 		}
 		defer c.Close()
 		c.SetDeadline(time.Now().Add(5 * time.Second))
-		b := append(peerHeader(uint32(len(mb)), uint32(len(mb))), mb...)
+		b := append(frameHeader(uint32(len(mb)), uint32(len(mb))), mb...)
 		for i := range b {
 			c.Write(b[i : i+1])
 			time.Sleep(time.Millisecond)
@@ -320,7 +314,7 @@ func TestFramingEdgeCases(t *testing.T) {
 	} {
 		m := requestMeta(testSvc, "Echo", 11, nil, false)
 		meta := c.edit(m)
-		b := append(append(peerHeader(uint32(len(meta)+2), uint32(len(meta))), meta...), "hi"...)
+		b := append(append(frameHeader(uint32(len(meta)+2), uint32(len(meta))), meta...), "hi"...)
 		f, _, err := ParseFrame(exchange(t, addr, b, 1)[0], DefaultMaxBodySize)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
@@ -332,7 +326,7 @@ func TestFramingEdgeCases(t *testing.T) {
 	}
 	// A body of 0 bytes (an empty RpcMeta, no request): answered on the
 	// call with an error, the connection served on.
-	f, _, err := ParseFrame(exchange(t, addr, peerHeader(0, 0), 1)[0], DefaultMaxBodySize)
+	f, _, err := ParseFrame(exchange(t, addr, frameHeader(0, 0), 1)[0], DefaultMaxBodySize)
 	if err != nil || f.Meta.GetResponse().GetErrorCode() == 0 {
 		t.Errorf("an empty frame: %v %v", err, f.Meta)
 	}

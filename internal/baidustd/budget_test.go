@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -77,7 +76,7 @@ func TestHeaderAloneHoldsOnlyAFirstChunk(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		h := binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32([]byte(Magic), DefaultMaxBodySize), 16)
+		h := frameHeader(DefaultMaxBodySize, 16)
 		if _, err := c.Write(append(h, make([]byte, 100)...)); err != nil {
 			t.Fatal(err)
 		}

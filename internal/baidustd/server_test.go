@@ -244,7 +244,7 @@ func TestBadAttachmentSizeAnsweredOnTheCall(t *testing.T) {
 	m := requestMeta(testSvc, "Echo", 9, nil, false)
 	m.AttachmentSize = proto.Int32(100)
 	mb, _ := proto.Marshal(m)
-	b := append(append(binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32([]byte(Magic), uint32(len(mb)+3)), uint32(len(mb))), mb...), "abc"...)
+	b := append(append(frameHeader(uint32(len(mb)+3), uint32(len(mb))), mb...), "abc"...)
 	f, _, err := ParseFrame(exchange(t, addr, b, 1)[0], DefaultMaxBodySize)
 	if err != nil {
 		t.Fatal(err)
@@ -549,4 +549,9 @@ func TestWorkersKeptBetweenCalls(t *testing.T) {
 			workerIdle+300*time.Millisecond, last, before, seen[last])
 	}
 	t.Logf("%d sequential calls on %d workers", calls, workers)
+}
+
+// frameHeader is a frame's header announcing body and meta bytes.
+func frameHeader(body, meta uint32) []byte {
+	return binary.BigEndian.AppendUint32(binary.BigEndian.AppendUint32([]byte(Magic), body), meta)
 }
